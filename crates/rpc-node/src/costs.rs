@@ -1,0 +1,123 @@
+//! Service time per JSON-RPC method, and how the node spends it.
+//!
+//! A request holds its read slot for its method's cost. The work is a timer
+//! sleep, not a CPU spin: the slots model database read transactions, whose
+//! cost is mostly waiting on storage, and on a 2-core machine spinning would
+//! make the mock's CPU the bottleneck instead of its slots. With sleeps the
+//! capacity is `read_slots / cost` whatever the machine does. tokio's timer
+//! rounds sleeps up to the next millisecond, so costs under 1 ms (such as
+//! eth_blockNumber) are spun instead: they are short enough that spinning is
+//! cheap, and sleeping would inflate them five-fold.
+
+use anyhow::{bail, Context};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// The default table. Methods not in it are unknown (-32601).
+pub const DEFAULT_COSTS: &[(&str, Duration)] = &[
+    ("eth_blockNumber", Duration::from_micros(200)),
+    ("eth_chainId", Duration::from_micros(50)),
+    ("net_version", Duration::from_micros(50)),
+    ("web3_clientVersion", Duration::from_micros(50)),
+    ("eth_getBalance", Duration::from_millis(1)),
+    ("eth_getTransactionCount", Duration::from_millis(1)),
+    ("eth_getBlockByNumber", Duration::from_millis(2)),
+    ("eth_getTransactionReceipt", Duration::from_millis(2)),
+    ("eth_sendRawTransaction", Duration::from_millis(3)),
+    ("eth_call", Duration::from_millis(5)),
+    ("eth_estimateGas", Duration::from_millis(8)),
+    ("eth_getLogs", Duration::from_millis(20)),
+    ("eth_getProof", Duration::from_millis(40)),
+];
+
+#[derive(Debug, Clone)]
+pub struct CostTable(BTreeMap<String, Duration>);
+
+impl Default for CostTable {
+    fn default() -> Self {
+        Self(
+            DEFAULT_COSTS
+                .iter()
+                .map(|(method, cost)| (method.to_string(), *cost))
+                .collect(),
+        )
+    }
+}
+
+impl CostTable {
+    /// Applies `METHOD=DURATION` overrides (e.g. `eth_call=10ms`); a method
+    /// not in the table becomes known with that cost.
+    pub fn with_overrides(mut self, overrides: &[String]) -> anyhow::Result<Self> {
+        for entry in overrides {
+            let Some((method, cost)) = entry.split_once('=') else {
+                bail!("--cost {entry:?}: expected METHOD=DURATION, e.g. eth_call=5ms");
+            };
+            if method.is_empty() {
+                bail!("--cost {entry:?}: the method name is empty");
+            }
+            let cost = humantime::parse_duration(cost)
+                .with_context(|| format!("--cost {entry:?}: bad duration {cost:?}"))?;
+            self.0.insert(method.to_string(), cost);
+        }
+        Ok(self)
+    }
+
+    pub fn cost(&self, method: &str) -> Option<Duration> {
+        self.0.get(method).copied()
+    }
+
+    pub fn methods(&self) -> impl Iterator<Item = (&str, Duration)> {
+        self.0.iter().map(|(m, c)| (m.as_str(), *c))
+    }
+}
+
+/// Spends `cost` while the caller holds its slot.
+pub async fn work(cost: Duration) {
+    if cost >= Duration::from_millis(1) {
+        tokio::time::sleep(cost).await;
+    } else {
+        let until = Instant::now() + cost;
+        while Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_documented_costs() {
+        let table = CostTable::default();
+        assert_eq!(table.cost("eth_blockNumber"), Some(Duration::from_micros(200)));
+        assert_eq!(table.cost("eth_getBlockByNumber"), Some(Duration::from_millis(2)));
+        assert_eq!(table.cost("eth_call"), Some(Duration::from_millis(5)));
+        assert_eq!(table.cost("eth_getProof"), Some(Duration::from_millis(40)));
+        assert_eq!(table.cost("eth_mine"), None);
+    }
+
+    #[test]
+    fn overrides_replace_and_add_methods() {
+        let table = CostTable::default()
+            .with_overrides(&["eth_call=10ms".into(), "debug_traceCall=250ms".into()])
+            .unwrap();
+        assert_eq!(table.cost("eth_call"), Some(Duration::from_millis(10)));
+        assert_eq!(table.cost("debug_traceCall"), Some(Duration::from_millis(250)));
+    }
+
+    #[test]
+    fn bad_overrides_name_the_entry() {
+        let err = CostTable::default()
+            .with_overrides(&["eth_call".into()])
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--cost \"eth_call\": expected METHOD=DURATION, e.g. eth_call=5ms"
+        );
+        let err = CostTable::default()
+            .with_overrides(&["eth_call=fast".into()])
+            .unwrap_err();
+        assert_eq!(err.to_string(), "--cost \"eth_call=fast\": bad duration \"fast\"");
+    }
+}

@@ -1,0 +1,103 @@
+use anyhow::{bail, Context};
+use clap::Parser;
+use rpc_node::costs::CostTable;
+use rpc_node::node::{Node, NodeConfig};
+use std::io::Write;
+use std::time::Duration;
+
+/// A mock JSON-RPC node with blocking read slots and an internal sync loop.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on; 0 picks a free one (printed on the first line of stdout).
+    #[arg(long, default_value_t = 8545)]
+    port: u16,
+    /// Read slots shared by RPC requests and block execution.
+    #[arg(long, default_value_t = 64)]
+    read_slots: u32,
+    /// A method's service time, METHOD=DURATION (repeatable); adds unknown methods.
+    #[arg(long = "cost", value_name = "METHOD=DURATION")]
+    costs: Vec<String>,
+    /// A new block arrives this often.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    block_interval: Duration,
+    /// Time to execute one block, holding --sync-slots read slots.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    block_exec: Duration,
+    /// Read slots one block execution holds.
+    #[arg(long, default_value_t = 4)]
+    sync_slots: u32,
+    /// The tip counts as lost when the lag exceeds this many block intervals.
+    #[arg(long, default_value_t = 3.0)]
+    tip_lost_after: f64,
+    /// Worker threads for the node's runtime (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+impl Args {
+    fn config(&self) -> anyhow::Result<NodeConfig> {
+        if self.read_slots == 0 {
+            bail!("--read-slots must be at least 1");
+        }
+        if self.sync_slots == 0 || self.sync_slots > self.read_slots {
+            bail!(
+                "--sync-slots must be between 1 and --read-slots ({}), got {}",
+                self.read_slots,
+                self.sync_slots
+            );
+        }
+        if self.block_interval < Duration::from_millis(10) {
+            bail!("--block-interval must be at least 10ms");
+        }
+        if !(self.tip_lost_after.is_finite() && self.tip_lost_after > 0.0) {
+            bail!("--tip-lost-after must be a positive number of block intervals");
+        }
+        Ok(NodeConfig {
+            read_slots: self.read_slots,
+            costs: CostTable::default().with_overrides(&self.costs)?,
+            block_interval: self.block_interval,
+            block_exec: self.block_exec,
+            sync_slots: self.sync_slots,
+            tip_lost_after_blocks: self.tip_lost_after,
+        })
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let config = args.config()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.threads {
+        runtime.worker_threads(threads);
+    }
+    runtime.enable_all().build()?.block_on(serve(args, config))
+}
+
+async fn serve(args: Args, config: NodeConfig) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let addr = listener.local_addr()?;
+    eprintln!(
+        "rpc-node: read_slots={} sync_slots={} block_interval={:?} block_exec={:?} tip_lost_after={}x",
+        config.read_slots, config.sync_slots, config.block_interval, config.block_exec, config.tip_lost_after_blocks
+    );
+    for (method, cost) in config.costs.methods() {
+        eprintln!("rpc-node: cost {method} = {cost:?}");
+    }
+    let node = Node::new(config);
+    node.start_sync();
+    let mut stdout = std::io::stdout();
+    writeln!(stdout, "rpc-node listening on {addr}")?;
+    stdout.flush()?;
+    axum::serve(listener, rpc_node::server::router(node))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,300 @@
+//! The node: read slots shared by RPC and sync, the sync loop, and metrics.
+
+use crate::chain::Chain;
+use crate::costs::{work, CostTable};
+use crate::rpc::{self, Body, Call};
+use crate::slots::ReadSlots;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub read_slots: u32,
+    pub costs: CostTable,
+    pub block_interval: Duration,
+    pub block_exec: Duration,
+    pub sync_slots: u32,
+    /// The tip counts as lost when the lag exceeds this many block intervals.
+    pub tip_lost_after_blocks: f64,
+}
+
+#[derive(Debug)]
+pub struct Node {
+    config: NodeConfig,
+    slots: ReadSlots,
+    chain: Mutex<Chain>,
+    served: Mutex<BTreeMap<String, u64>>,
+    errors: Mutex<BTreeMap<i64, u64>>,
+    inflight: AtomicU64,
+    inflight_max: AtomicU64,
+    started: Instant,
+}
+
+/// The `GET /metrics` document.
+#[derive(Debug, Serialize)]
+pub struct Metrics {
+    pub tip_lag_ms: f64,
+    pub tip_lag_max_ms: f64,
+    pub tip_lost: bool,
+    pub head: u64,
+    pub blocks_pending: usize,
+    pub queue_depth: u64,
+    pub queue_max: u64,
+    pub inflight: u64,
+    pub inflight_max: u64,
+    pub read_slots: u32,
+    pub read_slots_in_use: u32,
+    pub served: BTreeMap<String, u64>,
+    pub errors: BTreeMap<i64, u64>,
+    pub rss_bytes: u64,
+    pub uptime_ms: u64,
+}
+
+/// Counts one HTTP request in flight for as long as it lives.
+struct InFlight<'a>(&'a Node);
+
+impl<'a> InFlight<'a> {
+    fn enter(node: &'a Node) -> Self {
+        let now = node.inflight.fetch_add(1, Ordering::Relaxed) + 1;
+        node.inflight_max.fetch_max(now, Ordering::Relaxed);
+        Self(node)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks cannot leave the counters
+    // inconsistent, so a poisoned lock is still usable.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Node {
+    pub fn new(config: NodeConfig) -> Arc<Self> {
+        let lost_after = config.block_interval.mul_f64(config.tip_lost_after_blocks);
+        Arc::new(Self {
+            slots: ReadSlots::new(config.read_slots),
+            chain: Mutex::new(Chain::new(lost_after)),
+            served: Mutex::new(BTreeMap::new()),
+            errors: Mutex::new(BTreeMap::new()),
+            inflight: AtomicU64::new(0),
+            inflight_max: AtomicU64::new(0),
+            started: Instant::now(),
+            config,
+        })
+    }
+
+    /// Answers one HTTP body. `None` means no response body (only
+    /// notifications were sent).
+    pub async fn handle(&self, body: &[u8]) -> Option<Value> {
+        let _inflight = InFlight::enter(self);
+        match rpc::parse(body) {
+            Err(error) => {
+                self.count_error(&error);
+                Some(error)
+            }
+            Ok(Body::Single(call)) => self.call(call).await,
+            // Batch entries run one after another, each holding a slot only
+            // for its own work, like a node that does not parallelise batches.
+            Ok(Body::Batch(calls)) => {
+                let mut responses = Vec::with_capacity(calls.len());
+                for call in calls {
+                    responses.extend(self.call(call).await);
+                }
+                (!responses.is_empty()).then_some(Value::Array(responses))
+            }
+        }
+    }
+
+    async fn call(&self, call: Call) -> Option<Value> {
+        let response = match call {
+            Call::Invalid { id, reason } => {
+                rpc::error(id, rpc::INVALID_REQUEST, &format!("invalid request: {reason}"))
+            }
+            Call::Request { id, method, params } => {
+                let Some(cost) = self.config.costs.cost(&method) else {
+                    let error = rpc::error(
+                        id.unwrap_or(Value::Null),
+                        rpc::METHOD_NOT_FOUND,
+                        &format!("the method {method} does not exist/is not available"),
+                    );
+                    self.count_error(&error);
+                    return Some(error);
+                };
+                {
+                    let _slot = self.slots.acquire_for_rpc().await;
+                    work(cost).await;
+                }
+                *lock(&self.served).entry(method.clone()).or_default() += 1;
+                let head = lock(&self.chain).head();
+                rpc::result(id?, rpc::canned_result(&method, &params, head))
+            }
+        };
+        self.count_error(&response);
+        Some(response)
+    }
+
+    fn count_error(&self, response: &Value) {
+        if let Some(code) = response["error"]["code"].as_i64() {
+            *lock(&self.errors).entry(code).or_default() += 1;
+        }
+    }
+
+    /// Starts the sync loop: blocks arrive every `block_interval`, and each
+    /// is executed with `sync_slots` read slots held for `block_exec`.
+    pub fn start_sync(self: &Arc<Self>) {
+        let arrived = Arc::new(tokio::sync::Notify::new());
+
+        let node = self.clone();
+        let wake = arrived.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(node.config.block_interval);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            loop {
+                every.tick().await;
+                lock(&node.chain).block_arrived(Instant::now());
+                wake.notify_one();
+            }
+        });
+
+        let node = self.clone();
+        tokio::spawn(async move {
+            loop {
+                if !lock(&node.chain).has_pending() {
+                    arrived.notified().await;
+                    continue;
+                }
+                {
+                    let _slots = node.slots.acquire_for_sync(node.config.sync_slots).await;
+                    tokio::time::sleep(node.config.block_exec).await;
+                }
+                lock(&node.chain).block_executed(Instant::now());
+            }
+        });
+
+        // The lag grows while the executor waits for slots, with no chain
+        // event to record it, so sample it too.
+        let node = self.clone();
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(10));
+            loop {
+                every.tick().await;
+                lock(&node.chain).observe(Instant::now());
+            }
+        });
+    }
+
+    pub fn metrics(&self) -> Metrics {
+        let now = Instant::now();
+        let mut chain = lock(&self.chain);
+        let lag = chain.observe(now);
+        Metrics {
+            tip_lag_ms: millis(lag),
+            tip_lag_max_ms: millis(chain.lag_max()),
+            tip_lost: chain.tip_lost(),
+            head: chain.head(),
+            blocks_pending: chain.pending(),
+            queue_depth: self.slots.queue_depth(),
+            queue_max: self.slots.queue_max(),
+            inflight: self.inflight.load(Ordering::Relaxed),
+            inflight_max: self.inflight_max.load(Ordering::Relaxed),
+            read_slots: self.slots.total(),
+            read_slots_in_use: self.slots.in_use(),
+            served: lock(&self.served).clone(),
+            errors: lock(&self.errors).clone(),
+            rss_bytes: rss_bytes(),
+            uptime_ms: now.duration_since(self.started).as_millis() as u64,
+        }
+    }
+
+    /// Starts a new measurement window: maxima and counts restart from the
+    /// current state.
+    pub fn reset(&self) {
+        lock(&self.chain).reset_maxima(Instant::now());
+        self.slots.reset_maxima();
+        self.inflight_max
+            .store(self.inflight.load(Ordering::Relaxed), Ordering::Relaxed);
+        lock(&self.served).clear();
+        lock(&self.errors).clear();
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmRSS:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(read_slots: u32) -> Arc<Node> {
+        Node::new(NodeConfig {
+            read_slots,
+            costs: CostTable::default(),
+            block_interval: Duration::from_secs(1),
+            block_exec: Duration::from_millis(50),
+            sync_slots: 1,
+            tip_lost_after_blocks: 3.0,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_batch_answers_requests_and_errors_in_order() {
+        let node = node(4);
+        let body = br#"[{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"},
+                        {"jsonrpc":"2.0","id":2,"method":"eth_nope"},
+                        {"jsonrpc":"2.0","method":"eth_chainId"},
+                        {"jsonrpc":"2.0","id":3}]"#;
+        let response = node.handle(body).await.unwrap();
+        assert_eq!(
+            response,
+            json!([
+                {"jsonrpc":"2.0","id":1,"result":"0x0"},
+                {"jsonrpc":"2.0","id":2,"error":{"code":-32601,"message":"the method eth_nope does not exist/is not available"}},
+                {"jsonrpc":"2.0","id":3,"error":{"code":-32600,"message":"invalid request: method must be a string"}},
+            ])
+        );
+        let metrics = node.metrics();
+        assert_eq!(metrics.served["eth_blockNumber"], 1);
+        assert_eq!(metrics.served["eth_chainId"], 1, "notifications are served");
+        assert_eq!(metrics.errors[&-32601], 1);
+        assert_eq!(metrics.errors[&-32600], 1);
+        assert_eq!(metrics.inflight, 0);
+        assert_eq!(metrics.inflight_max, 1);
+    }
+
+    #[tokio::test]
+    async fn only_notifications_get_no_body() {
+        let node = node(1);
+        assert_eq!(node.handle(br#"{"jsonrpc":"2.0","method":"eth_chainId"}"#).await, None);
+    }
+
+    #[tokio::test]
+    async fn garbage_gets_a_parse_error() {
+        let node = node(1);
+        let response = node.handle(b"\xff\x00not json").await.unwrap();
+        assert_eq!(response["error"]["code"], -32700);
+        assert_eq!(node.metrics().errors[&-32700], 1);
+    }
+}

@@ -1,0 +1,191 @@
+//! JSON-RPC 2.0 framing: parse a body into calls, and shape responses.
+//!
+//! Errors follow the spec: -32700 for a body that is not JSON, -32600 for a
+//! value that is not a request (or an empty batch), -32601 for a method the
+//! node does not know. A request without an `id` is a notification and gets
+//! no response entry.
+
+use serde_json::{json, Value};
+
+pub const PARSE_ERROR: i64 = -32700;
+pub const INVALID_REQUEST: i64 = -32600;
+pub const METHOD_NOT_FOUND: i64 = -32601;
+
+/// One entry of a body, checked.
+#[derive(Debug, PartialEq)]
+pub enum Call {
+    Request {
+        /// `None` for a notification.
+        id: Option<Value>,
+        method: String,
+        params: Value,
+    },
+    Invalid {
+        id: Value,
+        reason: &'static str,
+    },
+}
+
+/// A parsed body: one call, or a batch of them.
+#[derive(Debug, PartialEq)]
+pub enum Body {
+    Single(Call),
+    Batch(Vec<Call>),
+}
+
+/// Parses a body, or returns the single error response to send instead.
+pub fn parse(body: &[u8]) -> Result<Body, Value> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| error(Value::Null, PARSE_ERROR, &format!("parse error: {e}")))?;
+    match value {
+        Value::Array(entries) if entries.is_empty() => Err(error(
+            Value::Null,
+            INVALID_REQUEST,
+            "invalid request: empty batch",
+        )),
+        Value::Array(entries) => Ok(Body::Batch(entries.into_iter().map(check).collect())),
+        single => Ok(Body::Single(check(single))),
+    }
+}
+
+fn check(value: Value) -> Call {
+    let Value::Object(mut object) = value else {
+        return Call::Invalid {
+            id: Value::Null,
+            reason: "a request must be an object",
+        };
+    };
+    let id = match object.remove("id") {
+        None => None,
+        Some(id @ (Value::Null | Value::Number(_) | Value::String(_))) => Some(id),
+        Some(_) => {
+            return Call::Invalid {
+                id: Value::Null,
+                reason: "id must be a string, a number or null",
+            }
+        }
+    };
+    let invalid = |reason| Call::Invalid {
+        id: id.clone().unwrap_or(Value::Null),
+        reason,
+    };
+    if object.get("jsonrpc") != Some(&Value::String("2.0".into())) {
+        return invalid("jsonrpc must be \"2.0\"");
+    }
+    let method = match object.remove("method") {
+        Some(Value::String(method)) => method,
+        _ => return invalid("method must be a string"),
+    };
+    let params = match object.remove("params") {
+        None => Value::Array(Vec::new()),
+        Some(params @ (Value::Array(_) | Value::Object(_))) => params,
+        Some(_) => return invalid("params must be an array or an object"),
+    };
+    Call::Request { id, method, params }
+}
+
+pub fn error(id: Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+pub fn result(id: Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// A plausible result for a known method, given the executed head.
+pub fn canned_result(method: &str, params: &Value, head: u64) -> Value {
+    let hex = |n: u64| Value::String(format!("{n:#x}"));
+    match method {
+        "eth_blockNumber" => hex(head),
+        "eth_chainId" => hex(1),
+        "net_version" => Value::String("1".into()),
+        "web3_clientVersion" => Value::String(concat!("stakegate-rpc-node/", env!("CARGO_PKG_VERSION")).into()),
+        "eth_getBlockByNumber" => json!({
+            "number": hex(head),
+            "hash": format!("0x{head:064x}"),
+            "parentHash": format!("0x{:064x}", head.saturating_sub(1)),
+            "transactions": [],
+        }),
+        "eth_call" => Value::String(format!("0x{:064x}", params.to_string().len())),
+        "eth_getProof" => json!({"accountProof": [], "balance": "0x0", "nonce": "0x0", "storageProof": []}),
+        "eth_getLogs" => json!([]),
+        "eth_getTransactionReceipt" => Value::Null,
+        "eth_sendRawTransaction" => Value::String(format!("0x{:064x}", fnv1a(params.to_string().as_bytes()))),
+        _ => hex(0),
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(id: Value, method: &str) -> Call {
+        Call::Request {
+            id: Some(id),
+            method: method.into(),
+            params: json!([]),
+        }
+    }
+
+    #[test]
+    fn a_single_request_parses() {
+        let body = br#"{"jsonrpc":"2.0","id":7,"method":"eth_blockNumber"}"#;
+        assert_eq!(parse(body).unwrap(), Body::Single(request(json!(7), "eth_blockNumber")));
+    }
+
+    #[test]
+    fn a_batch_parses_entry_by_entry() {
+        let body = br#"[{"jsonrpc":"2.0","id":"a","method":"eth_call","params":[{}]},
+                        {"jsonrpc":"1.0","id":2,"method":"eth_call"},
+                        {"jsonrpc":"2.0","method":"eth_chainId"}]"#;
+        let Body::Batch(calls) = parse(body).unwrap() else {
+            panic!("not a batch")
+        };
+        assert_eq!(calls.len(), 3);
+        assert!(matches!(&calls[0], Call::Request { id: Some(id), .. } if id == "a"));
+        assert_eq!(
+            calls[1],
+            Call::Invalid { id: json!(2), reason: "jsonrpc must be \"2.0\"" }
+        );
+        assert!(matches!(&calls[2], Call::Request { id: None, .. }));
+    }
+
+    #[test]
+    fn malformed_json_is_a_parse_error() {
+        let err = parse(b"{\"jsonrpc\":").unwrap_err();
+        assert_eq!(err["error"]["code"], PARSE_ERROR);
+        assert_eq!(err["id"], Value::Null);
+    }
+
+    #[test]
+    fn an_empty_batch_is_invalid() {
+        let err = parse(b"[]").unwrap_err();
+        assert_eq!(err["error"]["code"], INVALID_REQUEST);
+    }
+
+    #[test]
+    fn non_requests_are_invalid_with_a_reason() {
+        for (body, reason) in [
+            (&b"42"[..], "a request must be an object"),
+            (br#"{"jsonrpc":"2.0","id":1,"method":5}"#, "method must be a string"),
+            (br#"{"jsonrpc":"2.0","id":[1],"method":"x"}"#, "id must be a string, a number or null"),
+            (br#"{"jsonrpc":"2.0","id":1,"method":"x","params":3}"#, "params must be an array or an object"),
+        ] {
+            let Body::Single(Call::Invalid { reason: got, .. }) = parse(body).unwrap() else {
+                panic!("{body:?} should be invalid");
+            };
+            assert_eq!(got, reason);
+        }
+    }
+
+    #[test]
+    fn block_number_reports_the_head() {
+        assert_eq!(canned_result("eth_blockNumber", &json!([]), 255), json!("0xff"));
+    }
+}

@@ -1,1 +1,7 @@
+//! Integration tests against a real Envoy, real compiled modules and real
+//! sockets on 127.0.0.1. Run with `make test` (which builds what they use);
+//! they run one at a time so timing-sensitive tests do not share the cores.
 
+mod failure_mode;
+mod foundation;
+mod loadgen;

@@ -62,9 +62,9 @@ impl Chain {
     }
 
     pub fn tip_lag(&self, now: Instant) -> Duration {
-        self.pending
-            .front()
-            .map_or(Duration::ZERO, |arrived| now.saturating_duration_since(*arrived))
+        self.pending.front().map_or(Duration::ZERO, |arrived| {
+            now.saturating_duration_since(*arrived)
+        })
     }
 
     /// Folds the current lag into the maximum and the tip-lost flag. Called

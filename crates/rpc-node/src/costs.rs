@@ -90,8 +90,14 @@ mod tests {
     #[test]
     fn defaults_match_the_documented_costs() {
         let table = CostTable::default();
-        assert_eq!(table.cost("eth_blockNumber"), Some(Duration::from_micros(200)));
-        assert_eq!(table.cost("eth_getBlockByNumber"), Some(Duration::from_millis(2)));
+        assert_eq!(
+            table.cost("eth_blockNumber"),
+            Some(Duration::from_micros(200))
+        );
+        assert_eq!(
+            table.cost("eth_getBlockByNumber"),
+            Some(Duration::from_millis(2))
+        );
         assert_eq!(table.cost("eth_call"), Some(Duration::from_millis(5)));
         assert_eq!(table.cost("eth_getProof"), Some(Duration::from_millis(40)));
         assert_eq!(table.cost("eth_mine"), None);
@@ -103,7 +109,10 @@ mod tests {
             .with_overrides(&["eth_call=10ms".into(), "debug_traceCall=250ms".into()])
             .unwrap();
         assert_eq!(table.cost("eth_call"), Some(Duration::from_millis(10)));
-        assert_eq!(table.cost("debug_traceCall"), Some(Duration::from_millis(250)));
+        assert_eq!(
+            table.cost("debug_traceCall"),
+            Some(Duration::from_millis(250))
+        );
     }
 
     #[test]
@@ -118,6 +127,9 @@ mod tests {
         let err = CostTable::default()
             .with_overrides(&["eth_call=fast".into()])
             .unwrap_err();
-        assert_eq!(err.to_string(), "--cost \"eth_call=fast\": bad duration \"fast\"");
+        assert_eq!(
+            err.to_string(),
+            "--cost \"eth_call=fast\": bad duration \"fast\""
+        );
     }
 }

@@ -94,10 +94,9 @@ async fn serve(args: Args, config: NodeConfig) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout();
     writeln!(stdout, "rpc-node listening on {addr}")?;
     stdout.flush()?;
-    axum::serve(listener, rpc_node::server::router(node))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    tokio::select! {
+        () = rpc_node::server::serve(listener, rpc_node::server::router(node)) => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
     Ok(())
 }

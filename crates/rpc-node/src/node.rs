@@ -74,7 +74,9 @@ impl Drop for InFlight<'_> {
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding one of these locks cannot leave the counters
     // inconsistent, so a poisoned lock is still usable.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Node {
@@ -116,9 +118,11 @@ impl Node {
 
     async fn call(&self, call: Call) -> Option<Value> {
         let response = match call {
-            Call::Invalid { id, reason } => {
-                rpc::error(id, rpc::INVALID_REQUEST, &format!("invalid request: {reason}"))
-            }
+            Call::Invalid { id, reason } => rpc::error(
+                id,
+                rpc::INVALID_REQUEST,
+                &format!("invalid request: {reason}"),
+            ),
             Call::Request { id, method, params } => {
                 let Some(cost) = self.config.costs.cost(&method) else {
                     let error = rpc::error(
@@ -287,7 +291,11 @@ mod tests {
     #[tokio::test]
     async fn only_notifications_get_no_body() {
         let node = node(1);
-        assert_eq!(node.handle(br#"{"jsonrpc":"2.0","method":"eth_chainId"}"#).await, None);
+        assert_eq!(
+            node.handle(br#"{"jsonrpc":"2.0","method":"eth_chainId"}"#)
+                .await,
+            None
+        );
     }
 
     #[tokio::test]

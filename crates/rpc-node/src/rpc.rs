@@ -99,7 +99,9 @@ pub fn canned_result(method: &str, params: &Value, head: u64) -> Value {
         "eth_blockNumber" => hex(head),
         "eth_chainId" => hex(1),
         "net_version" => Value::String("1".into()),
-        "web3_clientVersion" => Value::String(concat!("stakegate-rpc-node/", env!("CARGO_PKG_VERSION")).into()),
+        "web3_clientVersion" => {
+            Value::String(concat!("stakegate-rpc-node/", env!("CARGO_PKG_VERSION")).into())
+        }
         "eth_getBlockByNumber" => json!({
             "number": hex(head),
             "hash": format!("0x{head:064x}"),
@@ -107,10 +109,14 @@ pub fn canned_result(method: &str, params: &Value, head: u64) -> Value {
             "transactions": [],
         }),
         "eth_call" => Value::String(format!("0x{:064x}", params.to_string().len())),
-        "eth_getProof" => json!({"accountProof": [], "balance": "0x0", "nonce": "0x0", "storageProof": []}),
+        "eth_getProof" => {
+            json!({"accountProof": [], "balance": "0x0", "nonce": "0x0", "storageProof": []})
+        }
         "eth_getLogs" => json!([]),
         "eth_getTransactionReceipt" => Value::Null,
-        "eth_sendRawTransaction" => Value::String(format!("0x{:064x}", fnv1a(params.to_string().as_bytes()))),
+        "eth_sendRawTransaction" => {
+            Value::String(format!("0x{:064x}", fnv1a(params.to_string().as_bytes())))
+        }
         _ => hex(0),
     }
 }
@@ -136,7 +142,10 @@ mod tests {
     #[test]
     fn a_single_request_parses() {
         let body = br#"{"jsonrpc":"2.0","id":7,"method":"eth_blockNumber"}"#;
-        assert_eq!(parse(body).unwrap(), Body::Single(request(json!(7), "eth_blockNumber")));
+        assert_eq!(
+            parse(body).unwrap(),
+            Body::Single(request(json!(7), "eth_blockNumber"))
+        );
     }
 
     #[test]
@@ -151,7 +160,10 @@ mod tests {
         assert!(matches!(&calls[0], Call::Request { id: Some(id), .. } if id == "a"));
         assert_eq!(
             calls[1],
-            Call::Invalid { id: json!(2), reason: "jsonrpc must be \"2.0\"" }
+            Call::Invalid {
+                id: json!(2),
+                reason: "jsonrpc must be \"2.0\""
+            }
         );
         assert!(matches!(&calls[2], Call::Request { id: None, .. }));
     }
@@ -173,9 +185,18 @@ mod tests {
     fn non_requests_are_invalid_with_a_reason() {
         for (body, reason) in [
             (&b"42"[..], "a request must be an object"),
-            (br#"{"jsonrpc":"2.0","id":1,"method":5}"#, "method must be a string"),
-            (br#"{"jsonrpc":"2.0","id":[1],"method":"x"}"#, "id must be a string, a number or null"),
-            (br#"{"jsonrpc":"2.0","id":1,"method":"x","params":3}"#, "params must be an array or an object"),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":5}"#,
+                "method must be a string",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":[1],"method":"x"}"#,
+                "id must be a string, a number or null",
+            ),
+            (
+                br#"{"jsonrpc":"2.0","id":1,"method":"x","params":3}"#,
+                "params must be an array or an object",
+            ),
         ] {
             let Body::Single(Call::Invalid { reason: got, .. }) = parse(body).unwrap() else {
                 panic!("{body:?} should be invalid");
@@ -186,6 +207,9 @@ mod tests {
 
     #[test]
     fn block_number_reports_the_head() {
-        assert_eq!(canned_result("eth_blockNumber", &json!([]), 255), json!("0xff"));
+        assert_eq!(
+            canned_result("eth_blockNumber", &json!([]), 255),
+            json!("0xff")
+        );
     }
 }

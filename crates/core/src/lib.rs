@@ -4,5 +4,11 @@
 //! types, and no clock (callers pass `now` in). That keeps each mechanism
 //! testable with a fake clock, runnable in the offline host in virtual time,
 //! and identical in Envoy.
+//!
+//! - `gate`: the RPC admission gate (SEEDS.md part 5).
+//! - `rejection`: the one error shape every rejection has.
+//! - `policy_error`: policy errors that name the field.
 
+pub mod gate;
+pub mod policy_error;
 pub mod rejection;

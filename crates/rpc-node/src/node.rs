@@ -31,6 +31,7 @@ pub struct Node {
     errors: Mutex<BTreeMap<i64, u64>>,
     inflight: AtomicU64,
     inflight_max: AtomicU64,
+    websockets: AtomicU64,
     started: Instant,
 }
 
@@ -46,12 +47,22 @@ pub struct Metrics {
     pub queue_max: u64,
     pub inflight: u64,
     pub inflight_max: u64,
+    pub websockets: u64,
     pub read_slots: u32,
     pub read_slots_in_use: u32,
     pub served: BTreeMap<String, u64>,
     pub errors: BTreeMap<i64, u64>,
     pub rss_bytes: u64,
     pub uptime_ms: u64,
+}
+
+/// Counts one open WebSocket for as long as it lives.
+pub struct OpenWebsocket<'a>(&'a Node);
+
+impl Drop for OpenWebsocket<'_> {
+    fn drop(&mut self) {
+        self.0.websockets.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// Counts one HTTP request in flight for as long as it lives.
@@ -89,9 +100,15 @@ impl Node {
             errors: Mutex::new(BTreeMap::new()),
             inflight: AtomicU64::new(0),
             inflight_max: AtomicU64::new(0),
+            websockets: AtomicU64::new(0),
             started: Instant::now(),
             config,
         })
+    }
+
+    pub fn websocket_opened(&self) -> OpenWebsocket<'_> {
+        self.websockets.fetch_add(1, Ordering::Relaxed);
+        OpenWebsocket(self)
     }
 
     /// Answers one HTTP body. `None` means no response body (only
@@ -210,6 +227,7 @@ impl Node {
             queue_max: self.slots.queue_max(),
             inflight: self.inflight.load(Ordering::Relaxed),
             inflight_max: self.inflight_max.load(Ordering::Relaxed),
+            websockets: self.websockets.load(Ordering::Relaxed),
             read_slots: self.slots.total(),
             read_slots_in_use: self.slots.in_use(),
             served: lock(&self.served).clone(),

@@ -1,10 +1,12 @@
-//! HTTP surface: `POST /` takes JSON-RPC, `GET /metrics` returns the node's
+//! HTTP surface: `POST /` takes JSON-RPC, `GET /` upgrades to a WebSocket
+//! carrying JSON-RPC messages, `GET /metrics` returns the node's
 //! state as JSON, `POST /metrics/reset` starts a new measurement window, and
 //! `GET /health` answers once the node is serving.
 //!
 //! HTTP/1.1 and HTTP/2 (h2c prior knowledge) are both served.
 
 use crate::node::Node;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -27,7 +29,7 @@ pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 pub fn router(node: Arc<Node>) -> Router {
     Router::new()
-        .route("/", post(rpc))
+        .route("/", post(rpc).get(websocket))
         .route("/metrics", get(metrics))
         .route("/metrics/reset", post(reset))
         .route("/health", get(|| async { "ok" }))
@@ -39,6 +41,34 @@ async fn rpc(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     match node.handle(&body).await {
         Some(response) => Json(response).into_response(),
         None => StatusCode::NO_CONTENT.into_response(),
+    }
+}
+
+async fn websocket(State(node): State<Arc<Node>>, upgrade: WebSocketUpgrade) -> Response {
+    upgrade
+        .on_failed_upgrade(|e| eprintln!("rpc-node: websocket upgrade failed: {e}"))
+        .on_upgrade(move |socket| serve_websocket(node, socket))
+}
+
+/// Each text or binary message is a JSON-RPC body, answered in order.
+async fn serve_websocket(node: Arc<Node>, mut socket: WebSocket) {
+    let _open = node.websocket_opened();
+    while let Some(Ok(message)) = socket.recv().await {
+        let body = match message {
+            Message::Text(text) => Bytes::from(text.as_str().to_owned()),
+            Message::Binary(bytes) => bytes,
+            Message::Close(_) => break,
+            Message::Ping(_) | Message::Pong(_) => continue,
+        };
+        if let Some(response) = node.handle(&body).await {
+            if socket
+                .send(Message::Text(response.to_string().into()))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
     }
 }
 
@@ -69,7 +99,7 @@ pub async fn serve(listener: TcpListener, router: Router) {
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder.http2().max_concurrent_streams(MAX_H2_STREAMS);
             let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
                 .await;
         });
     }

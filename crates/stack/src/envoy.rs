@@ -5,6 +5,7 @@
 //! port with no race; the real ports are then read back from the admin
 //! `/listeners` endpoint, and the admin address from `--admin-address-path`.
 
+use crate::ecds::FilterConfig;
 use crate::http;
 use crate::paths;
 use crate::process::Process;
@@ -24,6 +25,7 @@ pub struct EnvoyBuilder {
     vars: BTreeMap<String, String>,
     concurrency: u32,
     extra_args: Vec<String>,
+    filters: Vec<FilterConfig>,
 }
 
 impl EnvoyBuilder {
@@ -40,7 +42,14 @@ impl EnvoyBuilder {
             vars: BTreeMap::new(),
             concurrency: 2,
             extra_args: Vec::new(),
+            filters: Vec::new(),
         }
+    }
+
+    /// A Wasm filter to serve through file-based ECDS (`{{ECDS_DIR}}`).
+    pub fn filter(mut self, config: FilterConfig) -> Self {
+        self.filters.push(config);
+        self
     }
 
     pub fn var(mut self, name: &str, value: impl ToString) -> Self {
@@ -66,10 +75,17 @@ impl EnvoyBuilder {
         render(&text, &self.vars).with_context(|| format!("rendering {}", self.template.display()))
     }
 
-    pub fn start(self) -> anyhow::Result<Envoy> {
+    pub fn start(mut self) -> anyhow::Result<Envoy> {
         let workdir = tempfile::Builder::new()
             .prefix("stakegate-envoy-")
             .tempdir()?;
+        let ecds_dir = workdir.path().join("ecds");
+        std::fs::create_dir(&ecds_dir)?;
+        for filter in &self.filters {
+            filter.write(&ecds_dir, "1")?;
+        }
+        self.vars
+            .insert("ECDS_DIR".into(), ecds_dir.to_string_lossy().into_owned());
         let config = workdir.path().join("envoy.yaml");
         std::fs::write(&config, self.render()?)?;
         let admin_path = workdir.path().join("admin-address");
@@ -94,6 +110,8 @@ impl EnvoyBuilder {
             admin: String::new(),
             listeners: BTreeMap::new(),
             config,
+            ecds_dir,
+            ecds_version: 1,
             _workdir: workdir,
         };
         envoy.wait_ready(&admin_path)?;
@@ -133,6 +151,8 @@ pub struct Envoy {
     admin: String,
     listeners: BTreeMap<String, SocketAddr>,
     config: PathBuf,
+    ecds_dir: PathBuf,
+    ecds_version: u64,
     _workdir: tempfile::TempDir,
 }
 
@@ -143,13 +163,13 @@ impl Envoy {
             if let Some(status) = self.process.exited() {
                 bail!(
                     "Envoy exited ({status}) before it was ready:\n{}",
-                    self.process.log_tail(60)
+                    self.problems()
                 );
             }
             if Instant::now() > deadline {
                 bail!(
                     "Envoy was not ready within {READY_TIMEOUT:?}:\n{}",
-                    self.process.log_tail(60)
+                    self.problems()
                 );
             }
             if self.admin.is_empty() {
@@ -170,6 +190,22 @@ impl Envoy {
         }
         self.listeners = self.read_listeners()?;
         Ok(())
+    }
+
+    /// Envoy's warnings and errors, or the end of its log if it has none.
+    fn problems(&self) -> String {
+        let log = self.process.log();
+        let problems: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                l.contains("][critical][") || l.contains("][error][") || l.contains("][warning][")
+            })
+            .collect();
+        if problems.is_empty() {
+            self.process.log_tail(60)
+        } else {
+            problems.join("\n")
+        }
     }
 
     fn read_listeners(&self) -> anyhow::Result<BTreeMap<String, SocketAddr>> {
@@ -236,6 +272,36 @@ impl Envoy {
             .unwrap_or(0))
     }
 
+    /// Replaces a filter's ECDS config (atomically) and waits until Envoy
+    /// has applied or rejected it. Returns Envoy's verdict.
+    pub fn update_filter(&mut self, config: &FilterConfig) -> anyhow::Result<EcdsUpdate> {
+        let reload = format!(
+            "extension_config_discovery.http_filter.{}.config_reload",
+            config.name
+        );
+        let rejected = format!(
+            "extension_config_discovery.http_filter.{}.update_rejected",
+            config.name
+        );
+        let (reloads, rejections) = (self.stat(&reload)?, self.stat(&rejected)?);
+        self.ecds_version += 1;
+        config.write(&self.ecds_dir, &self.ecds_version.to_string())?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while Instant::now() < deadline {
+            if self.stat(&rejected)? > rejections {
+                return Ok(EcdsUpdate::Rejected);
+            }
+            if self.stat(&reload)? > reloads {
+                return Ok(EcdsUpdate::Applied);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        bail!(
+            "Envoy neither applied nor rejected {} within {READY_TIMEOUT:?}",
+            config.name
+        )
+    }
+
     pub fn config_path(&self) -> &Path {
         &self.config
     }
@@ -250,10 +316,24 @@ impl Envoy {
     }
 }
 
+/// Envoy's verdict on an ECDS update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EcdsUpdate {
+    Applied,
+    Rejected,
+}
+
 /// Runs `envoy --mode validate` on a rendered template; returns Envoy's
 /// output on failure.
 pub fn validate(builder: &EnvoyBuilder) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
+    let mut builder = builder.clone();
+    for filter in &builder.filters {
+        filter.write(dir.path(), "1")?;
+    }
+    builder
+        .vars
+        .insert("ECDS_DIR".into(), dir.path().to_string_lossy().into_owned());
     let config = dir.path().join("envoy.yaml");
     std::fs::write(&config, builder.render()?)?;
     let output = Command::new(paths::envoy_binary()?)

@@ -6,6 +6,7 @@
 //! handle drops, and its log is printed if that happens during a panic (a
 //! failing test).
 
+pub mod ecds;
 pub mod envoy;
 pub mod http;
 pub mod loadgen;
@@ -13,5 +14,6 @@ pub mod paths;
 pub mod process;
 pub mod rpc_node;
 
+pub use ecds::FilterConfig;
 pub use envoy::{Envoy, EnvoyBuilder};
 pub use rpc_node::RpcNode;

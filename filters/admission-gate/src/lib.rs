@@ -1,33 +1,226 @@
-//! admission-gate: the proxy-wasm glue for the in-flight admission gate.
+//! admission-gate: the proxy-wasm glue for the RPC admission gate.
 //!
-//! The gate's logic lives in `stakegate-core`; this crate reads what Envoy
-//! gives it and maps decisions to actions. Until the gate lands it passes
-//! every request through, so the module already loads and runs in Envoy.
+//! The logic lives in `stakegate_core::gate`; this crate reads what Envoy
+//! gives it and maps decisions to actions:
+//!
+//! - `on_configure` parses the policy (plugin configuration). A bad policy
+//!   is logged with the field and the reason, and `false` makes Envoy refuse
+//!   the config, so the previous one keeps serving.
+//! - `on_http_request_headers` classifies the request and admits it or sends
+//!   the 503, before any body byte is read.
+//! - `on_done` (or, if that never comes, dropping the stream context) gives
+//!   the slot back.
+//! - `on_tick` heartbeats this worker's shard, settles any release debt, and
+//!   expires shards of workers that vanished.
 
+mod facts;
+mod metrics;
+
+use facts::StreamFacts;
+use metrics::GateMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{ContextType, LogLevel};
+use proxy_wasm::types::{Action, ContextType, LogLevel};
+use stakegate_core::gate::class::classify;
+use stakegate_core::gate::policy::GatePolicy;
+use stakegate_core::gate::{Admission, Decision, InflightGate, Rejection, Ticket};
+use stakegate_glue::{now_ms, EnvoyStore};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(GateRoot) });
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
+        Box::new(GateRoot { context_id, worker: None })
+    });
 }}
 
-struct GateRoot;
+/// This VM's gate and metrics, shared by its root and stream contexts (a VM
+/// is single-threaded).
+struct Worker {
+    gate: InflightGate,
+    metrics: GateMetrics,
+}
+
+struct GateRoot {
+    context_id: u32,
+    worker: Option<Rc<RefCell<Worker>>>,
+}
+
+fn log(level: LogLevel, message: &str) {
+    stakegate_glue::log("admission-gate", level, message);
+}
+
+impl GateRoot {
+    fn configure(&mut self, config: &[u8]) -> Result<(), String> {
+        let policy = GatePolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
+        let metrics = GateMetrics::define()?;
+        let heartbeat = Duration::from_millis(policy.heartbeat_ms);
+        let seed = now_ms() ^ (u64::from(self.context_id) << 32);
+        let mut gate = InflightGate::new(policy, seed);
+        // Joining now gives this worker its shard before traffic arrives; if
+        // the store is unavailable, the first request joins instead.
+        if let Err(e) = gate.join(&EnvoyStore, now_ms()) {
+            log(
+                LogLevel::Warn,
+                &format!("joining the shared slot table: {e}"),
+            );
+        }
+        self.set_tick_period(heartbeat);
+        self.worker = Some(Rc::new(RefCell::new(Worker { gate, metrics })));
+        Ok(())
+    }
+}
 
 impl Context for GateRoot {}
 
 impl RootContext for GateRoot {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let config = self.get_plugin_configuration().unwrap_or_default();
+        match self.configure(&config) {
+            Ok(()) => true,
+            Err(message) => {
+                log(LogLevel::Error, &message);
+                false
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let Some(worker) = &self.worker else { return };
+        let mut worker = worker.borrow_mut();
+        let Worker { gate, metrics } = &mut *worker;
+        match gate.heartbeat(&EnvoyStore, now_ms()) {
+            Ok(beat) => {
+                metrics.totals(beat.totals);
+                metrics.cas_retries(beat.cas_retries);
+                metrics.expired_slots(beat.expired_slots);
+                if beat.expired_slots > 0 {
+                    log(
+                        LogLevel::Warn,
+                        &format!(
+                            "reclaimed {} slots held by a worker that stopped heartbeating",
+                            beat.expired_slots
+                        ),
+                    );
+                }
+            }
+            Err(e) => {
+                metrics.store_error();
+                log(LogLevel::Warn, &format!("heartbeat: {e}"));
+            }
+        }
+    }
+
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(PassThrough))
+        let worker = self.worker.clone()?;
+        Some(Box::new(GateStream {
+            worker,
+            ticket: None,
+        }))
     }
 }
 
-struct PassThrough;
+struct GateStream {
+    worker: Rc<RefCell<Worker>>,
+    ticket: Option<Ticket>,
+}
 
-impl Context for PassThrough {}
+impl GateStream {
+    fn admit(&mut self) -> Result<(), Rejection> {
+        let websocket = self
+            .get_http_request_header("upgrade")
+            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+        let mut worker = self.worker.borrow_mut();
+        let Worker { gate, metrics } = &mut *worker;
+        let policy = gate.policy();
+        let class = classify(&policy.internal, &policy.priority, &mut StreamFacts);
+        let Admission {
+            decision,
+            totals,
+            cas_retries,
+            store_error,
+        } = gate.admit(&EnvoyStore, now_ms(), class, websocket);
+        metrics.cas_retries(cas_retries);
+        if let Some(totals) = totals {
+            metrics.totals(totals);
+        }
+        if let Some(e) = store_error {
+            metrics.store_error();
+            log(LogLevel::Warn, &format!("admission failed closed: {e}"));
+        }
+        match decision {
+            Decision::Admit(ticket) => {
+                metrics.admitted(class);
+                if ticket.slot.is_none() {
+                    metrics.internal_inflight(1);
+                }
+                self.ticket = Some(ticket);
+                Ok(())
+            }
+            Decision::Reject(rejection) => {
+                metrics.rejected(class, websocket);
+                Err(rejection)
+            }
+        }
+    }
 
-impl HttpContext for PassThrough {}
+    fn release(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let mut worker = self.worker.borrow_mut();
+        let Worker { gate, metrics } = &mut *worker;
+        if ticket.slot.is_none() {
+            metrics.internal_inflight(-1);
+        }
+        match gate.release(&EnvoyStore, now_ms(), ticket) {
+            Ok((totals, retries)) => {
+                if ticket.slot.is_some() {
+                    metrics.totals(totals);
+                }
+                metrics.cas_retries(retries);
+            }
+            // Kept as debt and settled by this worker's next write.
+            Err(_) => metrics.store_error(),
+        }
+    }
+}
+
+impl Context for GateStream {
+    fn on_done(&mut self) -> bool {
+        self.release();
+        true
+    }
+}
+
+impl HttpContext for GateStream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        match self.admit() {
+            Ok(()) => Action::Continue,
+            Err(rejection) => {
+                let retry_after = rejection.retry_after_s.to_string();
+                self.send_http_response(
+                    Rejection::STATUS,
+                    vec![
+                        ("retry-after", retry_after.as_str()),
+                        ("content-type", "application/json"),
+                    ],
+                    Some(rejection.body.as_bytes()),
+                );
+                Action::Pause
+            }
+        }
+    }
+}
+
+impl Drop for GateStream {
+    /// A stream deleted without `on_done` still gives its slot back.
+    fn drop(&mut self) {
+        self.release();
+    }
+}

@@ -1,0 +1,468 @@
+//! The RPC admission gate (SEEDS.md part 5, the "outer gate"), as seen by
+//! one worker VM.
+//!
+//! - `policy`: the policy document and its validation.
+//! - `class`: internal / priority / default, from facts a client cannot forge.
+//! - `shards`: the shared per-worker slot counts and the admission rule.
+//! - `store`: compare-and-swap updates of that record in shared data.
+//! - `drain`: the completion rate and the jittered `retry-after`.
+//!
+//! Where it differs from Erigon's gate: the count spans every Envoy worker
+//! (Erigon counts in one process); internal callers are recognised by
+//! listener, address or certificate instead of by code path; a `reserved`
+//! share of slots is kept for priority traffic (left open in the source);
+//! and `retry-after` is derived from the drain rate and jittered instead of
+//! a constant 1 s.
+
+pub mod class;
+pub mod drain;
+pub mod policy;
+pub mod shards;
+pub mod store;
+
+use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
+use class::RequestClass;
+use drain::{retry_after_s, DrainRate, Jitter};
+use policy::GatePolicy;
+use shards::{Debt, SlotKind, Totals};
+use store::{update, Change, SharedStore, StoreError};
+
+/// The shared-data key; the layout version is part of it and of the value.
+pub const SHARED_KEY: &str = "stakegate.admission_gate.v1.shards";
+
+/// What an admitted request holds until it ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    pub class: RequestClass,
+    /// `None` for internal traffic, which holds no slot.
+    pub slot: Option<SlotKind>,
+}
+
+/// A 503 to send instead of forwarding the request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub retry_after_s: u32,
+    pub body: String,
+}
+
+impl Rejection {
+    pub const STATUS: u32 = 503;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Admit(Ticket),
+    Reject(Rejection),
+}
+
+/// A decision plus what the filter reports as metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    pub decision: Decision,
+    /// Slot totals as written or read; `None` when the store was not used.
+    pub totals: Option<Totals>,
+    pub cas_retries: u32,
+    /// Set when the shared store failed; the decision is then a rejection.
+    pub store_error: Option<StoreError>,
+}
+
+/// What a heartbeat found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Heartbeat {
+    pub totals: Totals,
+    /// Slots reclaimed from workers that stopped heartbeating.
+    pub expired_slots: u64,
+    pub cas_retries: u32,
+}
+
+/// One worker VM's side of the gate.
+#[derive(Debug, Clone)]
+pub struct InflightGate {
+    policy: GatePolicy,
+    vm: Option<u32>,
+    debt: Debt,
+    drain: DrainRate,
+    jitter: Jitter,
+}
+
+impl InflightGate {
+    pub fn new(policy: GatePolicy, seed: u64) -> Self {
+        Self {
+            policy,
+            vm: None,
+            debt: Debt::default(),
+            drain: DrainRate::default(),
+            jitter: Jitter::new(seed),
+        }
+    }
+
+    pub fn policy(&self) -> &GatePolicy {
+        &self.policy
+    }
+
+    /// This VM's shard id, once joined.
+    pub fn vm(&self) -> Option<u32> {
+        self.vm
+    }
+
+    pub fn drain_per_second(&self) -> f64 {
+        self.drain.per_second()
+    }
+
+    /// Joins the shared table (once) and returns this VM's shard id.
+    pub fn join(&mut self, store: &impl SharedStore, now_ms: u64) -> Result<u32, StoreError> {
+        if let Some(vm) = self.vm {
+            return Ok(vm);
+        }
+        let vm = update(store, SHARED_KEY, |table| Change::Write(table.join(now_ms)))
+            .map_err(|(e, _)| e)?
+            .value;
+        self.vm = Some(vm);
+        Ok(vm)
+    }
+
+    /// Decides one request. Internal traffic is admitted without touching
+    /// shared state; everything else takes a slot by CAS or is rejected.
+    pub fn admit(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+        class: RequestClass,
+        websocket: bool,
+    ) -> Admission {
+        let slot = match (class, websocket) {
+            (RequestClass::Internal, _) => {
+                return Admission {
+                    decision: Decision::Admit(Ticket { class, slot: None }),
+                    totals: None,
+                    cas_retries: 0,
+                    store_error: None,
+                }
+            }
+            (_, true) => SlotKind::Websocket,
+            (RequestClass::Priority, false) => SlotKind::Priority,
+            (RequestClass::Default, false) => SlotKind::Default,
+        };
+        let vm = match self.join(store, now_ms) {
+            Ok(vm) => vm,
+            Err(e) => return self.refuse(slot, Totals::default(), 0, Some(e)),
+        };
+        let limits = self.policy.limits;
+        let debt = self.debt;
+        let result = update(store, SHARED_KEY, |table| {
+            table.heartbeat(vm, now_ms, &debt);
+            if table.try_admit(vm, now_ms, slot, &limits) {
+                Change::Write(true)
+            } else if debt.total() > 0 {
+                // Settling debt is worth a write even when refusing.
+                Change::Write(false)
+            } else {
+                Change::Keep(false)
+            }
+        });
+        match result {
+            Ok(updated) => {
+                // Any debt was settled by the write (or there was none).
+                self.debt = Debt::default();
+                let totals = updated.table.totals();
+                if updated.value {
+                    Admission {
+                        decision: Decision::Admit(Ticket {
+                            class,
+                            slot: Some(slot),
+                        }),
+                        totals: Some(totals),
+                        cas_retries: updated.retries,
+                        store_error: None,
+                    }
+                } else {
+                    self.refuse(slot, totals, updated.retries, None)
+                }
+            }
+            Err((e, retries)) => self.refuse(slot, Totals::default(), retries, Some(e)),
+        }
+    }
+
+    fn refuse(
+        &mut self,
+        slot: SlotKind,
+        totals: Totals,
+        cas_retries: u32,
+        store_error: Option<StoreError>,
+    ) -> Admission {
+        let (held, message) = match slot {
+            SlotKind::Websocket => (
+                totals.websocket,
+                "websocket connection limit reached, retry later",
+            ),
+            _ => (
+                totals.inflight(),
+                "the node is at its in-flight request limit, retry later",
+            ),
+        };
+        let retry_after_s = retry_after_s(
+            held,
+            self.drain.per_second(),
+            self.jitter.next_unit(),
+            self.policy.retry_after_max_s,
+        );
+        Admission {
+            decision: Decision::Reject(Rejection {
+                retry_after_s,
+                body: json_rpc_error_body(None, LIMIT_EXCEEDED, message),
+            }),
+            totals: Some(totals),
+            cas_retries,
+            store_error,
+        }
+    }
+
+    /// Gives back what `ticket` holds. If the CAS keeps failing, the release
+    /// becomes debt, settled by this VM's next write.
+    pub fn release(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+        ticket: Ticket,
+    ) -> Result<(Totals, u32), StoreError> {
+        let (Some(slot), Some(vm)) = (ticket.slot, self.vm) else {
+            return Ok((Totals::default(), 0));
+        };
+        self.debt.add(slot);
+        self.settle(store, vm, now_ms)
+            .map(|(totals, _, retries)| (totals, retries))
+    }
+
+    /// Refreshes this VM's shard, settles debt, expires dead workers'
+    /// shards, and updates the drain rate. Called on every tick.
+    pub fn heartbeat(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+    ) -> Result<Heartbeat, StoreError> {
+        let vm = self.join(store, now_ms)?;
+        let (totals, expired_slots, cas_retries) = self.settle(store, vm, now_ms)?;
+        Ok(Heartbeat {
+            totals,
+            expired_slots,
+            cas_retries,
+        })
+    }
+
+    fn settle(
+        &mut self,
+        store: &impl SharedStore,
+        vm: u32,
+        now_ms: u64,
+    ) -> Result<(Totals, u64, u32), StoreError> {
+        let debt = self.debt;
+        let ttl = self.policy.stale_slot_ttl_ms;
+        let updated = update(store, SHARED_KEY, |table| {
+            let expired = table.expire(now_ms, ttl);
+            table.heartbeat(vm, now_ms, &debt);
+            Change::Write(expired)
+        })
+        .map_err(|(e, _)| e)?;
+        self.debt = Debt::default();
+        self.drain.observe(now_ms, updated.table.completions);
+        Ok((updated.table.totals(), updated.value, updated.retries))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::store::MemoryStore;
+
+    fn gate(policy: &str, seed: u64) -> InflightGate {
+        InflightGate::new(GatePolicy::parse(policy.as_bytes()).unwrap(), seed)
+    }
+
+    fn ticket(admission: &Admission) -> Ticket {
+        match admission.decision {
+            Decision::Admit(ticket) => ticket,
+            Decision::Reject(_) => panic!("rejected: {admission:?}"),
+        }
+    }
+
+    #[test]
+    fn internal_traffic_is_never_rejected_nor_counted() {
+        let store = MemoryStore::default();
+        let mut worker = gate(r#"{"maxInflight": 1}"#, 1);
+        let first = worker.admit(&store, 0, RequestClass::Default, false);
+        assert!(matches!(first.decision, Decision::Admit(_)));
+        for _ in 0..100 {
+            let internal = worker.admit(&store, 0, RequestClass::Internal, false);
+            assert_eq!(
+                internal.decision,
+                Decision::Admit(Ticket {
+                    class: RequestClass::Internal,
+                    slot: None
+                })
+            );
+        }
+        assert!(matches!(
+            worker
+                .admit(&store, 0, RequestClass::Default, false)
+                .decision,
+            Decision::Reject(_)
+        ));
+    }
+
+    #[test]
+    fn a_rejection_has_the_unified_shape() {
+        let store = MemoryStore::default();
+        let mut worker = gate(r#"{"maxInflight": 1}"#, 1);
+        worker.admit(&store, 0, RequestClass::Default, false);
+        let Decision::Reject(rejection) = worker
+            .admit(&store, 0, RequestClass::Default, false)
+            .decision
+        else {
+            panic!("admitted over the limit");
+        };
+        assert!(rejection.retry_after_s >= 1);
+        assert_eq!(
+            rejection.body,
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32005,"message":"the node is at its in-flight request limit, retry later"}}"#
+        );
+    }
+
+    #[test]
+    fn workers_share_one_limit_and_releases_free_slots() {
+        let store = MemoryStore::default();
+        let mut a = gate(r#"{"maxInflight": 2}"#, 1);
+        let mut b = gate(r#"{"maxInflight": 2}"#, 2);
+        let ta = ticket(&a.admit(&store, 0, RequestClass::Default, false));
+        let tb = ticket(&b.admit(&store, 0, RequestClass::Default, false));
+        assert!(matches!(
+            a.admit(&store, 0, RequestClass::Default, false).decision,
+            Decision::Reject(_)
+        ));
+        let (totals, _) = b.release(&store, 1, tb).unwrap();
+        assert_eq!(totals.inflight(), 1);
+        assert!(matches!(
+            a.admit(&store, 2, RequestClass::Default, false).decision,
+            Decision::Admit(_)
+        ));
+        a.release(&store, 3, ta).unwrap();
+        assert_ne!(a.vm(), b.vm());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Admit {
+            worker: usize,
+            class: RequestClass,
+            websocket: bool,
+        },
+        Release {
+            worker: usize,
+            pick: usize,
+        },
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let class = prop_oneof![
+            Just(RequestClass::Internal),
+            Just(RequestClass::Priority),
+            Just(RequestClass::Default)
+        ];
+        prop_oneof![
+            (0..4usize, class, proptest::bool::weighted(0.1)).prop_map(
+                |(worker, class, websocket)| Op::Admit {
+                    worker,
+                    class,
+                    websocket
+                }
+            ),
+            (0..4usize, any::<usize>()).prop_map(|(worker, pick)| Op::Release { worker, pick }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Over any interleaving of four workers, the admitted in-flight
+        /// count never passes the limit, default traffic never takes the
+        /// reserve, and releasing everything returns every count to zero.
+        #[test]
+        fn never_over_the_limit_and_back_to_zero(ops in proptest::collection::vec(op(), 1..300)) {
+            let store = MemoryStore::default();
+            let policy = r#"{"maxInflight": 5, "reserved": 2, "maxWebsocketConnections": 2}"#;
+            let mut workers: Vec<InflightGate> = (0..4).map(|i| gate(policy, i + 1)).collect();
+            let mut held: Vec<Vec<Ticket>> = vec![Vec::new(); 4];
+            for op in ops {
+                match op {
+                    Op::Admit { worker, class, websocket } => {
+                        let admission = workers[worker].admit(&store, 0, class, websocket);
+                        if let Decision::Admit(ticket) = admission.decision {
+                            held[worker].push(ticket);
+                        }
+                    }
+                    Op::Release { worker, pick } => {
+                        if !held[worker].is_empty() {
+                            let index = pick % held[worker].len();
+                            let ticket = held[worker].swap_remove(index);
+                            workers[worker].release(&store, 0, ticket).unwrap();
+                        }
+                    }
+                }
+                let totals = workers[0].heartbeat(&store, 0).unwrap().totals;
+                proptest::prop_assert!(totals.inflight() <= 5);
+                proptest::prop_assert!(totals.default <= 3);
+                proptest::prop_assert!(totals.websocket <= 2);
+            }
+            for (worker, tickets) in held.iter_mut().enumerate() {
+                for ticket in tickets.drain(..) {
+                    workers[worker].release(&store, 0, ticket).unwrap();
+                }
+            }
+            proptest::prop_assert_eq!(workers[0].heartbeat(&store, 0).unwrap().totals, Totals::default());
+        }
+    }
+
+    #[test]
+    fn a_dead_workers_slots_expire_after_the_ttl() {
+        let store = MemoryStore::default();
+        let policy = r#"{"maxInflight": 2, "heartbeatMs": 100, "staleSlotTtlMs": 1000}"#;
+        let mut dead = gate(policy, 1);
+        let mut alive = gate(policy, 2);
+        ticket(&dead.admit(&store, 0, RequestClass::Default, false));
+        ticket(&dead.admit(&store, 0, RequestClass::Default, false));
+        drop(dead); // never heartbeats again
+        assert!(matches!(
+            alive
+                .admit(&store, 500, RequestClass::Default, false)
+                .decision,
+            Decision::Reject(_)
+        ));
+        let beat = alive.heartbeat(&store, 1000).unwrap();
+        assert_eq!((beat.expired_slots, beat.totals.inflight()), (0, 2));
+        let beat = alive.heartbeat(&store, 1001).unwrap();
+        assert_eq!((beat.expired_slots, beat.totals.inflight()), (2, 0));
+        assert!(matches!(
+            alive
+                .admit(&store, 1002, RequestClass::Default, false)
+                .decision,
+            Decision::Admit(_)
+        ));
+    }
+
+    #[test]
+    fn a_foreign_layout_fails_closed_with_the_reason() {
+        let store = MemoryStore::default();
+        store.store(SHARED_KEY, &[7, 0, 0], None).unwrap();
+        let mut worker = gate(r#"{"maxInflight": 2}"#, 1);
+        let admission = worker.admit(&store, 0, RequestClass::Default, false);
+        assert!(matches!(admission.decision, Decision::Reject(_)));
+        assert_eq!(
+            admission.store_error.unwrap().to_string(),
+            "shared gate state has layout version 7, this module reads 1"
+        );
+        assert!(matches!(
+            worker
+                .admit(&store, 0, RequestClass::Internal, false)
+                .decision,
+            Decision::Admit(_)
+        ));
+    }
+}

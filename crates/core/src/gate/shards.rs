@@ -1,0 +1,480 @@
+//! The gate's shared state: one record of per-worker shards, kept in one
+//! shared-data key and changed only by compare-and-swap (see `store`).
+//!
+//! # Layout (version 1)
+//!
+//! Little-endian, written by every worker VM of the plugin's `vm_id`:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 1 | layout version (1) |
+//! | 4 | `next_vm`: the id the next VM to join takes |
+//! | 8 | `completions`: admitted requests released, ever (the drain rate's source) |
+//! | 2 | shard count |
+//! | 24 × n | shards: `vm` u32, `heartbeat_ms` u64, `default` u32, `priority` u32, `websocket` u32 |
+//!
+//! Each VM owns one shard and only ever changes its own counts; any VM may
+//! drop a shard whose heartbeat is older than the stale-slot TTL, which is
+//! how slots held by a VM that disappeared (reload, swap, crash) come back.
+//!
+//! # Exactness
+//!
+//! A request is admitted only inside a successful CAS on the whole record,
+//! after checking the sum over live shards against the limit. Two workers
+//! admitting at once cannot both pass on the same count: the second CAS
+//! fails, re-reads, and re-checks. So the admitted in-flight total never
+//! exceeds the limit, however many workers there are.
+
+use std::fmt;
+
+pub const LAYOUT_VERSION: u8 = 1;
+const HEADER_LEN: usize = 1 + 4 + 8 + 2;
+const SHARD_LEN: usize = 4 + 8 + 4 + 4 + 4;
+
+/// What one admitted request holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotKind {
+    Default,
+    Priority,
+    Websocket,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shard {
+    pub vm: u32,
+    /// The owner's clock when it last wrote, in ms since the Unix epoch.
+    pub heartbeat_ms: u64,
+    pub default: u32,
+    pub priority: u32,
+    pub websocket: u32,
+}
+
+impl Shard {
+    fn count_mut(&mut self, kind: SlotKind) -> &mut u32 {
+        match kind {
+            SlotKind::Default => &mut self.default,
+            SlotKind::Priority => &mut self.priority,
+            SlotKind::Websocket => &mut self.websocket,
+        }
+    }
+
+    fn slots(&self) -> u64 {
+        u64::from(self.default) + u64::from(self.priority) + u64::from(self.websocket)
+    }
+}
+
+/// Slots held across all shards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Totals {
+    pub default: u32,
+    pub priority: u32,
+    pub websocket: u32,
+}
+
+impl Totals {
+    /// Requests counted against `maxInflight`.
+    pub fn inflight(&self) -> u32 {
+        self.default.saturating_add(self.priority)
+    }
+}
+
+/// The admission limits, compiled from the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// `None`: pass-through (policy `-1`), counted but never limited.
+    pub max_inflight: Option<u32>,
+    /// Slots only priority traffic may take.
+    pub reserved: u32,
+    /// `None`: unlimited.
+    pub max_websocket: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LayoutError {
+    UnknownVersion(u8),
+    Truncated { expected: usize, got: usize },
+}
+
+impl fmt::Display for LayoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LayoutError::UnknownVersion(v) => {
+                write!(
+                    f,
+                    "shared gate state has layout version {v}, this module reads {LAYOUT_VERSION}"
+                )
+            }
+            LayoutError::Truncated { expected, got } => {
+                write!(
+                    f,
+                    "shared gate state is truncated: {got} bytes, expected {expected}"
+                )
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardTable {
+    pub next_vm: u32,
+    pub completions: u64,
+    pub shards: Vec<Shard>,
+}
+
+impl ShardTable {
+    /// An empty value (a key never written) is an empty table.
+    pub fn decode(bytes: &[u8]) -> Result<Self, LayoutError> {
+        if bytes.is_empty() {
+            return Ok(Self::default());
+        }
+        if bytes[0] != LAYOUT_VERSION {
+            return Err(LayoutError::UnknownVersion(bytes[0]));
+        }
+        let truncated = |expected| LayoutError::Truncated {
+            expected,
+            got: bytes.len(),
+        };
+        if bytes.len() < HEADER_LEN {
+            return Err(truncated(HEADER_LEN));
+        }
+        let mut r = Reader { bytes, at: 1 };
+        let next_vm = r.u32();
+        let completions = r.u64();
+        let count = usize::from(r.u16());
+        let expected = HEADER_LEN + count * SHARD_LEN;
+        if bytes.len() < expected {
+            return Err(truncated(expected));
+        }
+        let shards = (0..count)
+            .map(|_| Shard {
+                vm: r.u32(),
+                heartbeat_ms: r.u64(),
+                default: r.u32(),
+                priority: r.u32(),
+                websocket: r.u32(),
+            })
+            .collect();
+        Ok(Self {
+            next_vm,
+            completions,
+            shards,
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.shards.len() * SHARD_LEN);
+        out.push(LAYOUT_VERSION);
+        out.extend_from_slice(&self.next_vm.to_le_bytes());
+        out.extend_from_slice(&self.completions.to_le_bytes());
+        out.extend_from_slice(&(self.shards.len().min(usize::from(u16::MAX)) as u16).to_le_bytes());
+        for s in self.shards.iter().take(usize::from(u16::MAX)) {
+            out.extend_from_slice(&s.vm.to_le_bytes());
+            out.extend_from_slice(&s.heartbeat_ms.to_le_bytes());
+            out.extend_from_slice(&s.default.to_le_bytes());
+            out.extend_from_slice(&s.priority.to_le_bytes());
+            out.extend_from_slice(&s.websocket.to_le_bytes());
+        }
+        out
+    }
+
+    /// Gives a joining VM its id and an empty shard.
+    pub fn join(&mut self, now_ms: u64) -> u32 {
+        let vm = self.next_vm;
+        self.next_vm = self.next_vm.wrapping_add(1);
+        self.shards.push(Shard {
+            vm,
+            heartbeat_ms: now_ms,
+            ..Shard::default()
+        });
+        vm
+    }
+
+    pub fn totals(&self) -> Totals {
+        self.shards.iter().fold(Totals::default(), |t, s| Totals {
+            default: t.default.saturating_add(s.default),
+            priority: t.priority.saturating_add(s.priority),
+            websocket: t.websocket.saturating_add(s.websocket),
+        })
+    }
+
+    /// Drops shards not heard from for more than `ttl_ms` (their owner is
+    /// gone) and returns how many slots they held.
+    pub fn expire(&mut self, now_ms: u64, ttl_ms: u64) -> u64 {
+        let mut reclaimed = 0;
+        self.shards.retain(|s| {
+            let stale = now_ms.saturating_sub(s.heartbeat_ms) > ttl_ms;
+            if stale {
+                reclaimed += s.slots();
+            }
+            !stale
+        });
+        reclaimed
+    }
+
+    /// The caller's own shard, refreshed to `now_ms`. A VM whose shard was
+    /// expired (it stalled past the TTL) gets a fresh empty one back.
+    fn own(&mut self, vm: u32, now_ms: u64) -> &mut Shard {
+        let index = match self.shards.iter().position(|s| s.vm == vm) {
+            Some(index) => index,
+            None => {
+                self.shards.push(Shard {
+                    vm,
+                    ..Shard::default()
+                });
+                self.shards.len() - 1
+            }
+        };
+        let shard = &mut self.shards[index];
+        shard.heartbeat_ms = shard.heartbeat_ms.max(now_ms);
+        shard
+    }
+
+    /// Marks `vm` alive and settles slots it released without managing to
+    /// write (see `Debt`).
+    pub fn heartbeat(&mut self, vm: u32, now_ms: u64, debt: &Debt) {
+        let completed = debt.total();
+        let shard = self.own(vm, now_ms);
+        shard.default = shard.default.saturating_sub(debt.default);
+        shard.priority = shard.priority.saturating_sub(debt.priority);
+        shard.websocket = shard.websocket.saturating_sub(debt.websocket);
+        self.completions = self.completions.wrapping_add(completed);
+    }
+
+    /// Takes one `kind` slot for `vm` if the limits allow it.
+    pub fn try_admit(&mut self, vm: u32, now_ms: u64, kind: SlotKind, limits: &Limits) -> bool {
+        let totals = self.totals();
+        let allowed = match kind {
+            SlotKind::Default => limits
+                .max_inflight
+                .is_none_or(|max| totals.inflight() < max.saturating_sub(limits.reserved)),
+            SlotKind::Priority => limits
+                .max_inflight
+                .is_none_or(|max| totals.inflight() < max),
+            SlotKind::Websocket => limits
+                .max_websocket
+                .is_none_or(|max| totals.websocket < max),
+        };
+        if allowed {
+            let count = self.own(vm, now_ms).count_mut(kind);
+            *count = count.saturating_add(1);
+        }
+        allowed
+    }
+
+    /// Gives back one `kind` slot of `vm`.
+    pub fn release(&mut self, vm: u32, now_ms: u64, kind: SlotKind) {
+        let count = self.own(vm, now_ms).count_mut(kind);
+        *count = count.saturating_sub(1);
+        self.completions = self.completions.wrapping_add(1);
+    }
+}
+
+/// Releases a VM could not write (its CAS kept failing). They are settled
+/// by its next successful write, so no slot leaks; until then they are
+/// over-counted, which errs on the side of the node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Debt {
+    pub default: u32,
+    pub priority: u32,
+    pub websocket: u32,
+}
+
+impl Debt {
+    pub fn add(&mut self, kind: SlotKind) {
+        let count = match kind {
+            SlotKind::Default => &mut self.default,
+            SlotKind::Priority => &mut self.priority,
+            SlotKind::Websocket => &mut self.websocket,
+        };
+        *count = count.saturating_add(1);
+    }
+
+    pub fn total(&self) -> u64 {
+        u64::from(self.default) + u64::from(self.priority) + u64::from(self.websocket)
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0; N];
+        if let Some(src) = self.bytes.get(self.at..self.at + N) {
+            out.copy_from_slice(src);
+        }
+        self.at += N;
+        out
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.take())
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        max_inflight: Some(4),
+        reserved: 1,
+        max_websocket: Some(1),
+    };
+
+    #[test]
+    fn encoding_round_trips() {
+        let mut table = ShardTable::default();
+        let a = table.join(10);
+        let b = table.join(20);
+        assert!(table.try_admit(a, 30, SlotKind::Default, &LIMITS));
+        assert!(table.try_admit(b, 40, SlotKind::Priority, &LIMITS));
+        table.release(b, 50, SlotKind::Priority);
+        let bytes = table.encode();
+        assert_eq!(bytes.len(), HEADER_LEN + 2 * SHARD_LEN);
+        assert_eq!(ShardTable::decode(&bytes).unwrap(), table);
+        assert_eq!(table.completions, 1);
+    }
+
+    #[test]
+    fn an_empty_value_is_an_empty_table() {
+        assert_eq!(ShardTable::decode(&[]).unwrap(), ShardTable::default());
+    }
+
+    #[test]
+    fn foreign_layouts_are_refused_with_a_reason() {
+        assert_eq!(
+            ShardTable::decode(&[9, 0]).unwrap_err().to_string(),
+            "shared gate state has layout version 9, this module reads 1"
+        );
+        let mut bytes = ShardTable::default().encode();
+        bytes[13] = 3; // claims three shards
+        assert_eq!(
+            ShardTable::decode(&bytes).unwrap_err(),
+            LayoutError::Truncated {
+                expected: HEADER_LEN + 3 * SHARD_LEN,
+                got: HEADER_LEN
+            }
+        );
+    }
+
+    #[test]
+    fn default_traffic_cannot_take_reserved_slots() {
+        let mut table = ShardTable::default();
+        let vm = table.join(0);
+        let admitted = (0..10)
+            .filter(|_| table.try_admit(vm, 0, SlotKind::Default, &LIMITS))
+            .count();
+        assert_eq!(admitted, 3, "4 slots, 1 reserved");
+        assert!(
+            table.try_admit(vm, 0, SlotKind::Priority, &LIMITS),
+            "priority takes the reserve"
+        );
+        assert!(
+            !table.try_admit(vm, 0, SlotKind::Priority, &LIMITS),
+            "and no more"
+        );
+        assert_eq!(table.totals().inflight(), 4);
+    }
+
+    #[test]
+    fn the_limit_spans_every_shard() {
+        let mut table = ShardTable::default();
+        let a = table.join(0);
+        let b = table.join(0);
+        assert!(table.try_admit(a, 0, SlotKind::Default, &LIMITS));
+        assert!(table.try_admit(b, 0, SlotKind::Default, &LIMITS));
+        assert!(table.try_admit(a, 0, SlotKind::Default, &LIMITS));
+        assert!(!table.try_admit(b, 0, SlotKind::Default, &LIMITS));
+        table.release(a, 0, SlotKind::Default);
+        assert!(table.try_admit(b, 0, SlotKind::Default, &LIMITS));
+    }
+
+    #[test]
+    fn websockets_have_their_own_limit() {
+        let mut table = ShardTable::default();
+        let vm = table.join(0);
+        assert!(table.try_admit(vm, 0, SlotKind::Websocket, &LIMITS));
+        assert!(!table.try_admit(vm, 0, SlotKind::Websocket, &LIMITS));
+        assert!(
+            table.try_admit(vm, 0, SlotKind::Default, &LIMITS),
+            "they do not use in-flight slots"
+        );
+    }
+
+    #[test]
+    fn pass_through_counts_but_never_limits() {
+        let open = Limits {
+            max_inflight: None,
+            reserved: 0,
+            max_websocket: None,
+        };
+        let mut table = ShardTable::default();
+        let vm = table.join(0);
+        for _ in 0..1000 {
+            assert!(table.try_admit(vm, 0, SlotKind::Default, &open));
+        }
+        assert_eq!(table.totals().default, 1000);
+    }
+
+    #[test]
+    fn stale_shards_expire_and_return_their_slots() {
+        let mut table = ShardTable::default();
+        let gone = table.join(1_000);
+        let alive = table.join(1_000);
+        assert!(table.try_admit(gone, 1_000, SlotKind::Default, &LIMITS));
+        assert!(table.try_admit(gone, 1_000, SlotKind::Websocket, &LIMITS));
+        table.heartbeat(alive, 5_000, &Debt::default());
+        assert_eq!(
+            table.expire(11_000, 10_000),
+            0,
+            "exactly at the TTL is not stale"
+        );
+        assert_eq!(table.expire(11_001, 10_000), 2);
+        assert_eq!(table.shards.len(), 1);
+        assert_eq!(table.shards[0].vm, alive);
+        assert_eq!(table.totals(), Totals::default());
+    }
+
+    #[test]
+    fn a_vm_that_was_expired_gets_a_fresh_shard() {
+        let mut table = ShardTable::default();
+        let vm = table.join(0);
+        table.expire(100_000, 10_000);
+        assert!(table.try_admit(vm, 100_000, SlotKind::Default, &LIMITS));
+        assert_eq!(
+            table.shards,
+            vec![Shard {
+                vm,
+                heartbeat_ms: 100_000,
+                default: 1,
+                ..Shard::default()
+            }]
+        );
+    }
+
+    #[test]
+    fn debt_is_settled_by_a_heartbeat() {
+        let mut table = ShardTable::default();
+        let vm = table.join(0);
+        assert!(table.try_admit(vm, 0, SlotKind::Default, &LIMITS));
+        assert!(table.try_admit(vm, 0, SlotKind::Priority, &LIMITS));
+        let mut debt = Debt::default();
+        debt.add(SlotKind::Default);
+        debt.add(SlotKind::Priority);
+        table.heartbeat(vm, 10, &debt);
+        assert_eq!(table.totals(), Totals::default());
+        assert_eq!(table.completions, 2);
+        assert_eq!(table.shards[0].heartbeat_ms, 10);
+    }
+}

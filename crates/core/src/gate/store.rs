@@ -1,0 +1,274 @@
+//! Compare-and-swap updates of the shard table in proxy-wasm shared data.
+//!
+//! Every change is: read the value and its CAS token, apply a pure change
+//! to the decoded table, write back with the token. If another worker wrote
+//! in between, the write fails with a CAS mismatch and the whole step is
+//! retried on the fresh value, so a decision is always made on the count it
+//! is written against.
+//!
+//! **Contention cost.** Each attempt is one `get_shared_data` and one
+//! `set_shared_data` of a record of 15 + 24·W bytes (W worker VMs), under
+//! Envoy's shared-data lock. A retry happens only when another worker wrote
+//! in the window between the two calls, so retries grow with W and with the
+//! request rate; `stakegate.gate.cas_retries` counts them.
+//!
+//! **When CAS keeps failing** (more than `MAX_ATTEMPTS` in a row), the step
+//! gives up: an admission is then refused (fail closed, so the limit stays
+//! exact), and a release is kept as debt by the caller and settled by its
+//! next successful write, so no slot leaks.
+
+use crate::gate::shards::{LayoutError, ShardTable};
+use std::fmt;
+
+/// Attempts before an update gives up.
+pub const MAX_ATTEMPTS: u32 = 32;
+
+/// What a shared-data store answers to a conditional write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Write {
+    Stored,
+    CasMismatch,
+}
+
+/// The two proxy-wasm shared-data calls, so the protocol can be tested
+/// without a host.
+pub trait SharedStore {
+    /// The value and its CAS token; `(None, None)` when the key is absent.
+    fn load(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError>;
+    /// Writes if the token still matches. `cas: None` writes unconditionally.
+    fn store(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<Write, StoreError>;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The host refused a call (a status other than CAS mismatch).
+    Host(String),
+    Layout(LayoutError),
+    /// `MAX_ATTEMPTS` CAS mismatches in a row.
+    Contended,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Host(status) => write!(f, "shared data call failed: {status}"),
+            StoreError::Layout(e) => e.fmt(f),
+            StoreError::Contended => {
+                write!(f, "shared data CAS failed {MAX_ATTEMPTS} times in a row")
+            }
+        }
+    }
+}
+
+/// Whether a change needs writing.
+pub enum Change<T> {
+    /// Write the changed table and return `T` once stored.
+    Write(T),
+    /// Nothing changed; return `T` without writing.
+    Keep(T),
+}
+
+/// The result of an update, with the table as stored (or as read, for a
+/// `Keep`) and the CAS retries it took.
+#[derive(Debug)]
+pub struct Updated<T> {
+    pub value: T,
+    pub table: ShardTable,
+    pub retries: u32,
+}
+
+/// Applies `change` to the table under `key` by compare-and-swap.
+///
+/// `change` may run several times and must depend only on the table it is
+/// given. An absent key is written unconditionally: that can only happen
+/// before any VM has joined (see `ShardTable::join`), when no slot exists to
+/// be lost.
+pub fn update<T>(
+    store: &impl SharedStore,
+    key: &str,
+    mut change: impl FnMut(&mut ShardTable) -> Change<T>,
+) -> Result<Updated<T>, (StoreError, u32)> {
+    for attempt in 0..MAX_ATTEMPTS {
+        let (bytes, cas) = store.load(key).map_err(|e| (e, attempt))?;
+        let mut table = ShardTable::decode(bytes.as_deref().unwrap_or_default())
+            .map_err(|e| (StoreError::Layout(e), attempt))?;
+        let value = match change(&mut table) {
+            Change::Keep(value) => {
+                return Ok(Updated {
+                    value,
+                    table,
+                    retries: attempt,
+                })
+            }
+            Change::Write(value) => value,
+        };
+        match store
+            .store(key, &table.encode(), cas)
+            .map_err(|e| (e, attempt))?
+        {
+            Write::Stored => {
+                return Ok(Updated {
+                    value,
+                    table,
+                    retries: attempt,
+                })
+            }
+            Write::CasMismatch => continue,
+        }
+    }
+    Err((StoreError::Contended, MAX_ATTEMPTS))
+}
+
+/// An in-memory store with Envoy's CAS semantics, for tests and the
+/// simulator: every successful write bumps the token.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    entries: std::cell::RefCell<std::collections::HashMap<String, (Vec<u8>, u32)>>,
+}
+
+impl SharedStore for MemoryStore {
+    fn load(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        Ok(match self.entries.borrow().get(key) {
+            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
+            None => (None, None),
+        })
+    }
+
+    fn store(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<Write, StoreError> {
+        let mut entries = self.entries.borrow_mut();
+        let current = entries.get(key).map(|(_, c)| *c);
+        if let (Some(expected), Some(current)) = (cas, current) {
+            if expected != current {
+                return Ok(Write::CasMismatch);
+            }
+        }
+        let next = current.unwrap_or(0).wrapping_add(1).max(1);
+        entries.insert(key.to_string(), (value.to_vec(), next));
+        Ok(Write::Stored)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::shards::{Limits, SlotKind};
+    use std::cell::Cell;
+
+    const KEY: &str = "k";
+    const LIMITS: Limits = Limits {
+        max_inflight: Some(2),
+        reserved: 0,
+        max_websocket: None,
+    };
+
+    /// A store where another writer sneaks in before the first `interleave`
+    /// writes.
+    struct Racing<'a> {
+        inner: &'a MemoryStore,
+        interleave: Cell<u32>,
+        rival_vm: u32,
+    }
+
+    impl SharedStore for Racing<'_> {
+        fn load(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+            self.inner.load(key)
+        }
+
+        fn store(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<Write, StoreError> {
+            if self.interleave.get() > 0 {
+                self.interleave.set(self.interleave.get() - 1);
+                let rival = self.rival_vm;
+                update(self.inner, key, |t| {
+                    Change::Write(t.try_admit(rival, 0, SlotKind::Default, &LIMITS))
+                })
+                .map_err(|(e, _)| e)?;
+            }
+            self.inner.store(key, value, cas)
+        }
+    }
+
+    fn joined(store: &MemoryStore) -> (u32, u32) {
+        let a = update(store, KEY, |t| Change::Write(t.join(0)))
+            .unwrap()
+            .value;
+        let b = update(store, KEY, |t| Change::Write(t.join(0)))
+            .unwrap()
+            .value;
+        (a, b)
+    }
+
+    #[test]
+    fn a_lost_race_is_retried_on_the_fresh_count() {
+        let memory = MemoryStore::default();
+        let (a, b) = joined(&memory);
+        let racing = Racing {
+            inner: &memory,
+            interleave: Cell::new(1),
+            rival_vm: b,
+        };
+        // The rival takes one of the 2 slots mid-flight; our admission is
+        // re-decided against it and still fits.
+        let updated = update(&racing, KEY, |t| {
+            Change::Write(t.try_admit(a, 0, SlotKind::Default, &LIMITS))
+        })
+        .unwrap();
+        assert!(updated.value);
+        assert_eq!(updated.retries, 1);
+        assert_eq!(updated.table.totals().default, 2);
+    }
+
+    #[test]
+    fn racing_admissions_never_pass_the_limit() {
+        let memory = MemoryStore::default();
+        let (a, b) = joined(&memory);
+        // The rival fills both slots while we try; we must be refused.
+        let racing = Racing {
+            inner: &memory,
+            interleave: Cell::new(2),
+            rival_vm: b,
+        };
+        let updated = update(&racing, KEY, |t| {
+            if t.try_admit(a, 0, SlotKind::Default, &LIMITS) {
+                Change::Write(true)
+            } else {
+                Change::Keep(false)
+            }
+        })
+        .unwrap();
+        assert!(!updated.value);
+        assert_eq!(updated.retries, 2);
+        let (bytes, _) = memory.load(KEY).unwrap();
+        assert_eq!(
+            ShardTable::decode(&bytes.unwrap())
+                .unwrap()
+                .totals()
+                .default,
+            2
+        );
+    }
+
+    #[test]
+    fn endless_contention_gives_up() {
+        let memory = MemoryStore::default();
+        let (a, b) = joined(&memory);
+        let racing = Racing {
+            inner: &memory,
+            interleave: Cell::new(u32::MAX),
+            rival_vm: b,
+        };
+        let err = update(&racing, KEY, |t| {
+            Change::Write(t.try_admit(a, 0, SlotKind::Priority, &LIMITS))
+        })
+        .unwrap_err();
+        assert_eq!(err, (StoreError::Contended, MAX_ATTEMPTS));
+    }
+
+    #[test]
+    fn keep_does_not_write() {
+        let memory = MemoryStore::default();
+        joined(&memory);
+        let (_, before) = memory.load(KEY).unwrap();
+        update(&memory, KEY, |_| Change::Keep(())).unwrap();
+        assert_eq!(memory.load(KEY).unwrap().1, before);
+    }
+}

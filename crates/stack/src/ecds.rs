@@ -1,0 +1,82 @@
+//! File-based ECDS: the filter configs Envoy watches in its ECDS directory.
+//!
+//! Each filter's `TypedExtensionConfig` lives in its own file; it is
+//! replaced atomically (a temp file in the same directory, then a rename),
+//! which is the event Envoy's `watched_directory` reacts to, so Envoy never
+//! reads a half-written file.
+
+use anyhow::Context;
+use serde_json::json;
+use std::path::{Path, PathBuf};
+
+/// One Wasm filter as Envoy loads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FilterConfig {
+    /// The ECDS resource name, which is also the filter's name in the HCM.
+    pub name: String,
+    /// The file under the ECDS directory.
+    pub file: String,
+    /// Stable across swaps, so the filter's shared data survives them.
+    pub vm_id: String,
+    pub module: PathBuf,
+    /// The policy document, passed as the plugin configuration.
+    pub policy: String,
+}
+
+impl FilterConfig {
+    pub fn admission_gate(module: impl Into<PathBuf>, policy: impl Into<String>) -> Self {
+        Self {
+            name: "stakegate.admission_gate".into(),
+            file: "admission-gate.yaml".into(),
+            vm_id: "stakegate.admission_gate".into(),
+            module: module.into(),
+            policy: policy.into(),
+        }
+    }
+
+    /// The ECDS document (JSON, which Envoy reads as YAML).
+    pub fn render(&self, version: &str) -> anyhow::Result<String> {
+        let module = std::fs::canonicalize(&self.module)
+            .with_context(|| format!("module {}", self.module.display()))?;
+        let doc = json!({
+            "version_info": version,
+            "resources": [{
+                "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+                "name": self.name,
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                    "config": {
+                        "name": self.name,
+                        "root_id": self.name,
+                        "vm_config": {
+                            "vm_id": self.vm_id,
+                            "runtime": "envoy.wasm.runtime.v8",
+                            "code": { "local": { "filename": module } },
+                        },
+                        "configuration": {
+                            "@type": "type.googleapis.com/google.protobuf.StringValue",
+                            "value": self.policy,
+                        },
+                        // A VM that traps is replaced by a fresh one (its held
+                        // slots expire by the stale-slot TTL) rather than
+                        // either failing every request or waving them all
+                        // through unprotected.
+                        "failure_policy": "FAIL_RELOAD",
+                    },
+                },
+            }],
+        });
+        Ok(serde_json::to_string_pretty(&doc)?)
+    }
+
+    /// Writes the config into `dir` atomically and returns its path.
+    pub fn write(&self, dir: &Path, version: &str) -> anyhow::Result<PathBuf> {
+        let text = self.render(version)?;
+        let path = dir.join(&self.file);
+        let temp = dir.join(format!(".{}.{}.tmp", self.file, std::process::id()));
+        std::fs::write(&temp, text).with_context(|| format!("writing {}", temp.display()))?;
+        std::fs::rename(&temp, &path)
+            .with_context(|| format!("renaming onto {}", path.display()))?;
+        Ok(path)
+    }
+}

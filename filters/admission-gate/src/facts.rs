@@ -1,0 +1,35 @@
+//! Facts about the current request for the gate's class matchers, read
+//! from Envoy only when a matcher asks.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::MapType;
+use stakegate_core::gate::class::{parse_socket_ip, MetadataScope, RequestFacts};
+use stakegate_glue::property_string;
+use std::net::IpAddr;
+
+pub struct StreamFacts;
+
+impl RequestFacts for StreamFacts {
+    fn metadata_class(&mut self, scope: MetadataScope) -> Option<String> {
+        let root = match scope {
+            MetadataScope::Listener => "listener_metadata",
+            MetadataScope::Route => "route_metadata",
+        };
+        // Envoy serves listener and route metadata under the `xds` attributes.
+        property_string(vec!["xds", root, "filter_metadata", "stakegate", "class"])
+    }
+
+    fn source_ip(&mut self) -> Option<IpAddr> {
+        property_string(vec!["source", "address"]).and_then(|a| parse_socket_ip(&a))
+    }
+
+    fn peer_uri_san(&mut self) -> Option<String> {
+        property_string(vec!["connection", "uri_san_peer_certificate"]).filter(|s| !s.is_empty())
+    }
+
+    fn header(&mut self, name: &str) -> Option<String> {
+        hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
+    }
+}

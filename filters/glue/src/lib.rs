@@ -1,0 +1,46 @@
+//! What every stakegate filter needs from the proxy-wasm host, behind the
+//! plain interfaces `stakegate-core` defines: shared data as a
+//! `SharedStore`, the clock in milliseconds, properties, and logging.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{LogLevel, Status};
+use stakegate_core::gate::store::{SharedStore, StoreError, Write};
+
+/// Envoy's shared data for this plugin's `vm_id`.
+pub struct EnvoyStore;
+
+impl SharedStore for EnvoyStore {
+    fn load(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        hostcalls::get_shared_data(key)
+            .map_err(|status| StoreError::Host(format!("get_shared_data: {status:?}")))
+    }
+
+    fn store(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<Write, StoreError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(Write::Stored),
+            Err(Status::CasMismatch) => Ok(Write::CasMismatch),
+            Err(status) => Err(StoreError::Host(format!("set_shared_data: {status:?}"))),
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, from the host's clock.
+pub fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A property as a UTF-8 string, e.g. `["source", "address"]`.
+pub fn property_string(path: Vec<&str>) -> Option<String> {
+    hostcalls::get_property(path)
+        .ok()
+        .flatten()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+}
+
+/// Logs with the filter's name in front, so Envoy's log says who spoke.
+pub fn log(filter: &str, level: LogLevel, message: &str) {
+    let _ = hostcalls::log(level, &format!("stakegate {filter}: {message}"));
+}

@@ -7,6 +7,8 @@ VENV := .venv
 ENVOY_VERSION := 1.40.0
 WASM_TARGET := wasm32-wasip1
 FILTERS := admission-gate stake-qos
+# Test-only modules, built with the filters.
+FIXTURES := ghost-worker
 TOOLS := rpc-node stakegate-loadgen stakegate-cli
 
 .PHONY: setup build test unit-test integration-test lint fmt demo clean
@@ -29,7 +31,7 @@ setup:
 
 ## build: the filter modules (release, wasm) and the host tools.
 build:
-	cargo build --release --target $(WASM_TARGET) $(addprefix -p ,$(FILTERS))
+	cargo build --release --target $(WASM_TARGET) $(addprefix -p ,$(FILTERS) $(FIXTURES))
 	cargo build --profile tools $(addprefix -p ,$(TOOLS))
 	@ls -l target/$(WASM_TARGET)/release/*.wasm
 
@@ -46,7 +48,7 @@ integration-test:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy --target $(WASM_TARGET) $(addprefix -p ,$(FILTERS)) -p stakegate-core -- -D warnings
+	cargo clippy --target $(WASM_TARGET) $(addprefix -p ,$(FILTERS) $(FIXTURES)) -p stakegate-glue -p stakegate-core -- -D warnings
 
 fmt:
 	cargo fmt --all

@@ -4,7 +4,7 @@
 
 use stakegate_loadgen::{ClientSpec, Report};
 use stakegate_stack::envoy::{self, EcdsUpdate};
-use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder};
+use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder, FilterConfig};
 use stakegate_tests::{client, eventually, gate_filter, load, node_behind_gate};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -339,4 +339,55 @@ fn a_bad_policy_is_rejected_with_its_reason_and_the_previous_one_keeps_serving()
         "the new limit applies"
     );
     assert_eq!(held.join().unwrap(), 200);
+}
+
+#[test]
+fn slots_of_a_vanished_worker_expire_after_the_stale_slot_ttl() {
+    let policy = r#"{"maxInflight": 4, "heartbeatMs": 200, "staleSlotTtlMs": 1500}"#;
+    let (_node, mut envoy) = node_behind_gate(policy, &[]);
+    let url = envoy.url("public").unwrap();
+    assert_eq!(http::post(&url, &[], CHAIN_ID).unwrap().status, 200);
+
+    // A module under the gate's vm_id takes every slot and goes silent.
+    let ghost = FilterConfig {
+        module: stakegate_stack::paths::wasm_module("ghost_worker").unwrap(),
+        policy: r#"{"hold": 4}"#.into(),
+        ..gate_filter(policy)
+    };
+    // Taken before the ghost exists, so its slots cannot expire sooner
+    // than TTL after this instant.
+    let vanished = std::time::Instant::now();
+    assert_eq!(envoy.update_filter(&ghost).unwrap(), EcdsUpdate::Applied);
+    assert_eq!(
+        envoy.update_filter(&gate_filter(policy)).unwrap(),
+        EcdsUpdate::Applied
+    );
+
+    let first = http::post(&url, &[], CHAIN_ID).unwrap();
+    assert_eq!(
+        first.status, 503,
+        "the vanished worker's slots are still counted"
+    );
+    assert!(stat(&envoy, "inflight.default") >= 4);
+    assert!(
+        eventually(Duration::from_secs(10), || http::post(&url, &[], CHAIN_ID)
+            .unwrap()
+            .status
+            == 200),
+        "the slots never came back"
+    );
+    let recovered = vanished.elapsed();
+    eprintln!(
+        "slots recovered {recovered:?} after the worker vanished (TTL 1.5 s, heartbeat 0.2 s)"
+    );
+    assert!(
+        recovered >= Duration::from_millis(1500),
+        "not before the TTL: {recovered:?}"
+    );
+    assert!(
+        recovered < Duration::from_millis(3000),
+        "within TTL + a few heartbeats: {recovered:?}"
+    );
+    assert!(stat(&envoy, "expired_slots") >= 4);
+    assert!(envoy.log().contains("reclaimed"), "the reclaim is logged");
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 #[test]
 fn offered_rate_is_within_two_percent_at_2000_rps() {
-    let envoy = EnvoyBuilder::new("direct-response.yaml")
+    let envoy = EnvoyBuilder::new("bench/no-filter.yaml")
         .concurrency(1)
         .start()
         .unwrap();

@@ -1,15 +1,19 @@
 //! `stakegate demo`: "tip under RPC flood" (SEEDS.md part 5), for real.
 //!
 //! rpc-node runs with few read slots and its sync loop; an eth_call flood at
-//! four times its capacity goes through Envoy. Each variant gets a fresh node
-//! and Envoy, measures an unloaded baseline, then the flood, and reports what
-//! the clients saw and what the node went through.
+//! four times its capacity goes through Envoy's public listener while the
+//! node's own callers use the internal listener. Both variants run the same
+//! Envoy config (`envoy-config/gate.yaml`) and the compiled gate: "no-gate"
+//! sets `maxInflight: -1` (counted, never limited), "gate" sets it at the
+//! node's read slots. Each variant gets a fresh node and Envoy, measures an
+//! unloaded baseline, then the flood, and reports what the clients saw and
+//! what the node went through.
 
 use crate::summary::{NodeSummary, Summary};
 use anyhow::Context;
 use serde::Serialize;
-use stakegate_loadgen::{ClientSpec, Report, RunSpec};
-use stakegate_stack::{EnvoyBuilder, RpcNode};
+use stakegate_loadgen::{ClientSpec, RunSpec};
+use stakegate_stack::{paths, EnvoyBuilder, FilterConfig, RpcNode};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,31 +29,56 @@ pub struct DemoArgs {
 }
 
 const READ_SLOTS: u32 = 8;
+const SYNC_SLOTS: u32 = 2;
 const ETH_CALL_COST_MS: u64 = 20;
 const BLOCK_INTERVAL_MS: u64 = 1000;
+const BLOCK_EXEC_MS: u64 = 100;
 /// Requests per second the node can serve: every slot busy with eth_call.
 const CAPACITY_RPS: f64 = READ_SLOTS as f64 * 1000.0 / ETH_CALL_COST_MS as f64;
 const FLOOD_RPS: f64 = 4.0 * CAPACITY_RPS;
 const BASELINE_RPS: f64 = 0.1 * CAPACITY_RPS;
+/// The node's own callers, on the internal listener, during the flood.
+const INTERNAL_RPS: f64 = 20.0;
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One way of running the gateway.
+/// One way of running the gateway: the gate's `maxInflight`.
 struct Variant {
     name: &'static str,
-    template: &'static str,
+    max_inflight: i64,
 }
 
-const VARIANTS: &[Variant] = &[Variant {
-    name: "no-gate",
-    template: "passthrough.yaml",
-}];
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "no-gate",
+        max_inflight: -1,
+    },
+    Variant {
+        name: "gate",
+        max_inflight: READ_SLOTS as i64,
+    },
+];
+
+impl Variant {
+    fn policy(&self) -> String {
+        format!(
+            r#"{{"maxInflight": {}, "classes": {{"internal": [{{"listenerMetadata": "internal"}}]}}}}"#,
+            self.max_inflight
+        )
+    }
+}
 
 #[derive(Debug, Serialize)]
 struct VariantResult {
     #[serde(flatten)]
     summary: Summary,
+    max_inflight: i64,
     unloaded_p99_ms: f64,
+    /// p99 of the flood's rejections: how fast the gate says no.
     rejected_p99_ms: f64,
+    /// Internal requests the gate rejected (its own count).
+    internal_rejected: i64,
+    /// Internal requests that did not get a 200, for any reason.
+    internal_failed: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -64,8 +93,8 @@ struct DemoSummary {
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     println!(
         "tip under RPC flood: rpc-node with {READ_SLOTS} read slots (eth_call {ETH_CALL_COST_MS} ms, \
-         capacity {CAPACITY_RPS:.0} rps), blocks every {BLOCK_INTERVAL_MS} ms;\n\
-         eth_call flood at {FLOOD_RPS:.0} rps for {:?} through Envoy.\n",
+         capacity {CAPACITY_RPS:.0} rps), a block every {BLOCK_INTERVAL_MS} ms;\n\
+         an eth_call flood at {FLOOD_RPS:.0} rps for {:?} through Envoy, with and without the gate.\n",
         args.flood
     );
     let runtime = tokio::runtime::Runtime::new()?;
@@ -96,7 +125,10 @@ fn run_variant(
     args: &DemoArgs,
 ) -> anyhow::Result<VariantResult> {
     let say = |what: &str| println!("[{}] {what}", variant.name);
-    say("starting rpc-node and Envoy");
+    say(&format!(
+        "starting rpc-node, and Envoy with the gate at maxInflight {}",
+        variant.max_inflight
+    ));
     let node = RpcNode::start(&[
         "--read-slots".to_string(),
         READ_SLOTS.to_string(),
@@ -105,82 +137,106 @@ fn run_variant(
         "--block-interval".into(),
         format!("{BLOCK_INTERVAL_MS}ms"),
         "--block-exec".into(),
-        "100ms".into(),
+        format!("{BLOCK_EXEC_MS}ms"),
         "--sync-slots".into(),
-        "4".into(),
+        SYNC_SLOTS.to_string(),
     ])?;
-    let envoy = EnvoyBuilder::new(variant.template)
+    let gate =
+        FilterConfig::admission_gate(paths::wasm_module("admission_gate")?, variant.policy());
+    let envoy = EnvoyBuilder::new("gate.yaml")
         .var("RPC_NODE_HOST", node.addr().ip())
         .var("RPC_NODE_PORT", node.addr().port())
+        .filter(gate)
         .concurrency(2)
         .start()?;
-    let target = envoy.url("public")?;
+    let public = envoy.url("public")?;
 
     say(&format!("unloaded baseline: {BASELINE_RPS:.0} rps for 3s"));
+    let baseline = vec![client("baseline", BASELINE_RPS, "eth_call", None)];
     let baseline = runtime.block_on(stakegate_loadgen::run(&spec(
-        &target,
-        "baseline",
-        BASELINE_RPS,
+        &public,
+        baseline,
         Duration::from_secs(3),
     )))?;
     node.reset_metrics()?;
 
     say(&format!(
-        "flood: {FLOOD_RPS:.0} rps of eth_call for {:?}",
+        "flood: {FLOOD_RPS:.0} rps of eth_call for {:?}, and {INTERNAL_RPS:.0} rps on the internal listener",
         args.flood
     ));
-    let flood = runtime.block_on(stakegate_loadgen::run(&spec(
-        &target, "flood", FLOOD_RPS, args.flood,
-    )))?;
-    let node_summary = NodeSummary::from_metrics(&node.metrics()?);
+    let clients = vec![
+        client("flood", FLOOD_RPS, "eth_call", None),
+        client(
+            "internal",
+            INTERNAL_RPS,
+            "eth_blockNumber",
+            Some(envoy.url("internal")?),
+        ),
+    ];
+    let flood = runtime.block_on(stakegate_loadgen::run(&spec(&public, clients, args.flood)))?;
+    let node = NodeSummary::from_metrics(&node.metrics()?);
+    let internal_rejected = envoy.stat("wasmcustom.stakegate.gate.rejected.internal")?;
+    let internal_failed = flood
+        .client("internal")
+        .map_or(0, |c| c.header.sent - c.count("200"));
     say(&format!(
-        "done: {} answered, {} rejected, tip lag max {:.0} ms",
-        flood.count("200"),
-        flood.count("503"),
-        node_summary.tip_lag_max_ms
+        "done: tip lag max {:.0} ms, {} flood requests rejected, {internal_rejected} internal rejected",
+        node.tip_lag_max_ms,
+        envoy.stat("wasmcustom.stakegate.gate.rejected.default")?,
     ));
-    Ok(result(&flood, &baseline, node_summary))
-}
-
-fn spec(target: &str, id: &str, rate: f64, duration: Duration) -> RunSpec {
-    RunSpec {
-        target: target.into(),
-        duration,
-        max_requests: (rate * duration.as_secs_f64()).ceil() as u64,
-        timeout: CLIENT_TIMEOUT,
-        // Thousands of queued requests ride on a few connections.
-        http2: true,
-        clients: vec![ClientSpec {
-            mix: [("eth_call".to_string(), 1.0)].into(),
-            concurrency: 1_000_000,
-            ..ClientSpec::new(id, rate)
-        }],
-    }
-}
-
-fn result(flood: &Report, baseline: &Report, node: NodeSummary) -> VariantResult {
-    VariantResult {
+    Ok(VariantResult {
         summary: Summary::from_report(
             "tip-flood",
             CAPACITY_RPS,
-            flood,
+            &flood,
             &BTreeMap::new(),
             Some(node),
         ),
+        max_inflight: variant.max_inflight,
         unloaded_p99_ms: baseline.latency_ms.ok.p99,
-        rejected_p99_ms: flood.latency_ms.rejected.p99,
+        rejected_p99_ms: flood
+            .client("flood")
+            .map_or(0.0, |c| c.latency_ms.rejected.p99),
+        internal_rejected,
+        internal_failed,
+    })
+}
+
+fn spec(target: &str, clients: Vec<ClientSpec>, duration: Duration) -> RunSpec {
+    let fastest = clients.iter().map(|c| c.rate).fold(0.0, f64::max);
+    RunSpec {
+        target: target.into(),
+        duration,
+        max_requests: (fastest * duration.as_secs_f64()).ceil() as u64,
+        timeout: CLIENT_TIMEOUT,
+        // Thousands of queued requests ride on a few connections.
+        http2: true,
+        clients,
+    }
+}
+
+fn client(id: &str, rate: f64, method: &str, target: Option<String>) -> ClientSpec {
+    ClientSpec {
+        mix: [(method.to_string(), 1.0)].into(),
+        concurrency: 1_000_000,
+        target,
+        ..ClientSpec::new(id, rate)
     }
 }
 
 fn table(summary: &DemoSummary) -> String {
-    type Row = (&'static str, fn(&VariantResult) -> String);
-    let rows: &[Row] = &[
-        ("offered rps", |v| format!("{:.0}", v.summary.offered_rps)),
-        ("answered 200", |v| count(v, "200")),
-        ("rejected 503", |v| count(v, "503")),
-        ("timed out", |v| count(v, "timeout")),
-        ("transport errors", |v| count(v, "transport_error")),
-        ("admitted rps", |v| format!("{:.0}", v.summary.admitted_rps)),
+    type Cell = fn(&VariantResult) -> String;
+    let rows: &[(&str, Cell)] = &[
+        ("flood offered rps", |v| {
+            format!("{:.0}", flood(v).offered_rps)
+        }),
+        ("flood answered 200", |v| status(v, "flood", "200")),
+        ("flood rejected 503", |v| status(v, "flood", "503")),
+        ("flood timed out", |v| status(v, "flood", "timeout")),
+        ("flood transport errors", |v| {
+            status(v, "flood", "transport_error")
+        }),
+        ("admitted rps", |v| format!("{:.0}", flood(v).admitted_rps)),
         ("unloaded p99 ms", |v| format!("{:.1}", v.unloaded_p99_ms)),
         ("admitted p50 ms", |v| {
             format!("{:.1}", v.summary.latency_ms.p50)
@@ -197,15 +253,24 @@ fn table(summary: &DemoSummary) -> String {
             node(v, |n| format!("{:.0}", n.tip_lag_max_ms))
         }),
         ("tip lost", |v| node(v, |n| n.tip_lost.to_string())),
+        ("internal answered", |v| status(v, "internal", "200")),
+        ("internal failed", |v| v.internal_failed.to_string()),
+        ("internal rejected (gate)", |v| {
+            v.internal_rejected.to_string()
+        }),
     ];
-    let mut out = format!("{:<22}", "");
-    for name in summary.variants.keys() {
+    let columns: Vec<(&str, &VariantResult)> = VARIANTS
+        .iter()
+        .filter_map(|variant| Some((variant.name, summary.variants.get(variant.name)?)))
+        .collect();
+    let mut out = format!("{:<26}", "");
+    for (name, _) in &columns {
         out += &format!("{name:>14}");
     }
     out.push('\n');
     for (label, cell) in rows {
-        out += &format!("{label:<22}");
-        for variant in summary.variants.values() {
+        out += &format!("{label:<26}");
+        for (_, variant) in &columns {
             out += &format!("{:>14}", cell(variant));
         }
         out.push('\n');
@@ -213,10 +278,15 @@ fn table(summary: &DemoSummary) -> String {
     out
 }
 
-fn count(v: &VariantResult, key: &str) -> String {
+fn flood(v: &VariantResult) -> &crate::summary::ClientSummary {
+    // The flood client is always part of the run.
+    &v.summary.clients[0]
+}
+
+fn status(v: &VariantResult, id: &str, key: &str) -> String {
     v.summary
-        .status_counts
-        .get(key)
+        .client(id)
+        .and_then(|c| c.status_counts.get(key))
         .copied()
         .unwrap_or(0)
         .to_string()

@@ -1,5 +1,6 @@
 //! `stakegate`: the operator's command.
 
+mod bench;
 mod demo;
 mod summary;
 
@@ -16,10 +17,20 @@ struct Cli {
 enum Command {
     /// Tip under RPC flood: rpc-node behind a real Envoy, with and without the gate.
     Demo(demo::DemoArgs),
+    /// Measurements against a real Envoy.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Debug, Subcommand)]
+enum Bench {
+    /// Throughput of Envoy with the admission gate vs without (needs wrk).
+    GateOverhead(bench::GateOverheadArgs),
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Demo(args) => demo::run(&args),
+        Command::Bench(Bench::GateOverhead(args)) => bench::gate_overhead(&args),
     }
 }

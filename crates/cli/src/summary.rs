@@ -22,6 +22,7 @@ pub struct ClientSummary {
     pub admitted_share: f64,
     /// This client's part of the total stake.
     pub stake_share: f64,
+    pub status_counts: BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -67,6 +68,10 @@ pub struct Summary {
 }
 
 impl Summary {
+    pub fn client(&self, id: &str) -> Option<&ClientSummary> {
+        self.clients.iter().find(|c| c.id == id)
+    }
+
     /// Summarises a real run; `stakes` gives each client's stake (absent: 0).
     pub fn from_report(
         scenario: &str,
@@ -90,6 +95,7 @@ impl Summary {
                     admitted_rps: round(c.count("200") as f64 / duration),
                     admitted_share: ratio(c.count("200"), admitted_total),
                     stake_share: ratio(stake, total_stake),
+                    status_counts: c.status.clone(),
                 }
             })
             .collect();

@@ -31,10 +31,10 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 /// Runs every client at once and returns their reports.
 pub async fn run(spec: &RunSpec) -> anyhow::Result<Report> {
     spec.validate()?;
-    let target: Uri = spec
-        .target
-        .parse()
-        .with_context(|| format!("target {:?} is not a URL", spec.target))?;
+    let uri = |text: &str| -> anyhow::Result<Uri> {
+        text.parse()
+            .with_context(|| format!("target {text:?} is not a URL"))
+    };
     // A common start a little ahead, so every client's schedule begins
     // together once all tasks are spawned.
     let start = Instant::now() + Duration::from_millis(20);
@@ -61,7 +61,7 @@ pub async fn run(spec: &RunSpec) -> anyhow::Result<Report> {
             client: client.clone(),
             api_key,
             http: http_client(spec.http2, client.concurrency),
-            target: target.clone(),
+            target: uri(client.target.as_deref().unwrap_or(&spec.target))?,
             start,
             duration: spec.duration,
             max_requests: spec.max_requests,

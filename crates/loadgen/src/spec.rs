@@ -28,6 +28,9 @@ pub struct ClientSpec {
     /// the cap is not sent and is counted as `skipped_at_cap`.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
+    /// Sends here instead of the run's target (e.g. an internal listener).
+    #[serde(default)]
+    pub target: Option<String>,
 }
 
 fn default_key_header() -> String {
@@ -51,6 +54,7 @@ impl ClientSpec {
             key_header: default_key_header(),
             mix: default_mix(),
             concurrency: default_concurrency(),
+            target: None,
         }
     }
 
@@ -104,8 +108,9 @@ impl FromStr for ClientSpec {
                         .with_context(|| format!("client {text:?}: concurrency {value:?}"))?
                 }
                 "mix" => spec.mix = parse_mix(value).with_context(|| format!("client {text:?}"))?,
+                "target" => spec.target = Some(value.into()),
                 other => bail!(
-                    "client {text:?}: unknown field {other:?} (known: id, rate, key, header, mix, concurrency)"
+                    "client {text:?}: unknown field {other:?} (known: id, rate, key, header, mix, concurrency, target)"
                 ),
             }
         }

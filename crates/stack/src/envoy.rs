@@ -224,6 +224,10 @@ impl Envoy {
         Ok(listeners)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// The admin base URL, e.g. `http://127.0.0.1:40123`.
     pub fn admin_url(&self) -> &str {
         &self.admin

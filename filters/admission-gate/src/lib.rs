@@ -40,6 +40,9 @@ proxy_wasm::main! {{
 struct Worker {
     gate: InflightGate,
     metrics: GateMetrics,
+    /// The clock as of the last heartbeat. Requests use it instead of a
+    /// hostcall each: shard heartbeats only need tick resolution.
+    now_ms: u64,
 }
 
 struct GateRoot {
@@ -56,18 +59,23 @@ impl GateRoot {
         let policy = GatePolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
         let metrics = GateMetrics::define()?;
         let heartbeat = Duration::from_millis(policy.heartbeat_ms);
-        let seed = now_ms() ^ (u64::from(self.context_id) << 32);
-        let mut gate = InflightGate::new(policy, seed);
+        let now_ms = now_ms();
+        let mut gate = InflightGate::new(policy, now_ms ^ (u64::from(self.context_id) << 32));
         // Joining now gives this worker its shard before traffic arrives; if
         // the store is unavailable, the first request joins instead.
-        if let Err(e) = gate.join(&EnvoyStore, now_ms()) {
+        if let Err(e) = gate.join(&EnvoyStore, now_ms) {
             log(
                 LogLevel::Warn,
                 &format!("joining the shared slot table: {e}"),
             );
         }
         self.set_tick_period(heartbeat);
-        self.worker = Some(Rc::new(RefCell::new(Worker { gate, metrics })));
+        let worker = Worker {
+            gate,
+            metrics,
+            now_ms,
+        };
+        self.worker = Some(Rc::new(RefCell::new(worker)));
         Ok(())
     }
 }
@@ -89,10 +97,14 @@ impl RootContext for GateRoot {
     fn on_tick(&mut self) {
         let Some(worker) = &self.worker else { return };
         let mut worker = worker.borrow_mut();
-        let Worker { gate, metrics } = &mut *worker;
-        match gate.heartbeat(&EnvoyStore, now_ms()) {
+        let Worker {
+            gate,
+            metrics,
+            now_ms: now,
+        } = &mut *worker;
+        *now = now_ms();
+        let totals = match gate.heartbeat(&EnvoyStore, *now) {
             Ok(beat) => {
-                metrics.totals(beat.totals);
                 metrics.cas_retries(beat.cas_retries);
                 metrics.expired_slots(beat.expired_slots);
                 if beat.expired_slots > 0 {
@@ -104,12 +116,15 @@ impl RootContext for GateRoot {
                         ),
                     );
                 }
+                Some(beat.totals)
             }
             Err(e) => {
                 metrics.store_error();
                 log(LogLevel::Warn, &format!("heartbeat: {e}"));
+                None
             }
-        }
+        };
+        metrics.flush(totals);
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -136,19 +151,20 @@ impl GateStream {
             .get_http_request_header("upgrade")
             .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
         let mut worker = self.worker.borrow_mut();
-        let Worker { gate, metrics } = &mut *worker;
+        let Worker {
+            gate,
+            metrics,
+            now_ms,
+        } = &mut *worker;
         let policy = gate.policy();
         let class = classify(&policy.internal, &policy.priority, &mut StreamFacts);
         let Admission {
             decision,
-            totals,
             cas_retries,
             store_error,
-        } = gate.admit(&EnvoyStore, now_ms(), class, websocket);
+            ..
+        } = gate.admit(&EnvoyStore, *now_ms, class, websocket);
         metrics.cas_retries(cas_retries);
-        if let Some(totals) = totals {
-            metrics.totals(totals);
-        }
         if let Some(e) = store_error {
             metrics.store_error();
             log(LogLevel::Warn, &format!("admission failed closed: {e}"));
@@ -174,20 +190,10 @@ impl GateStream {
             return;
         };
         let mut worker = self.worker.borrow_mut();
-        let Worker { gate, metrics } = &mut *worker;
         if ticket.slot.is_none() {
-            metrics.internal_inflight(-1);
+            worker.metrics.internal_inflight(-1);
         }
-        match gate.release(&EnvoyStore, now_ms(), ticket) {
-            Ok((totals, retries)) => {
-                if ticket.slot.is_some() {
-                    metrics.totals(totals);
-                }
-                metrics.cas_retries(retries);
-            }
-            // Kept as debt and settled by this worker's next write.
-            Err(_) => metrics.store_error(),
-        }
+        worker.gate.release(ticket);
     }
 }
 

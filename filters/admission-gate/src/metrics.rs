@@ -1,11 +1,27 @@
 //! The gate's Envoy stats. proxy-wasm metrics are Envoy stats shared by all
 //! workers; Envoy files them under its `wasmcustom` namespace, so they show
 //! as `stakegate_gate_*` at `/stats/prometheus`.
+//!
+//! Each hostcall costs a trip out of the VM, so requests only bump local
+//! counts; `flush` hands them to Envoy and sets the gauges from the shared
+//! totals once per heartbeat. Stats are therefore at most one heartbeat
+//! (`heartbeatMs`, default 1 s) behind.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use stakegate_core::gate::class::RequestClass;
 use stakegate_core::gate::shards::Totals;
+
+#[derive(Default)]
+struct Pending {
+    admitted: [u64; 3],
+    rejected: [u64; 3],
+    internal_inflight: i64,
+    websocket_rejected: u64,
+    cas_retries: u64,
+    store_errors: u64,
+    expired_slots: u64,
+}
 
 pub struct GateMetrics {
     admitted: [u32; 3],
@@ -16,6 +32,7 @@ pub struct GateMetrics {
     cas_retries: u32,
     store_errors: u32,
     expired_slots: u32,
+    pending: Pending,
 }
 
 fn index(class: RequestClass) -> usize {
@@ -38,8 +55,10 @@ fn per_class(kind: MetricType, what: &str) -> Result<[u32; 3], String> {
     Ok(ids)
 }
 
-fn add(id: u32, n: i64) {
-    let _ = hostcalls::increment_metric(id, n);
+fn add(id: u32, n: u64) {
+    if n > 0 {
+        let _ = hostcalls::increment_metric(id, n.min(i64::MAX as u64) as i64);
+    }
 }
 
 fn set(id: u32, value: u32) {
@@ -57,48 +76,60 @@ impl GateMetrics {
             cas_retries: define(MetricType::Counter, "stakegate.gate.cas_retries")?,
             store_errors: define(MetricType::Counter, "stakegate.gate.store_errors")?,
             expired_slots: define(MetricType::Counter, "stakegate.gate.expired_slots")?,
+            pending: Pending::default(),
         })
     }
 
-    pub fn admitted(&self, class: RequestClass) {
-        add(self.admitted[index(class)], 1);
+    pub fn admitted(&mut self, class: RequestClass) {
+        self.pending.admitted[index(class)] += 1;
     }
 
-    pub fn rejected(&self, class: RequestClass, websocket: bool) {
-        add(self.rejected[index(class)], 1);
-        if websocket {
-            add(self.websocket_rejected, 1);
+    pub fn rejected(&mut self, class: RequestClass, websocket: bool) {
+        self.pending.rejected[index(class)] += 1;
+        self.pending.websocket_rejected += u64::from(websocket);
+    }
+
+    /// Internal requests hold no shared slot, so their gauge is the sum of
+    /// every worker's own count.
+    pub fn internal_inflight(&mut self, delta: i64) {
+        self.pending.internal_inflight += delta;
+    }
+
+    pub fn cas_retries(&mut self, n: u32) {
+        self.pending.cas_retries += u64::from(n);
+    }
+
+    pub fn store_error(&mut self) {
+        self.pending.store_errors += 1;
+    }
+
+    pub fn expired_slots(&mut self, n: u64) {
+        self.pending.expired_slots += n;
+    }
+
+    /// Hands the pending counts to Envoy and sets the gauges from `totals`,
+    /// the shared slot counts as of this heartbeat.
+    pub fn flush(&mut self, totals: Option<Totals>) {
+        let pending = std::mem::take(&mut self.pending);
+        for class in RequestClass::ALL {
+            add(self.admitted[index(class)], pending.admitted[index(class)]);
+            add(self.rejected[index(class)], pending.rejected[index(class)]);
         }
-    }
-
-    /// Internal requests hold no shared slot; their gauge moves by itself.
-    pub fn internal_inflight(&self, delta: i64) {
-        add(self.inflight[index(RequestClass::Internal)], delta);
-    }
-
-    /// The shared totals, as the last write saw them.
-    pub fn totals(&self, totals: Totals) {
-        set(self.inflight[index(RequestClass::Default)], totals.default);
-        set(
-            self.inflight[index(RequestClass::Priority)],
-            totals.priority,
-        );
-        set(self.websocket_active, totals.websocket);
-    }
-
-    pub fn cas_retries(&self, n: u32) {
-        if n > 0 {
-            add(self.cas_retries, i64::from(n));
+        if pending.internal_inflight != 0 {
+            let id = self.inflight[index(RequestClass::Internal)];
+            let _ = hostcalls::increment_metric(id, pending.internal_inflight);
         }
-    }
-
-    pub fn store_error(&self) {
-        add(self.store_errors, 1);
-    }
-
-    pub fn expired_slots(&self, n: u64) {
-        if n > 0 {
-            add(self.expired_slots, n as i64);
+        add(self.websocket_rejected, pending.websocket_rejected);
+        add(self.cas_retries, pending.cas_retries);
+        add(self.store_errors, pending.store_errors);
+        add(self.expired_slots, pending.expired_slots);
+        if let Some(totals) = totals {
+            set(self.inflight[index(RequestClass::Default)], totals.default);
+            set(
+                self.inflight[index(RequestClass::Priority)],
+                totals.priority,
+            );
+            set(self.websocket_active, totals.websocket);
         }
     }
 }

@@ -7,6 +7,14 @@
 //! - `store`: compare-and-swap updates of that record in shared data.
 //! - `drain`: the completion rate and the jittered `retry-after`.
 //!
+//! **Spare slots.** A released slot is not written back at once: the worker
+//! keeps it (`shards::Spare`) and its next request of the same kind reuses
+//! it without touching shared data; spares return to the shared pool at the
+//! next heartbeat. So a busy worker pays shared-data round trips only when
+//! it needs more slots than it already holds. The limit stays exact, since a
+//! spare still counts against it, and the price is that an idle worker's
+//! spares stay reserved for up to one heartbeat.
+//!
 //! Where it differs from Erigon's gate: the count spans every Envoy worker
 //! (Erigon counts in one process); internal callers are recognised by
 //! listener, address or certificate instead of by code path; a `reserved`
@@ -24,7 +32,7 @@ use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
 use class::RequestClass;
 use drain::{retry_after_s, DrainRate, Jitter};
 use policy::GatePolicy;
-use shards::{Debt, SlotKind, Totals};
+use shards::{SlotKind, Spare, Totals};
 use store::{update, Change, SharedStore, StoreError};
 
 /// The shared-data key; the layout version is part of it and of the value.
@@ -80,7 +88,7 @@ pub struct Heartbeat {
 pub struct InflightGate {
     policy: GatePolicy,
     vm: Option<u32>,
-    debt: Debt,
+    spare: Spare,
     drain: DrainRate,
     jitter: Jitter,
 }
@@ -90,7 +98,7 @@ impl InflightGate {
         Self {
             policy,
             vm: None,
-            debt: Debt::default(),
+            spare: Spare::default(),
             drain: DrainRate::default(),
             jitter: Jitter::new(seed),
         }
@@ -143,18 +151,29 @@ impl InflightGate {
             (RequestClass::Priority, false) => SlotKind::Priority,
             (RequestClass::Default, false) => SlotKind::Default,
         };
+        if self.spare.take(slot) {
+            return Admission {
+                decision: Decision::Admit(Ticket {
+                    class,
+                    slot: Some(slot),
+                }),
+                totals: None,
+                cas_retries: 0,
+                store_error: None,
+            };
+        }
         let vm = match self.join(store, now_ms) {
             Ok(vm) => vm,
             Err(e) => return self.refuse(slot, Totals::default(), 0, Some(e)),
         };
         let limits = self.policy.limits;
-        let debt = self.debt;
+        let spare = self.spare;
         let result = update(store, SHARED_KEY, |table| {
-            table.heartbeat(vm, now_ms, &debt);
+            // Spares of other kinds go back to the pool with this write.
+            table.heartbeat(vm, now_ms, &spare);
             if table.try_admit(vm, now_ms, slot, &limits) {
                 Change::Write(true)
-            } else if debt.total() > 0 {
-                // Settling debt is worth a write even when refusing.
+            } else if !spare.is_empty() {
                 Change::Write(false)
             } else {
                 Change::Keep(false)
@@ -162,8 +181,8 @@ impl InflightGate {
         });
         match result {
             Ok(updated) => {
-                // Any debt was settled by the write (or there was none).
-                self.debt = Debt::default();
+                // Any spares were returned by the write (or there were none).
+                self.spare = Spare::default();
                 let totals = updated.table.totals();
                 if updated.value {
                     Admission {
@@ -217,55 +236,38 @@ impl InflightGate {
         }
     }
 
-    /// Gives back what `ticket` holds. If the CAS keeps failing, the release
-    /// becomes debt, settled by this VM's next write.
-    pub fn release(
-        &mut self,
-        store: &impl SharedStore,
-        now_ms: u64,
-        ticket: Ticket,
-    ) -> Result<(Totals, u32), StoreError> {
-        let (Some(slot), Some(vm)) = (ticket.slot, self.vm) else {
-            return Ok((Totals::default(), 0));
-        };
-        self.debt.add(slot);
-        self.settle(store, vm, now_ms)
-            .map(|(totals, _, retries)| (totals, retries))
+    /// Gives back what `ticket` holds: the slot becomes spare, for this
+    /// VM's next request or its next heartbeat. Touches no shared data.
+    pub fn release(&mut self, ticket: Ticket) {
+        if let Some(slot) = ticket.slot {
+            self.spare.release(slot);
+        }
     }
 
-    /// Refreshes this VM's shard, settles debt, expires dead workers'
-    /// shards, and updates the drain rate. Called on every tick.
+    /// Refreshes this VM's shard, returns its spare slots, expires dead
+    /// workers' shards, and updates the drain rate. Called on every tick;
+    /// if the write fails, the spares stay and go back next time.
     pub fn heartbeat(
         &mut self,
         store: &impl SharedStore,
         now_ms: u64,
     ) -> Result<Heartbeat, StoreError> {
         let vm = self.join(store, now_ms)?;
-        let (totals, expired_slots, cas_retries) = self.settle(store, vm, now_ms)?;
-        Ok(Heartbeat {
-            totals,
-            expired_slots,
-            cas_retries,
-        })
-    }
-
-    fn settle(
-        &mut self,
-        store: &impl SharedStore,
-        vm: u32,
-        now_ms: u64,
-    ) -> Result<(Totals, u64, u32), StoreError> {
-        let debt = self.debt;
+        let spare = self.spare;
         let ttl = self.policy.stale_slot_ttl_ms;
         let updated = update(store, SHARED_KEY, |table| {
             let expired = table.expire(now_ms, ttl);
-            table.heartbeat(vm, now_ms, &debt);
+            table.heartbeat(vm, now_ms, &spare);
             Change::Write(expired)
         })
         .map_err(|(e, _)| e)?;
-        self.debt = Debt::default();
+        self.spare = Spare::default();
         self.drain.observe(now_ms, updated.table.completions);
-        Ok((updated.table.totals(), updated.value, updated.retries))
+        Ok(Heartbeat {
+            totals: updated.table.totals(),
+            expired_slots: updated.value,
+            cas_retries: updated.retries,
+        })
     }
 }
 
@@ -328,24 +330,77 @@ mod tests {
     }
 
     #[test]
-    fn workers_share_one_limit_and_releases_free_slots() {
+    fn workers_share_one_limit() {
         let store = MemoryStore::default();
         let mut a = gate(r#"{"maxInflight": 2}"#, 1);
         let mut b = gate(r#"{"maxInflight": 2}"#, 2);
-        let ta = ticket(&a.admit(&store, 0, RequestClass::Default, false));
-        let tb = ticket(&b.admit(&store, 0, RequestClass::Default, false));
+        ticket(&a.admit(&store, 0, RequestClass::Default, false));
+        ticket(&b.admit(&store, 0, RequestClass::Default, false));
         assert!(matches!(
             a.admit(&store, 0, RequestClass::Default, false).decision,
             Decision::Reject(_)
         ));
-        let (totals, _) = b.release(&store, 1, tb).unwrap();
-        assert_eq!(totals.inflight(), 1);
         assert!(matches!(
-            a.admit(&store, 2, RequestClass::Default, false).decision,
+            b.admit(&store, 0, RequestClass::Default, false).decision,
+            Decision::Reject(_)
+        ));
+        assert_ne!(a.vm(), b.vm());
+    }
+
+    #[test]
+    fn a_released_slot_is_reused_without_shared_data_then_returned_by_the_heartbeat() {
+        let store = MemoryStore::default();
+        let mut a = gate(r#"{"maxInflight": 1}"#, 1);
+        let mut b = gate(r#"{"maxInflight": 1}"#, 2);
+        let first = ticket(&a.admit(&store, 0, RequestClass::Default, false));
+        a.release(first);
+        let (_, cas_before) = store.load(SHARED_KEY).unwrap();
+        let reuse = a.admit(&store, 0, RequestClass::Default, false);
+        assert!(matches!(reuse.decision, Decision::Admit(_)));
+        assert_eq!(reuse.totals, None, "served from the spare slot");
+        assert_eq!(
+            store.load(SHARED_KEY).unwrap().1,
+            cas_before,
+            "no shared write"
+        );
+
+        a.release(ticket(&reuse));
+        assert!(
+            matches!(
+                b.admit(&store, 0, RequestClass::Default, false).decision,
+                Decision::Reject(_)
+            ),
+            "a spare still counts against the limit"
+        );
+        let beat = a.heartbeat(&store, 1).unwrap();
+        assert_eq!(beat.totals, Totals::default(), "the heartbeat returned it");
+        assert!(matches!(
+            b.admit(&store, 2, RequestClass::Default, false).decision,
             Decision::Admit(_)
         ));
-        a.release(&store, 3, ta).unwrap();
-        assert_ne!(a.vm(), b.vm());
+    }
+
+    #[test]
+    fn spares_are_only_reused_by_their_own_kind() {
+        let store = MemoryStore::default();
+        let mut a = gate(r#"{"maxInflight": 2, "reserved": 1}"#, 1);
+        let priority = ticket(&a.admit(&store, 0, RequestClass::Priority, false));
+        a.release(priority);
+        let default = a.admit(&store, 0, RequestClass::Default, false);
+        assert!(matches!(default.decision, Decision::Admit(_)));
+        assert_eq!(
+            default.totals.unwrap().default,
+            1,
+            "taken from the pool, which got the spare back"
+        );
+        assert_eq!(default.totals.unwrap().priority, 0);
+        assert!(
+            matches!(
+                a.admit(&store, 0, RequestClass::Default, false).decision,
+                Decision::Reject(_)
+            ),
+            "default still cannot take the reserve"
+        );
     }
 
     #[derive(Debug, Clone)]
@@ -381,9 +436,10 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Over any interleaving of four workers, the admitted in-flight
-        /// count never passes the limit, default traffic never takes the
-        /// reserve, and releasing everything returns every count to zero.
+        /// Over any interleaving of four workers, the slots counted (in use
+        /// and spare) never pass the limit, default traffic never takes the
+        /// reserve, and releasing everything and a heartbeat per worker
+        /// return every count to zero.
         #[test]
         fn never_over_the_limit_and_back_to_zero(ops in proptest::collection::vec(op(), 1..300)) {
             let store = MemoryStore::default();
@@ -402,7 +458,7 @@ mod tests {
                         if !held[worker].is_empty() {
                             let index = pick % held[worker].len();
                             let ticket = held[worker].swap_remove(index);
-                            workers[worker].release(&store, 0, ticket).unwrap();
+                            workers[worker].release(ticket);
                         }
                     }
                 }
@@ -413,8 +469,11 @@ mod tests {
             }
             for (worker, tickets) in held.iter_mut().enumerate() {
                 for ticket in tickets.drain(..) {
-                    workers[worker].release(&store, 0, ticket).unwrap();
+                    workers[worker].release(ticket);
                 }
+            }
+            for worker in &mut workers {
+                worker.heartbeat(&store, 0).unwrap();
             }
             proptest::prop_assert_eq!(workers[0].heartbeat(&store, 0).unwrap().totals, Totals::default());
         }
@@ -422,6 +481,7 @@ mod tests {
 
     #[test]
     fn a_dead_workers_slots_expire_after_the_ttl() {
+        // (A dead worker's spares are in its shard too, and expire with it.)
         let store = MemoryStore::default();
         let policy = r#"{"maxInflight": 2, "heartbeatMs": 100, "staleSlotTtlMs": 1000}"#;
         let mut dead = gate(policy, 1);

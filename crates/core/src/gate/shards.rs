@@ -229,15 +229,13 @@ impl ShardTable {
         shard
     }
 
-    /// Marks `vm` alive and settles slots it released without managing to
-    /// write (see `Debt`).
-    pub fn heartbeat(&mut self, vm: u32, now_ms: u64, debt: &Debt) {
-        let completed = debt.total();
+    /// Marks `vm` alive and gives its spare slots back to the pool.
+    pub fn heartbeat(&mut self, vm: u32, now_ms: u64, spare: &Spare) {
         let shard = self.own(vm, now_ms);
-        shard.default = shard.default.saturating_sub(debt.default);
-        shard.priority = shard.priority.saturating_sub(debt.priority);
-        shard.websocket = shard.websocket.saturating_sub(debt.websocket);
-        self.completions = self.completions.wrapping_add(completed);
+        shard.default = shard.default.saturating_sub(spare.default);
+        shard.priority = shard.priority.saturating_sub(spare.priority);
+        shard.websocket = shard.websocket.saturating_sub(spare.websocket);
+        self.completions = self.completions.wrapping_add(spare.completed);
     }
 
     /// Takes one `kind` slot for `vm` if the limits allow it.
@@ -260,37 +258,48 @@ impl ShardTable {
         }
         allowed
     }
-
-    /// Gives back one `kind` slot of `vm`.
-    pub fn release(&mut self, vm: u32, now_ms: u64, kind: SlotKind) {
-        let count = self.own(vm, now_ms).count_mut(kind);
-        *count = count.saturating_sub(1);
-        self.completions = self.completions.wrapping_add(1);
-    }
 }
 
-/// Releases a VM could not write (its CAS kept failing). They are settled
-/// by its next successful write, so no slot leaks; until then they are
-/// over-counted, which errs on the side of the node.
+/// Slots a VM holds in its shard that no request is using: released
+/// slots, kept for the VM's next request of the same kind so that most
+/// admissions and every release touch no shared data. They go back to the
+/// shared pool at the VM's next heartbeat, and count against the limit
+/// until then, so the limit stays exact (in use + spare <= limit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Debt {
+pub struct Spare {
     pub default: u32,
     pub priority: u32,
     pub websocket: u32,
+    /// Requests released since the last heartbeat (for the drain rate).
+    pub completed: u64,
 }
 
-impl Debt {
-    pub fn add(&mut self, kind: SlotKind) {
-        let count = match kind {
+impl Spare {
+    fn count_mut(&mut self, kind: SlotKind) -> &mut u32 {
+        match kind {
             SlotKind::Default => &mut self.default,
             SlotKind::Priority => &mut self.priority,
             SlotKind::Websocket => &mut self.websocket,
-        };
-        *count = count.saturating_add(1);
+        }
     }
 
-    pub fn total(&self) -> u64 {
-        u64::from(self.default) + u64::from(self.priority) + u64::from(self.websocket)
+    /// A released slot becomes spare.
+    pub fn release(&mut self, kind: SlotKind) {
+        let count = self.count_mut(kind);
+        *count = count.saturating_add(1);
+        self.completed = self.completed.saturating_add(1);
+    }
+
+    /// Takes a spare slot of `kind`, if there is one.
+    pub fn take(&mut self, kind: SlotKind) -> bool {
+        let count = self.count_mut(kind);
+        let available = *count > 0;
+        *count = count.saturating_sub(u32::from(available));
+        available
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Spare::default()
     }
 }
 
@@ -339,7 +348,9 @@ mod tests {
         let b = table.join(20);
         assert!(table.try_admit(a, 30, SlotKind::Default, &LIMITS));
         assert!(table.try_admit(b, 40, SlotKind::Priority, &LIMITS));
-        table.release(b, 50, SlotKind::Priority);
+        let mut spare = Spare::default();
+        spare.release(SlotKind::Priority);
+        table.heartbeat(b, 50, &spare);
         let bytes = table.encode();
         assert_eq!(bytes.len(), HEADER_LEN + 2 * SHARD_LEN);
         assert_eq!(ShardTable::decode(&bytes).unwrap(), table);
@@ -396,7 +407,9 @@ mod tests {
         assert!(table.try_admit(b, 0, SlotKind::Default, &LIMITS));
         assert!(table.try_admit(a, 0, SlotKind::Default, &LIMITS));
         assert!(!table.try_admit(b, 0, SlotKind::Default, &LIMITS));
-        table.release(a, 0, SlotKind::Default);
+        let mut spare = Spare::default();
+        spare.release(SlotKind::Default);
+        table.heartbeat(a, 0, &spare);
         assert!(table.try_admit(b, 0, SlotKind::Default, &LIMITS));
     }
 
@@ -434,7 +447,7 @@ mod tests {
         let alive = table.join(1_000);
         assert!(table.try_admit(gone, 1_000, SlotKind::Default, &LIMITS));
         assert!(table.try_admit(gone, 1_000, SlotKind::Websocket, &LIMITS));
-        table.heartbeat(alive, 5_000, &Debt::default());
+        table.heartbeat(alive, 5_000, &Spare::default());
         assert_eq!(
             table.expire(11_000, 10_000),
             0,
@@ -464,15 +477,19 @@ mod tests {
     }
 
     #[test]
-    fn debt_is_settled_by_a_heartbeat() {
+    fn spare_slots_go_back_at_a_heartbeat() {
         let mut table = ShardTable::default();
         let vm = table.join(0);
         assert!(table.try_admit(vm, 0, SlotKind::Default, &LIMITS));
         assert!(table.try_admit(vm, 0, SlotKind::Priority, &LIMITS));
-        let mut debt = Debt::default();
-        debt.add(SlotKind::Default);
-        debt.add(SlotKind::Priority);
-        table.heartbeat(vm, 10, &debt);
+        let mut spare = Spare::default();
+        spare.release(SlotKind::Default);
+        spare.release(SlotKind::Priority);
+        assert!(
+            !spare.take(SlotKind::Websocket),
+            "only released kinds are spare"
+        );
+        table.heartbeat(vm, 10, &spare);
         assert_eq!(table.totals(), Totals::default());
         assert_eq!(table.completions, 2);
         assert_eq!(table.shards[0].heartbeat_ms, 10);

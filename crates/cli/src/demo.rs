@@ -13,10 +13,10 @@ use crate::summary::{NodeSummary, Summary};
 use anyhow::Context;
 use serde::Serialize;
 use stakegate_loadgen::{ClientSpec, RunSpec};
-use stakegate_stack::{paths, EnvoyBuilder, FilterConfig, RpcNode};
+use stakegate_stack::{paths, Envoy, EnvoyBuilder, FilterConfig, RpcNode};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
@@ -175,14 +175,15 @@ fn run_variant(
     ];
     let flood = runtime.block_on(stakegate_loadgen::run(&spec(&public, clients, args.flood)))?;
     let node = NodeSummary::from_metrics(&node.metrics()?);
-    let internal_rejected = envoy.stat("wasmcustom.stakegate.gate.rejected.internal")?;
+    let internal_sent = flood.client("internal").map_or(0, |c| c.header.sent);
     let internal_failed = flood
         .client("internal")
-        .map_or(0, |c| c.header.sent - c.count("200"));
+        .map_or(0, |c| internal_sent - c.count("200"));
+    let internal_rejected = internal_rejections(&envoy, internal_sent)?;
     say(&format!(
         "done: tip lag max {:.0} ms, {} flood requests rejected, {internal_rejected} internal rejected",
         node.tip_lag_max_ms,
-        envoy.stat("wasmcustom.stakegate.gate.rejected.default")?,
+        flood.client("flood").map_or(0, |c| c.count("503")),
     ));
     Ok(VariantResult {
         summary: Summary::from_report(
@@ -200,6 +201,21 @@ fn run_variant(
         internal_rejected,
         internal_failed,
     })
+}
+
+/// The gate's own count of rejected internal requests, read once its stats
+/// (flushed every heartbeat) account for all `sent` of them, or after a few
+/// heartbeats if some never reached the gate (transport failures).
+fn internal_rejections(envoy: &Envoy, sent: u64) -> anyhow::Result<i64> {
+    let stat = |name: &str| envoy.stat(&format!("wasmcustom.stakegate.gate.{name}.internal"));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let rejected = stat("rejected")?;
+        if stat("admitted")? + rejected >= sent as i64 || Instant::now() > deadline {
+            return Ok(rejected);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn spec(target: &str, clients: Vec<ClientSpec>, duration: Duration) -> RunSpec {

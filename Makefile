@@ -11,7 +11,7 @@ FILTERS := admission-gate stake-qos
 FIXTURES := ghost-worker
 TOOLS := rpc-node stakegate-loadgen stakegate-cli
 
-.PHONY: setup build test unit-test integration-test lint fmt demo clean
+.PHONY: setup build test unit-test integration-test lint fmt demo bench clean
 
 ## setup: toolchain target, .venv with the pinned Envoy. Safe to run again.
 setup:
@@ -56,6 +56,11 @@ fmt:
 ## demo: Envoy, rpc-node and load, with a readable summary.
 demo: setup build
 	./target/tools/stakegate demo
+
+## bench: the admission gate's overhead in Envoy (installs wrk from Debian if missing).
+bench: setup build
+	@command -v wrk >/dev/null || { apt-get install -y wrk || { echo "install wrk (apt-get install wrk)"; exit 1; }; }
+	./target/tools/stakegate bench gate-overhead --rounds 9
 
 clean:
 	cargo clean

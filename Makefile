@@ -43,7 +43,7 @@ unit-test:
 
 # Real Envoy, real modules, real sockets. One at a time: several measure timing.
 integration-test:
-	cargo test -p stakegate-tests -- --test-threads=1
+	cargo test -p stakegate-tests --test real_envoy -- --test-threads=1
 
 lint:
 	cargo fmt --all -- --check

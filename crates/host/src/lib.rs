@@ -1,5 +1,346 @@
 //! stakegate-host: an offline proxy-wasm host on wasmtime.
 //!
-//! It will load the *compiled* filter modules, run several worker VMs over one
-//! shared-data store on a virtual clock, and back `stakegate check` and
-//! `stakegate sim`. See the issue "Offline proxy-wasm host on wasmtime".
+//! It runs a *compiled* filter module the way Envoy does, quickly and
+//! deterministically: `W` worker VMs and a main-thread VM over one
+//! shared-data store, on a virtual clock the caller advances. Ticks reach
+//! every VM (main and workers) at their own period, as in Envoy.
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use stakegate_host::{Host, Reply, Request};
+//! use std::time::Duration;
+//! let module = std::fs::read("target/wasm32-wasip1/release/admission_gate.wasm")?;
+//! let mut host = Host::new(&module, br#"{"maxInflight": 8}"#, 2)?;
+//! match host.request(0, &Request::json_rpc(r#"{"jsonrpc":"2.0","id":1,"method":"eth_call"}"#))? {
+//!     Reply::Continue(id) => host.finish(id, 200, Duration::from_millis(5))?,
+//!     Reply::LocalReply(reply) => println!("rejected with {}", reply.status),
+//! }
+//! host.advance(Duration::from_secs(1))?;
+//! println!("{:?}", host.metrics());
+//! # Ok(()) }
+//! ```
+//!
+//! Hostcalls are in `hostcalls`; HTTP and gRPC callouts answer
+//! "unsupported", and an import the host does not define traps with its
+//! name. A trap surfaces as an error carrying the module's last error log
+//! (a Rust module's panic message).
+
+mod abi;
+mod hostcalls;
+mod shared;
+mod vm;
+
+pub use vm::LogLine;
+
+use anyhow::{anyhow, bail, Context};
+use shared::Shared;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+use std::time::Duration;
+use vm::{Stream, Vm, VmState};
+use wasmtime::{Engine, Linker, Module};
+
+/// What the module reported as the wall clock at virtual time zero
+/// (2025-01-01T00:00:00Z), so runs are reproducible.
+const EPOCH_NS: u64 = 1_735_689_600_000_000_000;
+const ROOT_CONTEXT: u32 = 1;
+
+/// A reply the module sent instead of letting the request through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl LocalReply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A request in flight: which worker has it, and its stream context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RequestId {
+    worker: usize,
+    context: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// The module let the request through; `finish` or `abort` it later.
+    Continue(RequestId),
+    LocalReply(LocalReply),
+}
+
+/// A request as the filter sees it.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    /// Properties by path, e.g. `(["source", "address"], b"10.1.2.3:4000")`.
+    pub properties: Vec<(Vec<String>, Vec<u8>)>,
+}
+
+impl Request {
+    /// A JSON-RPC POST from 127.0.0.1.
+    pub fn json_rpc(body: &str) -> Self {
+        Self {
+            headers: vec![
+                (":method".into(), "POST".into()),
+                (":path".into(), "/".into()),
+                (":authority".into(), "rpc".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: body.as_bytes().to_vec(),
+            properties: Vec::new(),
+        }
+        .property(&["source", "address"], b"127.0.0.1:40000")
+    }
+
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers
+            .push((name.to_ascii_lowercase(), value.to_string()));
+        self
+    }
+
+    /// Sets a property (replacing one at the same path).
+    pub fn property(mut self, path: &[&str], value: &[u8]) -> Self {
+        let path: Vec<String> = path.iter().map(|p| p.to_string()).collect();
+        self.properties.retain(|(p, _)| *p != path);
+        self.properties.push((path, value.to_vec()));
+        self
+    }
+}
+
+fn property_key(path: &[String]) -> Vec<u8> {
+    path.join("\0").into_bytes()
+}
+
+pub struct Host {
+    shared: Rc<RefCell<Shared>>,
+    logs: Rc<RefCell<Vec<LogLine>>>,
+    main: Vm,
+    /// `None` once removed (a vanished VM).
+    workers: Vec<Option<Vm>>,
+    /// When each VM's next tick is due (main first), in virtual ns.
+    next_tick: Vec<Option<u64>>,
+    next_context: u32,
+}
+
+impl Host {
+    /// Loads `module` into a main-thread VM and `workers` worker VMs, and
+    /// runs vm_start and configure with `plugin_config` on each. Fails with
+    /// the module's own error if it refuses the configuration.
+    pub fn new(module: &[u8], plugin_config: &[u8], workers: usize) -> anyhow::Result<Self> {
+        let engine = Engine::default();
+        let module =
+            Module::new(&engine, module).map_err(|e| anyhow!("not a WebAssembly module: {e:?}"))?;
+        vm::check_proxy_wasm(&module)?;
+        let mut linker = Linker::new(&engine);
+        hostcalls::define(&mut linker).map_err(|e| anyhow!("defining hostcalls: {e:?}"))?;
+        linker
+            .define_unknown_imports_as_traps(&module)
+            .map_err(|e| anyhow!("{e:?}"))?;
+
+        let shared = Rc::new(RefCell::new(Shared::new(EPOCH_NS)));
+        let logs = Rc::new(RefCell::new(Vec::new()));
+        let mut vms = Vec::with_capacity(workers + 1);
+        for index in 0..=workers {
+            let name = if index == 0 {
+                "main".to_string()
+            } else {
+                format!("worker-{}", index - 1)
+            };
+            let plugin_properties = [(vec!["plugin_root_id".to_string()], b"stakegate".to_vec())]
+                .into_iter()
+                .map(|(path, value)| (property_key(&path), value))
+                .collect();
+            let state = VmState {
+                name: name.clone(),
+                shared: shared.clone(),
+                logs: logs.clone(),
+                plugin_config: plugin_config.to_vec(),
+                vm_config: Vec::new(),
+                root_id: ROOT_CONTEXT,
+                current: ROOT_CONTEXT,
+                tick_period_ms: 0,
+                streams: HashMap::new(),
+                plugin_properties,
+                random_state: 0x9e37_79b9_7f4a_7c15 ^ index as u64,
+            };
+            let mut vm = Vm::new(&engine, &module, &linker, state)?;
+            if !vm.start()? {
+                let said: Vec<String> = logs
+                    .borrow()
+                    .iter()
+                    .filter(|l| l.vm == name && matches!(l.level, "error" | "critical"))
+                    .map(|l| l.message.clone())
+                    .collect();
+                bail!(
+                    "the module refused its configuration{}",
+                    if said.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", said.join("; "))
+                    }
+                );
+            }
+            vms.push(vm);
+        }
+        let main = vms.remove(0);
+        let mut host = Self {
+            shared,
+            logs,
+            main,
+            workers: vms.into_iter().map(Some).collect(),
+            next_tick: vec![None; workers + 1],
+            next_context: ROOT_CONTEXT + 1,
+        };
+        host.schedule_ticks(0);
+        Ok(host)
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Virtual time since the host started.
+    pub fn now(&self) -> Duration {
+        Duration::from_nanos(self.shared.borrow().now_ns)
+    }
+
+    fn worker(&mut self, worker: usize) -> anyhow::Result<&mut Vm> {
+        let count = self.workers.len();
+        match self.workers.get_mut(worker) {
+            Some(Some(vm)) => Ok(vm),
+            Some(None) => bail!("worker {worker} was removed"),
+            None => bail!("there is no worker {worker} (the host has {count})"),
+        }
+    }
+
+    /// Runs a request through `worker`'s VM.
+    pub fn request(&mut self, worker: usize, request: &Request) -> anyhow::Result<Reply> {
+        let context = self.next_context;
+        self.next_context += 1;
+        let stream = Stream {
+            request_headers: request.headers.clone(),
+            request_body: request.body.clone(),
+            properties: request
+                .properties
+                .iter()
+                .map(|(path, value)| (property_key(path), value.clone()))
+                .collect(),
+            ..Stream::default()
+        };
+        let vm = self.worker(worker)?;
+        match vm.request(context, stream)? {
+            None => Ok(Reply::Continue(RequestId { worker, context })),
+            Some(reply) => {
+                // A local reply ends the stream there, as in Envoy.
+                vm.finish(context, Some(reply.headers.clone()))?;
+                Ok(Reply::LocalReply(reply))
+            }
+        }
+    }
+
+    /// The upstream answered `status` after `latency`: response headers,
+    /// then the end of the stream. (The clock is the caller's to advance.)
+    pub fn finish(&mut self, id: RequestId, status: u16, latency: Duration) -> anyhow::Result<()> {
+        let vm = self.worker(id.worker)?;
+        let stream = vm
+            .state_mut()
+            .streams
+            .get_mut(&id.context)
+            .with_context(|| format!("request {id:?} is not in flight"))?;
+        stream.properties.insert(
+            property_key(&["request".into(), "duration".into()]),
+            (latency.as_nanos() as i64).to_le_bytes().to_vec(),
+        );
+        stream.properties.insert(
+            property_key(&["response".into(), "code".into()]),
+            i64::from(status).to_le_bytes().to_vec(),
+        );
+        vm.finish(
+            id.context,
+            Some(vec![(":status".to_string(), status.to_string())]),
+        )
+    }
+
+    /// The stream ended without a response (client or upstream reset).
+    pub fn abort(&mut self, id: RequestId) -> anyhow::Result<()> {
+        self.worker(id.worker)?.finish(id.context, None)
+    }
+
+    /// Drops a worker's VM with no callback at all, as when a VM vanishes
+    /// (crash, reload): its streams never end and it never ticks again.
+    pub fn remove_worker(&mut self, worker: usize) -> anyhow::Result<()> {
+        self.worker(worker)?;
+        self.workers[worker] = None;
+        self.next_tick[worker + 1] = None;
+        Ok(())
+    }
+
+    /// Moves the virtual clock forward, delivering every tick that falls
+    /// due on the way, in time order, to each VM at its own period.
+    pub fn advance(&mut self, dt: Duration) -> anyhow::Result<()> {
+        let target = self.shared.borrow().now_ns + dt.as_nanos() as u64;
+        loop {
+            let due = self
+                .next_tick
+                .iter()
+                .enumerate()
+                .filter_map(|(i, t)| t.map(|t| (t, i)))
+                .filter(|(t, _)| *t <= target)
+                .min();
+            let Some((at, index)) = due else { break };
+            self.shared.borrow_mut().now_ns = at;
+            let vm = if index == 0 {
+                Some(&mut self.main)
+            } else {
+                self.workers[index - 1].as_mut()
+            };
+            if let Some(vm) = vm {
+                vm.tick()?;
+            }
+            self.schedule_tick(index, at);
+        }
+        self.shared.borrow_mut().now_ns = target;
+        Ok(())
+    }
+
+    fn schedule_ticks(&mut self, now: u64) {
+        for index in 0..self.next_tick.len() {
+            self.schedule_tick(index, now);
+        }
+    }
+
+    fn schedule_tick(&mut self, index: usize, from: u64) {
+        let period = match index {
+            0 => Some(self.main.state().tick_period_ms),
+            i => self.workers[i - 1]
+                .as_ref()
+                .map(|vm| vm.state().tick_period_ms),
+        };
+        self.next_tick[index] = period
+            .filter(|p| *p > 0)
+            .map(|p| from + u64::from(p) * 1_000_000);
+    }
+
+    /// Every metric the module defined, by name.
+    pub fn metrics(&self) -> BTreeMap<String, i64> {
+        self.shared.borrow().metrics()
+    }
+
+    pub fn metric(&self, name: &str) -> i64 {
+        self.metrics().get(name).copied().unwrap_or(0)
+    }
+
+    pub fn logs(&self) -> Vec<LogLine> {
+        self.logs.borrow().clone()
+    }
+}

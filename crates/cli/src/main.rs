@@ -1,6 +1,7 @@
 //! `stakegate`: the operator's command.
 
 mod bench;
+mod check;
 mod demo;
 mod summary;
 
@@ -15,6 +16,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Load a module with a policy in the offline host: ok, or the module's reason.
+    Check(check::CheckArgs),
     /// Tip under RPC flood: rpc-node behind a real Envoy, with and without the gate.
     Demo(demo::DemoArgs),
     /// Measurements against a real Envoy.
@@ -28,8 +31,20 @@ enum Bench {
     GateOverhead(bench::GateOverheadArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The message chain, not a backtrace: operators read this.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Check(args) => check::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(Bench::GateOverhead(args)) => bench::gate_overhead(&args),
     }

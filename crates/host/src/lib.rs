@@ -139,7 +139,7 @@ impl Host {
     pub fn new(module: &[u8], plugin_config: &[u8], workers: usize) -> anyhow::Result<Self> {
         let engine = Engine::default();
         let module =
-            Module::new(&engine, module).map_err(|e| anyhow!("not a WebAssembly module: {e:?}"))?;
+            Module::new(&engine, module).map_err(|e| anyhow!("not a WebAssembly module: {e:#}"))?;
         vm::check_proxy_wasm(&module)?;
         let mut linker = Linker::new(&engine);
         hostcalls::define(&mut linker).map_err(|e| anyhow!("defining hostcalls: {e:?}"))?;

@@ -134,7 +134,7 @@ fn trap(
         .find(|l| l.vm == vm && matches!(l.level, "critical" | "error" | "stderr"))
         .map(|l| format!("\nthe module said: {}", l.message))
         .unwrap_or_default();
-    anyhow!("{vm}: {during} failed: {e:?}{said}")
+    anyhow!("{vm}: {during} failed: {e:#}{said}")
 }
 
 impl Vm {

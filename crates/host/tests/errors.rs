@@ -37,7 +37,10 @@ fn proxy_wasm(imports: &str, configure: &str) -> Vec<u8> {
 
 #[test]
 fn bytes_that_are_not_wasm_are_named_as_such() {
-    assert!(error(b"#!/bin/sh\necho hi\n").starts_with("not a WebAssembly module"));
+    assert_eq!(
+        error(b"#!/bin/sh\necho hi\n"),
+        r##"not a WebAssembly module: it does not start with the \0asm magic (it starts with "#!/bin/s")"##
+    );
 }
 
 #[test]

@@ -3,6 +3,8 @@
 mod bench;
 mod check;
 mod demo;
+mod scenario;
+mod sim;
 mod summary;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +22,8 @@ enum Command {
     Check(check::CheckArgs),
     /// Tip under RPC flood: rpc-node behind a real Envoy, with and without the gate.
     Demo(demo::DemoArgs),
+    /// Run a scenario through the compiled filters in virtual time.
+    Sim(sim::SimArgs),
     /// Measurements against a real Envoy.
     #[command(subcommand)]
     Bench(Bench),
@@ -46,6 +50,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Sim(args) => sim::run(&args),
         Command::Bench(Bench::GateOverhead(args)) => bench::gate_overhead(&args),
     }
 }

@@ -23,6 +23,8 @@ pub struct ClientSummary {
     /// This client's part of the total stake.
     pub stake_share: f64,
     pub status_counts: BTreeMap<String, u64>,
+    /// Latency of this client's admitted requests.
+    pub latency_ms: Latency,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -96,6 +98,11 @@ impl Summary {
                     admitted_share: ratio(c.count("200"), admitted_total),
                     stake_share: ratio(stake, total_stake),
                     status_counts: c.status.clone(),
+                    latency_ms: Latency {
+                        p50: c.latency_ms.ok.p50,
+                        p99: c.latency_ms.ok.p99,
+                        max: c.latency_ms.ok.max,
+                    },
                 }
             })
             .collect();

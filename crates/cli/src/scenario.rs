@@ -1,0 +1,329 @@
+//! Scenario files: one TOML format for simulated runs (`stakegate sim`) and,
+//! later, real ones (`stakegate scenario run`). Documented in
+//! `scenarios/README.md`.
+
+use anyhow::{bail, Context};
+use rpc_node::costs::CostTable;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScenarioDoc {
+    name: String,
+    #[serde(default)]
+    description: String,
+    duration: String,
+    #[serde(default)]
+    gateway: GatewayDoc,
+    node: NodeDoc,
+    clients: Vec<ClientDoc>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GatewayDoc {
+    workers: Option<usize>,
+    #[serde(default)]
+    filters: Vec<FilterDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterDoc {
+    /// `admission-gate` or `stake-qos`.
+    filter: String,
+    /// A policy file, relative to the scenario file.
+    policy: Option<String>,
+    /// Or the policy inline, as a TOML table.
+    policy_inline: Option<toml::Table>,
+    /// A module other than the built one.
+    module: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeDoc {
+    read_slots: u32,
+    #[serde(default)]
+    costs: BTreeMap<String, String>,
+    #[serde(default = "default_block_interval")]
+    block_interval: String,
+    #[serde(default = "default_block_exec")]
+    block_exec: String,
+    #[serde(default = "default_sync_slots")]
+    sync_slots: u32,
+    #[serde(default = "default_tip_lost_after")]
+    tip_lost_after: f64,
+}
+
+fn default_block_interval() -> String {
+    "1s".into()
+}
+fn default_block_exec() -> String {
+    "100ms".into()
+}
+fn default_sync_slots() -> u32 {
+    2
+}
+fn default_tip_lost_after() -> f64 {
+    3.0
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClientDoc {
+    id: String,
+    rate: f64,
+    #[serde(default)]
+    mix: BTreeMap<String, f64>,
+    #[serde(default)]
+    stake: u64,
+    api_key: Option<String>,
+    #[serde(default = "default_listener")]
+    listener: String,
+    /// Round trip between the client and the gateway.
+    #[serde(default = "default_latency")]
+    latency: String,
+    /// The client's address (default 127.0.0.1).
+    source: Option<String>,
+    /// The client gives up on a request after this long.
+    #[serde(default = "default_timeout")]
+    timeout: String,
+}
+
+fn default_timeout() -> String {
+    "30s".into()
+}
+
+fn default_listener() -> String {
+    "public".into()
+}
+fn default_latency() -> String {
+    "0ms".into()
+}
+
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    pub duration: Duration,
+    pub workers: usize,
+    pub filters: Vec<Filter>,
+    pub node: Node,
+    pub clients: Vec<Client>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Filter {
+    pub name: String,
+    pub module: PathBuf,
+    pub policy: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub read_slots: u32,
+    pub costs: CostTable,
+    pub block_interval: Duration,
+    pub block_exec: Duration,
+    pub sync_slots: u32,
+    pub tip_lost_after: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Client {
+    pub id: String,
+    pub rate: f64,
+    pub mix: Vec<(String, f64)>,
+    pub stake: u64,
+    pub api_key: Option<String>,
+    pub internal: bool,
+    pub latency: Duration,
+    pub source: String,
+    pub timeout: Duration,
+}
+
+fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration> {
+    humantime::parse_duration(text).with_context(|| format!("{field}: bad duration {text:?}"))
+}
+
+impl Scenario {
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        Self::parse(&text, dir).with_context(|| format!("scenario {}", path.display()))
+    }
+
+    /// Parses a scenario; relative policy paths are taken from `dir`.
+    pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Self> {
+        let doc: ScenarioDoc = toml::from_str(text)?;
+        let duration = parse_duration("duration", &doc.duration)?;
+        if duration.is_zero() || duration > Duration::from_secs(3600) {
+            bail!("duration: must be between 0 and 1h");
+        }
+        let filters = doc
+            .gateway
+            .filters
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| filter(i, f, dir))
+            .collect::<anyhow::Result<_>>()?;
+        let node = &doc.node;
+        if node.read_slots == 0 || node.sync_slots == 0 || node.sync_slots > node.read_slots {
+            bail!("node: read_slots must be >= 1 and sync_slots between 1 and read_slots");
+        }
+        let overrides: Vec<String> = node.costs.iter().map(|(m, c)| format!("{m}={c}")).collect();
+        let node = Node {
+            read_slots: node.read_slots,
+            costs: CostTable::default()
+                .with_overrides(&overrides)
+                .context("node.costs")?,
+            block_interval: parse_duration("node.block_interval", &node.block_interval)?,
+            block_exec: parse_duration("node.block_exec", &node.block_exec)?,
+            sync_slots: node.sync_slots,
+            tip_lost_after: node.tip_lost_after,
+        };
+        let mut clients = Vec::new();
+        for (i, c) in doc.clients.into_iter().enumerate() {
+            if !(c.rate.is_finite() && c.rate > 0.0) {
+                bail!("clients[{i}] ({}): rate must be positive", c.id);
+            }
+            let mix: Vec<(String, f64)> = if c.mix.is_empty() {
+                vec![("eth_blockNumber".into(), 1.0)]
+            } else {
+                c.mix.into_iter().collect()
+            };
+            if let Some((method, _)) = mix.iter().find(|(m, _)| node.costs.cost(m).is_none()) {
+                bail!(
+                    "clients[{i}] ({}): the node has no cost for {method}; add it to node.costs",
+                    c.id
+                );
+            }
+            if !matches!(c.listener.as_str(), "public" | "internal") {
+                bail!(
+                    "clients[{i}] ({}): listener must be \"public\" or \"internal\"",
+                    c.id
+                );
+            }
+            clients.push(Client {
+                latency: parse_duration(&format!("clients[{i}].latency"), &c.latency)?,
+                timeout: parse_duration(&format!("clients[{i}].timeout"), &c.timeout)?,
+                internal: c.listener == "internal",
+                source: c.source.unwrap_or_else(|| "127.0.0.1".into()),
+                id: c.id,
+                rate: c.rate,
+                mix,
+                stake: c.stake,
+                api_key: c.api_key,
+            });
+        }
+        if clients.is_empty() {
+            bail!("clients: at least one client is needed");
+        }
+        Ok(Self {
+            name: doc.name,
+            description: doc.description,
+            duration,
+            workers: doc.gateway.workers.unwrap_or(2).max(1),
+            filters,
+            node,
+            clients,
+        })
+    }
+
+    /// Requests per second the node serves with every read slot busy, for
+    /// the scenario's overall method mix (weighted by client rates).
+    pub fn capacity_rps(&self) -> f64 {
+        let (mut weight, mut cost) = (0.0, 0.0);
+        for client in &self.clients {
+            let total: f64 = client.mix.iter().map(|(_, w)| w).sum();
+            for (method, w) in &client.mix {
+                let share = client.rate * w / total;
+                weight += share;
+                cost += share
+                    * self
+                        .node
+                        .costs
+                        .cost(method)
+                        .unwrap_or_default()
+                        .as_secs_f64();
+            }
+        }
+        if cost == 0.0 {
+            return f64::INFINITY;
+        }
+        f64::from(self.node.read_slots) / (cost / weight)
+    }
+}
+
+fn filter(i: usize, doc: FilterDoc, dir: &Path) -> anyhow::Result<Filter> {
+    let module = match doc.module {
+        Some(module) => dir.join(module),
+        None => stakegate_stack::paths::wasm_module(&doc.filter.replace('-', "_"))
+            .with_context(|| format!("gateway.filters[{i}]: filter {:?}", doc.filter))?,
+    };
+    let policy = match (doc.policy, doc.policy_inline) {
+        (Some(path), None) => std::fs::read_to_string(dir.join(&path))
+            .with_context(|| format!("gateway.filters[{i}].policy: reading {path}"))?,
+        (None, Some(table)) => serde_json::to_string(&table)?,
+        _ => bail!("gateway.filters[{i}]: give exactly one of policy (a file) or policy_inline"),
+    };
+    Ok(Filter {
+        name: doc.filter,
+        module,
+        policy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_scenarios_parse() {
+        // Resolving their filters needs the modules `make build` makes.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let mut parsed = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                Scenario::load(&path).unwrap_or_else(|e| panic!("{e:#}"));
+                parsed += 1;
+            }
+        }
+        assert!(parsed > 0);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let base = "name = \"x\"\nduration = \"1s\"\n[node]\nread_slots = 4\n";
+        let err = |extra: &str| {
+            format!(
+                "{:#}",
+                Scenario::parse(&format!("{base}{extra}"), Path::new(".")).unwrap_err()
+            )
+        };
+        assert_eq!(
+            err("[[clients]]\nid = \"a\"\nrate = 0\n"),
+            "clients[0] (a): rate must be positive"
+        );
+        assert_eq!(
+            err("[[clients]]\nid = \"a\"\nrate = 1\nmix = { eth_fly = 1 }\n"),
+            "clients[0] (a): the node has no cost for eth_fly; add it to node.costs"
+        );
+        assert!(err("[[clients]]\nid = \"a\"\nrate = 1\ncolour = 3\n")
+            .contains("unknown field `colour`"));
+    }
+
+    #[test]
+    fn capacity_follows_the_mix() {
+        let text = "name = \"x\"\nduration = \"1s\"\n[node]\nread_slots = 8\ncosts = { eth_call = \"20ms\" }\n\
+                    [[clients]]\nid = \"a\"\nrate = 100\nmix = { eth_call = 1 }\n";
+        let scenario = Scenario::parse(text, Path::new(".")).unwrap();
+        assert!((scenario.capacity_rps() - 400.0).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,486 @@
+//! `stakegate sim SCENARIO.toml`: the scenario's clients through the
+//! compiled filters in the offline host, against a virtual node, in virtual
+//! time.
+//!
+//! The virtual node is rpc-node in miniature: one FIFO queue in front of
+//! `read_slots`, RPC requests holding a slot for their method's cost, and a
+//! sync loop whose blocks need `sync_slots` from the same queue; tip lag is
+//! measured with rpc-node's own `Chain`. Each client's requests arrive on a
+//! fixed schedule; its `latency` is added to what it observes, and after its
+//! `timeout` it gives up (a waiting request leaves the node's queue, one
+//! being served is finished for nobody). The filters
+//! form a chain, as in Envoy: a request goes upstream only if every filter
+//! lets it through, and a later filter's local reply ends it for the
+//! earlier ones.
+
+use crate::scenario::{Client, Scenario};
+use crate::summary::{NodeSummary, Summary};
+use anyhow::Context;
+use rpc_node::chain::Chain;
+use stakegate_host::{Host, LocalReply, Reply, Request, RequestId};
+use stakegate_loadgen::report::{ClientHeader, Outcome, Recorder};
+use stakegate_loadgen::Report;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct SimArgs {
+    /// The scenario file.
+    pub scenario: PathBuf,
+    /// Print the JSON summary instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// Client `client`'s request number `n` is due.
+    Arrive {
+        client: usize,
+        n: u64,
+    },
+    /// A request finished on the node.
+    Served {
+        job: usize,
+    },
+    /// The client stops waiting for a request.
+    GiveUp {
+        job: usize,
+    },
+    BlockArrives,
+    BlockExecuted,
+}
+
+/// What waits for, or holds, the node's read slots.
+#[derive(Debug, Clone, Copy)]
+enum Job {
+    Rpc { request: usize },
+    Sync,
+}
+
+struct InFlight {
+    client: usize,
+    arrived: u64,
+    cost: Duration,
+    ids: Vec<RequestId>,
+    /// The node is working on it (it holds a slot).
+    started: bool,
+    /// The client gave up; the node finishes it for nobody.
+    abandoned: bool,
+}
+
+struct VirtualNode {
+    free: u32,
+    sync_slots: u32,
+    queue: VecDeque<Job>,
+    rpc_waiting: u64,
+    queue_max: u64,
+    chain: Chain,
+    /// Maps virtual time onto `Instant`s, which `Chain` speaks.
+    origin: Instant,
+}
+
+impl VirtualNode {
+    fn at(&self, ns: u64) -> Instant {
+        self.origin + Duration::from_nanos(ns)
+    }
+}
+
+/// Runs a scenario and returns its summary.
+pub fn simulate(scenario: &Scenario) -> anyhow::Result<Summary> {
+    let mut hosts = scenario
+        .filters
+        .iter()
+        .map(|f| {
+            let module = std::fs::read(&f.module)
+                .with_context(|| format!("reading {}", f.module.display()))?;
+            Host::new(&module, f.policy.as_bytes(), scenario.workers)
+                .with_context(|| format!("filter {}", f.name))
+        })
+        .collect::<anyhow::Result<Vec<Host>>>()?;
+    let end = scenario.duration.as_nanos() as u64;
+    let node_config = &scenario.node;
+    let origin = Instant::now();
+    let mut node = VirtualNode {
+        free: node_config.read_slots,
+        sync_slots: node_config.sync_slots,
+        queue: VecDeque::new(),
+        rpc_waiting: 0,
+        queue_max: 0,
+        chain: Chain::new(
+            node_config
+                .block_interval
+                .mul_f64(node_config.tip_lost_after),
+        ),
+        origin,
+    };
+    let mut recorders: Vec<Recorder> = scenario
+        .clients
+        .iter()
+        .map(|_| Recorder::default())
+        .collect();
+    let mut scheduled = vec![0u64; scenario.clients.len()];
+    let mut requests: Vec<Option<InFlight>> = Vec::new();
+    let mut events: BinaryHeap<Reverse<(u64, Event)>> = BinaryHeap::new();
+    for client in 0..scenario.clients.len() {
+        events.push(Reverse((0, Event::Arrive { client, n: 0 })));
+    }
+    let block_ns = node_config.block_interval.as_nanos() as u64;
+    events.push(Reverse((block_ns, Event::BlockArrives)));
+    let mut next_worker = 0;
+    let mut pickers: Vec<Picker> = scenario
+        .clients
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Picker::new(c, i as u64))
+        .collect();
+
+    while let Some(Reverse((now, event))) = events.pop() {
+        for host in &mut hosts {
+            let behind = Duration::from_nanos(now).saturating_sub(host.now());
+            host.advance(behind)?;
+        }
+        match event {
+            Event::Arrive { client, n } => {
+                let spec = &scenario.clients[client];
+                let next = (((n + 1) as f64 / spec.rate) * 1e9) as u64;
+                if next < end {
+                    events.push(Reverse((next, Event::Arrive { client, n: n + 1 })));
+                }
+                scheduled[client] += 1;
+                let method = pickers[client].pick();
+                let cost = node_config.costs.cost(&method).unwrap_or_default();
+                let request = request(spec, &method, n);
+                let worker = next_worker % scenario.workers;
+                next_worker += 1;
+                match through_filters(&mut hosts, worker, &request)? {
+                    Err(reply) => {
+                        let second = (now / 1_000_000_000) as usize;
+                        recorders[client].record(
+                            second,
+                            Outcome::Status(reply.status as u16),
+                            spec.latency,
+                            false,
+                        );
+                    }
+                    Ok(ids) => {
+                        let job = requests.len();
+                        requests.push(Some(InFlight {
+                            client,
+                            arrived: now,
+                            cost,
+                            ids,
+                            started: false,
+                            abandoned: false,
+                        }));
+                        node.queue.push_back(Job::Rpc { request: job });
+                        node.rpc_waiting += 1;
+                        node.queue_max = node.queue_max.max(node.rpc_waiting);
+                        events.push(Reverse((
+                            now + spec.timeout.as_nanos() as u64,
+                            Event::GiveUp { job },
+                        )));
+                    }
+                }
+            }
+            Event::GiveUp { job } => {
+                let Some(waiting) = requests.get_mut(job).and_then(Option::as_mut) else {
+                    continue;
+                };
+                waiting.abandoned = true;
+                for (host, id) in hosts.iter_mut().zip(std::mem::take(&mut waiting.ids)) {
+                    host.abort(id)?;
+                }
+                let (client, started) = (waiting.client, waiting.started);
+                if !started {
+                    // It leaves the queue; dispatch skips its entry.
+                    node.rpc_waiting -= 1;
+                    requests[job] = None;
+                }
+                let second = (now / 1_000_000_000) as usize;
+                let timeout = scenario.clients[client].timeout;
+                recorders[client].record(second, Outcome::Timeout, timeout, false);
+            }
+            Event::Served { job } => {
+                let Some(done) = requests.get_mut(job).and_then(Option::take) else {
+                    continue;
+                };
+                node.free += 1;
+                if done.abandoned {
+                    continue;
+                }
+                let latency = Duration::from_nanos(now - done.arrived);
+                for (host, id) in hosts.iter_mut().zip(done.ids) {
+                    host.finish(id, 200, latency)?;
+                }
+                let second = (done.arrived / 1_000_000_000) as usize;
+                let observed = latency + scenario.clients[done.client].latency;
+                recorders[done.client].record(second, Outcome::Status(200), observed, false);
+            }
+            Event::BlockArrives => {
+                node.chain.block_arrived(node.at(now));
+                node.queue.push_back(Job::Sync);
+                if now + block_ns < end {
+                    events.push(Reverse((now + block_ns, Event::BlockArrives)));
+                }
+            }
+            Event::BlockExecuted => {
+                node.free += node.sync_slots;
+                node.chain.block_executed(node.at(now));
+            }
+        }
+        dispatch(
+            &mut node,
+            &mut requests,
+            now,
+            node_config.block_exec,
+            &mut events,
+        );
+        node.chain.observe(node.at(now));
+    }
+
+    let report = report(scenario, &recorders, &scheduled);
+    let stakes = scenario
+        .clients
+        .iter()
+        .map(|c| (c.id.clone(), c.stake))
+        .collect();
+    let node = NodeSummary {
+        tip_lag_max_ms: (node.chain.lag_max().as_secs_f64() * 1e6).round() / 1e3,
+        tip_lost: node.chain.tip_lost(),
+        queue_max: node.queue_max,
+        inflight_max: 0,
+        blocks_executed: node.chain.head(),
+    };
+    let mut summary = Summary::from_report(
+        &scenario.name,
+        scenario.capacity_rps(),
+        &report,
+        &stakes,
+        Some(node),
+    );
+    summary.mode = "sim";
+    Ok(summary)
+}
+
+/// Starts whatever the FIFO head allows.
+fn dispatch(
+    node: &mut VirtualNode,
+    requests: &mut [Option<InFlight>],
+    now: u64,
+    block_exec: Duration,
+    events: &mut BinaryHeap<Reverse<(u64, Event)>>,
+) {
+    while let Some(job) = node.queue.front().copied() {
+        let needs = match job {
+            Job::Rpc { request } if requests[request].is_none() => {
+                // Its client gave up while it waited.
+                node.queue.pop_front();
+                continue;
+            }
+            Job::Rpc { .. } => 1,
+            Job::Sync => node.sync_slots,
+        };
+        if node.free < needs {
+            break;
+        }
+        node.queue.pop_front();
+        node.free -= needs;
+        match job {
+            Job::Rpc { request } => {
+                node.rpc_waiting -= 1;
+                let cost = requests[request].as_mut().map_or(Duration::ZERO, |r| {
+                    r.started = true;
+                    r.cost
+                });
+                events.push(Reverse((
+                    now + cost.as_nanos() as u64,
+                    Event::Served { job: request },
+                )));
+            }
+            Job::Sync => events.push(Reverse((
+                now + block_exec.as_nanos() as u64,
+                Event::BlockExecuted,
+            ))),
+        }
+    }
+}
+
+/// Runs the request through each filter in order. `Err` is the local reply
+/// that stopped it; the filters before that one see their stream end.
+fn through_filters(
+    hosts: &mut [Host],
+    worker: usize,
+    request: &Request,
+) -> anyhow::Result<Result<Vec<RequestId>, LocalReply>> {
+    let mut ids = Vec::with_capacity(hosts.len());
+    for i in 0..hosts.len() {
+        match hosts[i].request(worker, request)? {
+            Reply::Continue(id) => ids.push(id),
+            Reply::LocalReply(reply) => {
+                for (host, id) in hosts.iter_mut().zip(ids) {
+                    host.finish(id, reply.status as u16, Duration::ZERO)?;
+                }
+                return Ok(Err(reply));
+            }
+        }
+    }
+    Ok(Ok(ids))
+}
+
+fn request(client: &Client, method: &str, n: u64) -> Request {
+    let body = format!(r#"{{"jsonrpc":"2.0","id":{n},"method":"{method}","params":[]}}"#);
+    let mut request = Request::json_rpc(&body).property(
+        &["source", "address"],
+        format!("{}:40000", client.source).as_bytes(),
+    );
+    if client.internal {
+        request = request.property(
+            &[
+                "xds",
+                "listener_metadata",
+                "filter_metadata",
+                "stakegate",
+                "class",
+            ],
+            b"internal",
+        );
+    }
+    if let Some(key) = &client.api_key {
+        request = request.header("x-api-key", key);
+    }
+    request
+}
+
+fn report(scenario: &Scenario, recorders: &[Recorder], scheduled: &[u64]) -> Report {
+    let duration = scenario.duration.as_secs_f64();
+    let mut overall = Recorder::default();
+    let clients = scenario
+        .clients
+        .iter()
+        .zip(recorders)
+        .zip(scheduled)
+        .map(|((client, recorder), scheduled)| {
+            overall.merge(recorder);
+            recorder.finish(ClientHeader {
+                id: client.id.clone(),
+                requested_rps: client.rate,
+                offered_rps: (*scheduled as f64 / duration * 1000.0).round() / 1000.0,
+                scheduled: *scheduled,
+                sent: *scheduled,
+                skipped_at_cap: 0,
+                dispatch_lag_max_ms: 0.0,
+            })
+        })
+        .collect();
+    Report {
+        target: format!("sim:{}", scenario.name),
+        duration_s: duration,
+        http2: false,
+        status: overall.status(),
+        latency_ms: overall.latencies(),
+        clients,
+    }
+}
+
+/// Deterministic weighted method choice (a per-client LCG).
+struct Picker {
+    cumulative: Vec<(f64, String)>,
+    state: u64,
+}
+
+impl Picker {
+    fn new(client: &Client, seed: u64) -> Self {
+        let total: f64 = client.mix.iter().map(|(_, w)| w).sum();
+        let mut sum = 0.0;
+        let cumulative = client
+            .mix
+            .iter()
+            .map(|(m, w)| {
+                sum += w / total;
+                (sum, m.clone())
+            })
+            .collect();
+        Self {
+            cumulative,
+            state: seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407),
+        }
+    }
+
+    fn pick(&mut self) -> String {
+        self.state = self
+            .state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let x = (self.state >> 11) as f64 / (1u64 << 53) as f64;
+        self.cumulative
+            .iter()
+            .find(|(upto, _)| x < *upto)
+            .or(self.cumulative.last())
+            .map(|(_, m)| m.clone())
+            .unwrap_or_default()
+    }
+}
+
+pub fn table(scenario: &Scenario, summary: &Summary) -> String {
+    let mut out = format!("{}\n", scenario.description);
+    out += &format!(
+        "{} ({}): {:.0} rps offered, {:.0} rps admitted, capacity {:.0} rps over {:.0} s\n",
+        summary.scenario,
+        summary.mode,
+        summary.offered_rps,
+        summary.admitted_rps,
+        summary.capacity_rps,
+        summary.duration_s
+    );
+    out += &format!(
+        "{:<14} {:>8} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "client",
+        "stake",
+        "offered",
+        "admitted",
+        "rejected",
+        "adm %",
+        "stake %",
+        "p50 ms",
+        "p99 ms"
+    );
+    for c in &summary.clients {
+        let rejected = c.status_counts.get("503").copied().unwrap_or(0)
+            + c.status_counts.get("429").copied().unwrap_or(0);
+        out += &format!(
+            "{:<14} {:>8} {:>10.1} {:>10.1} {:>9} {:>9.1} {:>9.1} {:>9.2} {:>9.2}\n",
+            c.id,
+            c.stake,
+            c.offered_rps,
+            c.admitted_rps,
+            rejected,
+            c.admitted_share * 100.0,
+            c.stake_share * 100.0,
+            c.latency_ms.p50,
+            c.latency_ms.p99,
+        );
+    }
+    if let Some(node) = &summary.node {
+        out += &format!(
+            "node: tip lag max {:.0} ms, tip lost {}, queue max {}, blocks {}\n",
+            node.tip_lag_max_ms, node.tip_lost, node.queue_max, node.blocks_executed
+        );
+    }
+    out
+}
+
+pub fn run(args: &SimArgs) -> anyhow::Result<()> {
+    let scenario = Scenario::load(&args.scenario)?;
+    let summary = simulate(&scenario)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", table(&scenario, &summary));
+    }
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! `stakegate sim` on the shipped tip-flood scenario, through the compiled
+//! admission gate in virtual time.
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn scenarios() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios")
+}
+
+fn sim(scenario: &Path, json: bool) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_stakegate"));
+    command.arg("sim").arg(scenario);
+    if json {
+        command.arg("--json");
+    }
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn client<'a>(summary: &'a Value, id: &str) -> &'a Value {
+    summary["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap()
+}
+
+#[test]
+fn the_gate_holds_the_tip_in_the_simulated_flood() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("tip-flood.toml"), true)).unwrap();
+    assert_eq!(summary["scenario"], "tip-flood");
+    assert_eq!(summary["mode"], "sim");
+    assert_eq!(summary["duration_s"], 30.0);
+    assert_eq!(summary["node"]["tip_lost"], false);
+    assert!(summary["node"]["tip_lag_max_ms"].as_f64().unwrap() <= 2000.0);
+    assert!(
+        summary["node"]["queue_max"].as_u64().unwrap() <= 8,
+        "{}",
+        summary["node"]
+    );
+    let flood = client(&summary, "flood");
+    assert_eq!(flood["offered_rps"], 1600.0);
+    assert!(flood["status_counts"]["503"].as_u64().unwrap() > 30_000);
+    let internal = client(&summary, "internal");
+    assert_eq!(internal["status_counts"]["200"], 600);
+    assert_eq!(internal["status_counts"]["503"], 0);
+    // Admitted latency stays near the 20 ms service time.
+    assert!(
+        summary["latency_ms"]["p99"].as_f64().unwrap() < 60.0,
+        "{}",
+        summary["latency_ms"]
+    );
+}
+
+#[test]
+fn without_the_gate_the_simulated_node_loses_the_tip() {
+    let text = std::fs::read_to_string(scenarios().join("tip-flood.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let no_gate = dir.path().join("no-gate.toml");
+    std::fs::write(
+        &no_gate,
+        text.replace("maxInflight = 8", "maxInflight = -1"),
+    )
+    .unwrap();
+    let summary: Value = serde_json::from_str(&sim(&no_gate, true)).unwrap();
+    assert_eq!(summary["node"]["tip_lost"], true);
+    assert!(summary["node"]["queue_max"].as_u64().unwrap() > 10_000);
+    assert_eq!(summary["status_counts"]["503"], 0);
+    assert!(
+        summary["status_counts"]["timeout"].as_u64().unwrap() > 0,
+        "clients gave up"
+    );
+}
+
+#[test]
+fn the_table_names_every_client() {
+    let table = sim(&scenarios().join("tip-flood.toml"), false);
+    assert!(table.contains("tip-flood (sim)"), "{table}");
+    for id in ["flood", "internal"] {
+        assert!(table.lines().any(|l| l.starts_with(id)), "{table}");
+    }
+    assert!(table.contains("node: tip lag max"), "{table}");
+}

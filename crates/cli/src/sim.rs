@@ -14,9 +14,10 @@
 //! earlier ones.
 
 use crate::scenario::{Client, Scenario};
-use crate::summary::{NodeSummary, Summary};
+use crate::summary::{BaselineSummary, NodeSummary, Summary};
 use anyhow::Context;
 use rpc_node::chain::Chain;
+use stakegate_core::baseline::{BaselineQos, Mechanism};
 use stakegate_host::{Host, LocalReply, Reply, Request, RequestId};
 use stakegate_loadgen::report::{ClientHeader, Outcome, Recorder};
 use stakegate_loadgen::Report;
@@ -32,6 +33,10 @@ pub struct SimArgs {
     /// Print the JSON summary instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Also show what another mechanism would have admitted per client from
+    /// the same traffic: agave-ema-legacy or agave-threshold (SEEDS.md part 1).
+    #[arg(long = "baseline", value_parser = ["agave-ema-legacy", "agave-threshold"])]
+    pub baselines: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -88,8 +93,19 @@ impl VirtualNode {
     }
 }
 
-/// Runs a scenario and returns its summary.
-pub fn simulate(scenario: &Scenario) -> anyhow::Result<Summary> {
+/// Runs a scenario and returns its summary, with what each of `baselines`
+/// would have admitted from the same arrivals.
+pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<Summary> {
+    let total_stake: u64 = scenario.clients.iter().map(|c| c.stake).sum();
+    let mut models: Vec<(BaselineQos, Vec<u64>)> = baselines
+        .iter()
+        .map(|m| {
+            (
+                BaselineQos::new(*m, scenario.capacity_rps(), total_stake),
+                vec![0; scenario.clients.len()],
+            )
+        })
+        .collect();
     let mut hosts = scenario
         .filters
         .iter()
@@ -150,6 +166,9 @@ pub fn simulate(scenario: &Scenario) -> anyhow::Result<Summary> {
                     events.push(Reverse((next, Event::Arrive { client, n: n + 1 })));
                 }
                 scheduled[client] += 1;
+                for (model, admitted) in &mut models {
+                    admitted[client] += u64::from(model.offer(now, client, spec.stake));
+                }
                 let method = pickers[client].pick();
                 let cost = node_config.costs.cost(&method).unwrap_or_default();
                 let request = request(spec, &method, n);
@@ -262,6 +281,19 @@ pub fn simulate(scenario: &Scenario) -> anyhow::Result<Summary> {
         Some(node),
     );
     summary.mode = "sim";
+    summary.baselines = baselines
+        .iter()
+        .zip(models)
+        .map(|(mechanism, (_, admitted))| {
+            let clients: Vec<(String, u64, u64)> = scenario
+                .clients
+                .iter()
+                .zip(admitted)
+                .map(|(c, n)| (c.id.clone(), c.stake, n))
+                .collect();
+            BaselineSummary::new(mechanism.name(), scenario.duration.as_secs_f64(), &clients)
+        })
+        .collect();
     Ok(summary)
 }
 
@@ -471,12 +503,37 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
             node.tip_lag_max_ms, node.tip_lost, node.queue_max, node.blocks_executed
         );
     }
+    out += &format!("max share error: {:.1} pp\n", summary.max_share_error_pp);
+    for baseline in &summary.baselines {
+        out += &format!(
+            "\nbaseline {}: would admit {:.0} rps, max share error {:.1} pp\n",
+            baseline.mechanism, baseline.admitted_rps, baseline.max_share_error_pp
+        );
+        out += &format!(
+            "{:<14} {:>10} {:>9} {:>9}\n",
+            "client", "admitted", "adm %", "stake %"
+        );
+        for c in &baseline.clients {
+            out += &format!(
+                "{:<14} {:>10.1} {:>9.1} {:>9.1}\n",
+                c.id,
+                c.admitted_rps,
+                c.admitted_share * 100.0,
+                c.stake_share * 100.0
+            );
+        }
+    }
     out
 }
 
 pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     let scenario = Scenario::load(&args.scenario)?;
-    let summary = simulate(&scenario)?;
+    let baselines: Vec<Mechanism> = args
+        .baselines
+        .iter()
+        .filter_map(|b| Mechanism::parse(b))
+        .collect();
+    let summary = simulate(&scenario, &baselines)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {

@@ -67,6 +67,66 @@ pub struct Summary {
     pub clients: Vec<ClientSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<NodeSummary>,
+    /// What other admission mechanisms would have done with the same
+    /// traffic (`stakegate sim --baseline`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub baselines: Vec<BaselineSummary>,
+}
+
+/// Another mechanism's admissions for the same arrivals.
+#[derive(Debug, Clone, Serialize)]
+pub struct BaselineSummary {
+    pub mechanism: &'static str,
+    pub admitted_rps: f64,
+    pub max_share_error_pp: f64,
+    pub clients: Vec<BaselineClient>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BaselineClient {
+    pub id: String,
+    pub admitted_rps: f64,
+    pub admitted_share: f64,
+    pub stake_share: f64,
+}
+
+impl BaselineSummary {
+    /// From per-client admitted counts over `duration_s`.
+    pub fn new(mechanism: &'static str, duration_s: f64, clients: &[(String, u64, u64)]) -> Self {
+        let total_stake: u64 = clients.iter().map(|(_, stake, _)| stake).sum();
+        let admitted: u64 = clients.iter().map(|(_, _, admitted)| admitted).sum();
+        let clients: Vec<BaselineClient> = clients
+            .iter()
+            .map(|(id, stake, count)| BaselineClient {
+                id: id.clone(),
+                admitted_rps: round(*count as f64 / duration_s),
+                admitted_share: ratio(*count, admitted),
+                stake_share: ratio(*stake, total_stake),
+            })
+            .collect();
+        Self {
+            mechanism,
+            admitted_rps: round(admitted as f64 / duration_s),
+            max_share_error_pp: share_error(
+                clients.iter().map(|c| (c.admitted_share, c.stake_share)),
+                total_stake,
+            ),
+            clients,
+        }
+    }
+}
+
+/// Largest |admitted share - stake share| in percentage points (0 when no
+/// stake is set).
+fn share_error(shares: impl Iterator<Item = (f64, f64)>, total_stake: u64) -> f64 {
+    if total_stake == 0 {
+        return 0.0;
+    }
+    round(
+        shares
+            .map(|(admitted, stake)| (admitted - stake).abs() * 100.0)
+            .fold(0.0, f64::max),
+    )
 }
 
 impl Summary {
@@ -106,14 +166,10 @@ impl Summary {
                 }
             })
             .collect();
-        let max_share_error_pp = if total_stake == 0 {
-            0.0
-        } else {
-            clients
-                .iter()
-                .map(|c| (c.admitted_share - c.stake_share).abs() * 100.0)
-                .fold(0.0, f64::max)
-        };
+        let max_share_error_pp = share_error(
+            clients.iter().map(|c| (c.admitted_share, c.stake_share)),
+            total_stake,
+        );
         Self {
             scenario: scenario.into(),
             mode: "real",
@@ -127,9 +183,10 @@ impl Summary {
                 p99: report.latency_ms.ok.p99,
                 max: report.latency_ms.ok.max,
             },
-            max_share_error_pp: round(max_share_error_pp),
+            max_share_error_pp,
             clients,
             node,
+            baselines: Vec::new(),
         }
     }
 }

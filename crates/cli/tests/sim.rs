@@ -90,3 +90,58 @@ fn the_table_names_every_client() {
     }
     assert!(table.contains("node: tip lag max"), "{table}");
 }
+
+#[test]
+fn baselines_show_what_agaves_mechanisms_would_admit() {
+    let output = Command::new(env!("CARGO_BIN_EXE_stakegate"))
+        .args([
+            "sim",
+            "--json",
+            "--baseline",
+            "agave-ema-legacy",
+            "--baseline",
+            "agave-threshold",
+        ])
+        .arg(scenarios().join("stake-shares.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let baselines = summary["baselines"].as_array().unwrap();
+    let mechanisms: Vec<&str> = baselines
+        .iter()
+        .map(|b| b["mechanism"].as_str().unwrap())
+        .collect();
+    assert_eq!(mechanisms, ["agave-ema-legacy", "agave-threshold"]);
+    let admitted = |i: usize| baselines[i]["admitted_rps"].as_f64().unwrap();
+    let capacity = summary["capacity_rps"].as_f64().unwrap();
+    // As in SEEDS part 1: the legacy EMA leaves capacity unused.
+    assert!(
+        admitted(0) < admitted(1),
+        "legacy {} vs threshold {}",
+        admitted(0),
+        admitted(1)
+    );
+    assert!(admitted(1) <= capacity * 1.05);
+    for baseline in baselines {
+        let unstaked = &baseline["clients"][0];
+        assert_eq!(unstaked["id"], "unstaked");
+        assert_eq!(unstaked["admitted_rps"], 200.0, "U = 20 per 100 ms");
+    }
+}
+
+#[test]
+fn an_unknown_baseline_is_refused() {
+    let output = Command::new(env!("CARGO_BIN_EXE_stakegate"))
+        .args(["sim", "--baseline", "fifo"])
+        .arg(scenarios().join("stake-shares.toml"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr)
+        .contains("possible values: agave-ema-legacy, agave-threshold"));
+}

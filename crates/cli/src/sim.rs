@@ -369,16 +369,7 @@ fn request(client: &Client, method: &str, n: u64) -> Request {
         format!("{}:40000", client.source).as_bytes(),
     );
     if client.internal {
-        request = request.property(
-            &[
-                "xds",
-                "listener_metadata",
-                "filter_metadata",
-                "stakegate",
-                "class",
-            ],
-            b"internal",
-        );
+        request = request.listener_class("internal");
     }
     if let Some(key) = &client.api_key {
         request = request.header("x-api-key", key);

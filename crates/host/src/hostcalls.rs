@@ -569,30 +569,18 @@ fn define_wasi(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
     const WASI: &str = "wasi_snapshot_preview1";
     const ERRNO_SUCCESS: i32 = 0;
     const ERRNO_BADF: i32 = 8;
-    linker.func_wrap(
-        WASI,
-        "environ_sizes_get",
-        |mut c: Call<'_>, count: i32, size: i32| {
+    // No environment variables and no arguments.
+    for (sizes, get) in [
+        ("environ_sizes_get", "environ_get"),
+        ("args_sizes_get", "args_get"),
+    ] {
+        linker.func_wrap(WASI, sizes, |mut c: Call<'_>, count: i32, size: i32| {
             write_u32(&mut c, count, 0)?;
             write_u32(&mut c, size, 0)?;
             Ok(ERRNO_SUCCESS)
-        },
-    )?;
-    linker.func_wrap(WASI, "environ_get", |_: Call<'_>, _: i32, _: i32| {
-        Ok(ERRNO_SUCCESS)
-    })?;
-    linker.func_wrap(
-        WASI,
-        "args_sizes_get",
-        |mut c: Call<'_>, count: i32, size: i32| {
-            write_u32(&mut c, count, 0)?;
-            write_u32(&mut c, size, 0)?;
-            Ok(ERRNO_SUCCESS)
-        },
-    )?;
-    linker.func_wrap(WASI, "args_get", |_: Call<'_>, _: i32, _: i32| {
-        Ok(ERRNO_SUCCESS)
-    })?;
+        })?;
+        linker.func_wrap(WASI, get, |_: Call<'_>, _: i32, _: i32| Ok(ERRNO_SUCCESS))?;
+    }
     // stdout and stderr become log lines; nothing else is writable.
     linker.func_wrap(
         WASI,

@@ -108,6 +108,21 @@ impl Request {
         self
     }
 
+    /// Arrives on a listener whose metadata says
+    /// `filter_metadata.stakegate.class: CLASS`, as Envoy reports it.
+    pub fn listener_class(self, class: &str) -> Self {
+        self.property(
+            &[
+                "xds",
+                "listener_metadata",
+                "filter_metadata",
+                "stakegate",
+                "class",
+            ],
+            class.as_bytes(),
+        )
+    }
+
     /// Sets a property (replacing one at the same path).
     pub fn property(mut self, path: &[&str], value: &[u8]) -> Self {
         let path: Vec<String> = path.iter().map(|p| p.to_string()).collect();
@@ -137,6 +152,10 @@ impl Host {
     /// runs vm_start and configure with `plugin_config` on each. Fails with
     /// the module's own error if it refuses the configuration.
     pub fn new(module: &[u8], plugin_config: &[u8], workers: usize) -> anyhow::Result<Self> {
+        if !module.starts_with(b"\0asm") {
+            let start = String::from_utf8_lossy(&module[..module.len().min(8)]).into_owned();
+            bail!("not a WebAssembly module: it does not start with the \\0asm magic (it starts with {start:?})");
+        }
         let engine = Engine::default();
         let module =
             Module::new(&engine, module).map_err(|e| anyhow!("not a WebAssembly module: {e:#}"))?;

@@ -129,16 +129,7 @@ fn internal_requests_are_admitted_past_the_limit() {
     let mut host = gate(policy, 2);
     send(&mut host, 0).unwrap();
     assert_eq!(send(&mut host, 1), None);
-    let internal = Request::json_rpc(CALL).property(
-        &[
-            "xds",
-            "listener_metadata",
-            "filter_metadata",
-            "stakegate",
-            "class",
-        ],
-        b"internal",
-    );
+    let internal = Request::json_rpc(CALL).listener_class("internal");
     for worker in [0, 1, 0] {
         assert!(matches!(
             host.request(worker, &internal).unwrap(),

@@ -24,6 +24,7 @@ pub fn load(target: &str, client: ClientSpec, duration: Duration, http2: bool) -
         max_requests: (client.rate * duration.as_secs_f64()).ceil() as u64,
         timeout: Duration::from_secs(30),
         http2,
+        connections: 1,
         clients: vec![client],
     }
 }

@@ -26,6 +26,9 @@ pub struct DemoArgs {
     /// Where summary.json goes.
     #[arg(long, default_value = "results/tip-flood")]
     pub out: PathBuf,
+    /// Envoy worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub concurrency: u32,
 }
 
 const READ_SLOTS: u32 = 8;
@@ -79,6 +82,9 @@ struct VariantResult {
     internal_rejected: i64,
     /// Internal requests that did not get a 200, for any reason.
     internal_failed: u64,
+    /// Shared-data CAS retries and failures in the gate (contention).
+    cas_retries: i64,
+    store_errors: i64,
 }
 
 #[derive(Debug, Serialize)]
@@ -147,7 +153,7 @@ fn run_variant(
         .var("RPC_NODE_HOST", node.addr().ip())
         .var("RPC_NODE_PORT", node.addr().port())
         .filter(gate)
-        .concurrency(2)
+        .concurrency(args.concurrency)
         .start()?;
     let public = envoy.url("public")?;
 
@@ -180,6 +186,7 @@ fn run_variant(
         .client("internal")
         .map_or(0, |c| internal_sent - c.count("200"));
     let internal_rejected = internal_rejections(&envoy, internal_sent)?;
+    let gate_stat = |name: &str| envoy.stat(&format!("wasmcustom.stakegate.gate.{name}"));
     say(&format!(
         "done: tip lag max {:.0} ms, {} flood requests rejected, {internal_rejected} internal rejected",
         node.tip_lag_max_ms,
@@ -200,6 +207,8 @@ fn run_variant(
             .map_or(0.0, |c| c.latency_ms.rejected.p99),
         internal_rejected,
         internal_failed,
+        cas_retries: gate_stat("cas_retries")?,
+        store_errors: gate_stat("store_errors")?,
     })
 }
 
@@ -225,8 +234,10 @@ fn spec(target: &str, clients: Vec<ClientSpec>, duration: Duration) -> RunSpec {
         duration,
         max_requests: (fastest * duration.as_secs_f64()).ceil() as u64,
         timeout: CLIENT_TIMEOUT,
-        // Thousands of queued requests ride on a few connections.
+        // Thousands of queued requests ride on a few connections, spread
+        // over Envoy's workers as a flood from many clients would be.
         http2: true,
+        connections: 4,
         clients,
     }
 }
@@ -274,6 +285,7 @@ fn table(summary: &DemoSummary) -> String {
         ("internal rejected (gate)", |v| {
             v.internal_rejected.to_string()
         }),
+        ("gate CAS retries", |v| v.cas_retries.to_string()),
     ];
     let columns: Vec<(&str, &VariantResult)> = VARIANTS
         .iter()

@@ -35,6 +35,9 @@ struct Args {
     /// Use HTTP/2 with prior knowledge (h2c).
     #[arg(long)]
     http2: bool,
+    /// With --http2: connections per client, used in turn.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -52,6 +55,7 @@ fn main() -> anyhow::Result<()> {
         max_requests: args.max_requests,
         timeout: args.timeout,
         http2: args.http2,
+        connections: args.connections,
         clients: args.clients,
     };
     spec.validate()?;

@@ -60,7 +60,9 @@ pub async fn run(spec: &RunSpec) -> anyhow::Result<Report> {
         let sender = Sender {
             client: client.clone(),
             api_key,
-            http: http_client(spec.http2, client.concurrency),
+            http: (0..if spec.http2 { spec.connections } else { 1 })
+                .map(|_| http_client(spec.http2, client.concurrency))
+                .collect(),
             target: uri(client.target.as_deref().unwrap_or(&spec.target))?,
             start,
             duration: spec.duration,
@@ -98,7 +100,8 @@ fn http_client(http2: bool, concurrency: usize) -> HttpClient {
 struct Sender {
     client: ClientSpec,
     api_key: Option<(HeaderName, HeaderValue)>,
-    http: HttpClient,
+    /// One client per HTTP/2 connection; requests take them in turn.
+    http: Vec<HttpClient>,
     target: Uri,
     start: Instant,
     duration: Duration,
@@ -135,8 +138,11 @@ impl Sender {
             sent += 1;
             inflight.fetch_add(1, Ordering::Relaxed);
             let request = self.request(i, picker.pick(&mut rng));
-            let (http, recorder, inflight) =
-                (self.http.clone(), recorder.clone(), inflight.clone());
+            let (http, recorder, inflight) = (
+                self.http[i as usize % self.http.len()].clone(),
+                recorder.clone(),
+                inflight.clone(),
+            );
             let (timeout, second) = (
                 self.timeout,
                 due.duration_since(self.start).as_secs() as usize,

@@ -145,6 +145,9 @@ pub struct RunSpec {
     pub timeout: Duration,
     /// Speak HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
     pub http2: bool,
+    /// HTTP/2 connections per client, used in turn (HTTP/1.1 opens as many
+    /// as its in-flight requests need).
+    pub connections: usize,
     pub clients: Vec<ClientSpec>,
 }
 
@@ -158,6 +161,9 @@ impl RunSpec {
         }
         if self.max_requests == 0 {
             bail!("max requests must be at least 1");
+        }
+        if self.connections == 0 {
+            bail!("connections must be at least 1");
         }
         if self.timeout.is_zero() {
             bail!("timeout must be positive");

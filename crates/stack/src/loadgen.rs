@@ -22,6 +22,7 @@ pub fn run(spec: &RunSpec) -> anyhow::Result<Report> {
         .arg(&clients);
     if spec.http2 {
         command.arg("--http2");
+        command.args(["--connections", &spec.connections.to_string()]);
     }
     let output = command.output().context("running loadgen")?;
     if !output.status.success() {

@@ -82,6 +82,9 @@ struct VirtualNode {
     queue: VecDeque<Job>,
     rpc_waiting: u64,
     queue_max: u64,
+    /// RPC requests inside the node, waiting or being served.
+    inflight: u64,
+    inflight_max: u64,
     chain: Chain,
     /// Maps virtual time onto `Instant`s, which `Chain` speaks.
     origin: Instant,
@@ -125,6 +128,8 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         queue: VecDeque::new(),
         rpc_waiting: 0,
         queue_max: 0,
+        inflight: 0,
+        inflight_max: 0,
         chain: Chain::new(
             node_config
                 .block_interval
@@ -197,6 +202,8 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                         node.queue.push_back(Job::Rpc { request: job });
                         node.rpc_waiting += 1;
                         node.queue_max = node.queue_max.max(node.rpc_waiting);
+                        node.inflight += 1;
+                        node.inflight_max = node.inflight_max.max(node.inflight);
                         events.push(Reverse((
                             now + spec.timeout.as_nanos() as u64,
                             Event::GiveUp { job },
@@ -216,6 +223,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 if !started {
                     // It leaves the queue; dispatch skips its entry.
                     node.rpc_waiting -= 1;
+                    node.inflight -= 1;
                     requests[job] = None;
                 }
                 let second = (now / 1_000_000_000) as usize;
@@ -227,6 +235,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     continue;
                 };
                 node.free += 1;
+                node.inflight -= 1;
                 if done.abandoned {
                     continue;
                 }
@@ -270,7 +279,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         tip_lag_max_ms: (node.chain.lag_max().as_secs_f64() * 1e6).round() / 1e3,
         tip_lost: node.chain.tip_lost(),
         queue_max: node.queue_max,
-        inflight_max: 0,
+        inflight_max: node.inflight_max,
         blocks_executed: node.chain.head(),
     };
     let mut summary = Summary::from_report(

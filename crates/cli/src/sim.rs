@@ -186,6 +186,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                             second,
                             Outcome::Status(reply.status as u16),
                             spec.latency,
+                            spec.latency,
                             false,
                         );
                     }
@@ -228,7 +229,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 }
                 let second = (now / 1_000_000_000) as usize;
                 let timeout = scenario.clients[client].timeout;
-                recorders[client].record(second, Outcome::Timeout, timeout, false);
+                recorders[client].record(second, Outcome::Timeout, timeout, timeout, false);
             }
             Event::Served { job } => {
                 let Some(done) = requests.get_mut(job).and_then(Option::take) else {
@@ -245,7 +246,13 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 }
                 let second = (done.arrived / 1_000_000_000) as usize;
                 let observed = latency + scenario.clients[done.client].latency;
-                recorders[done.client].record(second, Outcome::Status(200), observed, false);
+                recorders[done.client].record(
+                    second,
+                    Outcome::Status(200),
+                    observed,
+                    observed,
+                    false,
+                );
             }
             Event::BlockArrives => {
                 node.chain.block_arrived(node.at(now));

@@ -2,7 +2,9 @@
 //!
 //! Latency is measured from the moment a request was *due* on the schedule,
 //! not from when it was sent, so a stalled sender cannot hide queueing
-//! (no coordinated omission).
+//! (no coordinated omission). Rejections are also timed from when they were
+//! sent, which is how long the gateway took to answer them, apart from any
+//! lag of the sender itself.
 
 use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
@@ -49,6 +51,7 @@ pub struct Recorder {
     all: Histogram<u64>,
     ok: Histogram<u64>,
     rejected: Histogram<u64>,
+    rejected_service: Histogram<u64>,
     timeline: Vec<Second>,
 }
 
@@ -70,17 +73,27 @@ impl Default for Recorder {
             all: histogram(),
             ok: histogram(),
             rejected: histogram(),
+            rejected_service: histogram(),
             timeline: Vec::new(),
         }
     }
 }
 
 impl Recorder {
-    /// `second` is when the request came due, from the start of the run.
-    pub fn record(&mut self, second: usize, outcome: Outcome, latency: Duration, rpc_error: bool) {
+    /// `second` is when the request came due, from the start of the run;
+    /// `latency` runs from the due time and `service` from the send.
+    pub fn record(
+        &mut self,
+        second: usize,
+        outcome: Outcome,
+        latency: Duration,
+        service: Duration,
+        rpc_error: bool,
+    ) {
         *self.status.entry(outcome.key()).or_default() += 1;
         self.rpc_errors += u64::from(rpc_error);
-        let micros = (latency.as_micros() as u64).clamp(1, 3_600_000_000);
+        let micros = |d: Duration| (d.as_micros() as u64).clamp(1, 3_600_000_000);
+        let (service, micros) = (micros(service), micros(latency));
         self.all.saturating_record(micros);
         if self.timeline.len() <= second {
             self.timeline.resize(second + 1, Second::default());
@@ -93,6 +106,7 @@ impl Recorder {
             }
             o if o.is_rejection() => {
                 self.rejected.saturating_record(micros);
+                self.rejected_service.saturating_record(service);
                 slot.rejected += 1;
             }
             _ => slot.failed += 1,
@@ -109,6 +123,7 @@ impl Recorder {
         let _ = self.all.add(&other.all);
         let _ = self.ok.add(&other.ok);
         let _ = self.rejected.add(&other.rejected);
+        let _ = self.rejected_service.add(&other.rejected_service);
     }
 
     pub fn status(&self) -> BTreeMap<String, u64> {
@@ -123,23 +138,16 @@ impl Recorder {
             all: LatencySummary::of(&self.all),
             ok: LatencySummary::of(&self.ok),
             rejected: LatencySummary::of(&self.rejected),
+            rejected_service: LatencySummary::of(&self.rejected_service),
         }
     }
 
     pub fn finish(&self, header: ClientHeader) -> ClientReport {
         ClientReport {
             header,
-            status: self
-                .status
-                .iter()
-                .map(|(k, v)| (k.to_string(), *v))
-                .collect(),
+            status: self.status(),
             rpc_errors: self.rpc_errors,
-            latency_ms: Latencies {
-                all: LatencySummary::of(&self.all),
-                ok: LatencySummary::of(&self.ok),
-                rejected: LatencySummary::of(&self.rejected),
-            },
+            latency_ms: self.latencies(),
             timeline: self.timeline.clone(),
         }
     }
@@ -179,6 +187,9 @@ pub struct Latencies {
     pub ok: LatencySummary,
     /// Requests rejected with 429 or 503.
     pub rejected: LatencySummary,
+    /// The same rejections, timed from when they were sent rather than due:
+    /// the gateway's answer time without the sender's own lag.
+    pub rejected_service: LatencySummary,
 }
 
 /// The schedule side of a client's report.
@@ -256,11 +267,11 @@ mod tests {
     #[test]
     fn outcomes_land_in_their_buckets() {
         let mut r = Recorder::default();
-        r.record(0, Outcome::Status(200), 2 * MS, false);
-        r.record(0, Outcome::Status(200), 4 * MS, true);
-        r.record(1, Outcome::Status(503), MS, false);
-        r.record(1, Outcome::Status(500), MS, false);
-        r.record(2, Outcome::Timeout, 1000 * MS, false);
+        r.record(0, Outcome::Status(200), 2 * MS, MS, false);
+        r.record(0, Outcome::Status(200), 4 * MS, MS, true);
+        r.record(1, Outcome::Status(503), MS, MS, false);
+        r.record(1, Outcome::Status(500), MS, MS, false);
+        r.record(2, Outcome::Timeout, 1000 * MS, MS, false);
         let report = r.finish(header());
         assert_eq!(report.count("200"), 2);
         assert_eq!(report.count("503"), 1);
@@ -276,6 +287,7 @@ mod tests {
             report.latency_ms.ok.max
         );
         assert_eq!(report.latency_ms.rejected.count, 1);
+        assert_eq!(report.latency_ms.rejected_service.count, 1);
         assert_eq!(report.latency_ms.all.count, 5);
         assert_eq!(
             report.timeline,

@@ -148,11 +148,13 @@ impl Sender {
                 due.duration_since(self.start).as_secs() as usize,
             );
             requests.spawn(async move {
+                let sent_at = Instant::now();
                 let (outcome, rpc_error) = send(&http, request, timeout).await;
-                let latency = Instant::now().duration_since(due);
+                let answered = Instant::now();
                 inflight.fetch_sub(1, Ordering::Relaxed);
                 if let Ok(mut recorder) = recorder.lock() {
-                    recorder.record(second, outcome, latency, rpc_error);
+                    let (latency, service) = (answered - due, answered - sent_at);
+                    recorder.record(second, outcome, latency, service, rpc_error);
                 }
             });
         }

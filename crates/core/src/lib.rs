@@ -8,9 +8,11 @@
 //! - `gate`: the RPC admission gate (SEEDS.md part 5).
 //! - `baseline`: Agave's stake-weighted QoS as it was (SEEDS.md part 1), for comparison.
 //! - `rejection`: the one error shape every rejection has.
+//! - `shared`: compare-and-swap updates of records in proxy-wasm shared data.
 //! - `policy_error`: policy errors that name the field.
 
 pub mod baseline;
 pub mod gate;
 pub mod policy_error;
 pub mod rejection;
+pub mod shared;

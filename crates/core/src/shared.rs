@@ -1,4 +1,5 @@
-//! Compare-and-swap updates of the shard table in proxy-wasm shared data.
+//! Compare-and-swap updates of records in proxy-wasm shared data: the
+//! gate's shard table and the QoS filter's bucket pages.
 //!
 //! Every change is: read the value and its CAS token, apply a pure change
 //! to the decoded table, write back with the token. If another worker wrote
@@ -7,18 +8,26 @@
 //! is written against.
 //!
 //! **Contention cost.** Each attempt is one `get_shared_data` and one
-//! `set_shared_data` of a record of 15 + 24·W bytes (W worker VMs), under
-//! Envoy's shared-data lock. A retry happens only when another worker wrote
-//! in the window between the two calls, so retries grow with W and with the
-//! request rate; `stakegate.gate.cas_retries` counts them.
+//! `set_shared_data` of the record under Envoy's shared-data lock (for the
+//! gate, 15 + 24·W bytes with W worker VMs). A retry happens only when
+//! another worker wrote in the window between the two calls, so retries grow
+//! with W and with the request rate; the filters count them
+//! (`stakegate.gate.cas_retries`, `stakegate.qos.cas_retries`).
 //!
 //! **When CAS keeps failing** (more than `MAX_ATTEMPTS` in a row), the step
 //! gives up: an admission is then refused (fail closed, so the limit stays
 //! exact), and a release is kept as debt by the caller and settled by its
 //! next successful write, so no slot leaks.
 
-use crate::gate::shards::{LayoutError, ShardTable};
 use std::fmt;
+
+/// A value kept under one shared-data key. An absent key decodes as
+/// `Record::default()`.
+pub trait Record: Default {
+    /// Decodes the stored bytes; the error says what is wrong with them.
+    fn decode(bytes: &[u8]) -> Result<Self, String>;
+    fn encode(&self) -> Vec<u8>;
+}
 
 /// Attempts before an update gives up.
 pub const MAX_ATTEMPTS: u32 = 32;
@@ -43,7 +52,8 @@ pub trait SharedStore {
 pub enum StoreError {
     /// The host refused a call (a status other than CAS mismatch).
     Host(String),
-    Layout(LayoutError),
+    /// The stored bytes are not what this module reads.
+    Layout(String),
     /// `MAX_ATTEMPTS` CAS mismatches in a row.
     Contended,
 }
@@ -52,7 +62,7 @@ impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreError::Host(status) => write!(f, "shared data call failed: {status}"),
-            StoreError::Layout(e) => e.fmt(f),
+            StoreError::Layout(e) => f.write_str(e),
             StoreError::Contended => {
                 write!(f, "shared data CAS failed {MAX_ATTEMPTS} times in a row")
             }
@@ -68,29 +78,29 @@ pub enum Change<T> {
     Keep(T),
 }
 
-/// The result of an update, with the table as stored (or as read, for a
+/// The result of an update, with the record as stored (or as read, for a
 /// `Keep`) and the CAS retries it took.
 #[derive(Debug)]
-pub struct Updated<T> {
+pub struct Updated<T, R> {
     pub value: T,
-    pub table: ShardTable,
+    pub table: R,
     pub retries: u32,
 }
 
-/// Applies `change` to the table under `key` by compare-and-swap.
+/// Applies `change` to the record under `key` by compare-and-swap.
 ///
-/// `change` may run several times and must depend only on the table it is
-/// given. An absent key is written unconditionally: that can only happen
-/// before any VM has joined (see `ShardTable::join`), when no slot exists to
-/// be lost.
-pub fn update<T>(
+/// `change` may run several times and must depend only on the record it is
+/// given. An absent key is written unconditionally: for the gate that can
+/// only happen before any VM has joined (see `ShardTable::join`), when no
+/// slot exists to be lost; a QoS page starts empty.
+pub fn update<T, R: Record>(
     store: &impl SharedStore,
     key: &str,
-    mut change: impl FnMut(&mut ShardTable) -> Change<T>,
-) -> Result<Updated<T>, (StoreError, u32)> {
+    mut change: impl FnMut(&mut R) -> Change<T>,
+) -> Result<Updated<T, R>, (StoreError, u32)> {
     for attempt in 0..MAX_ATTEMPTS {
         let (bytes, cas) = store.load(key).map_err(|e| (e, attempt))?;
-        let mut table = ShardTable::decode(bytes.as_deref().unwrap_or_default())
+        let mut table = R::decode(bytes.as_deref().unwrap_or_default())
             .map_err(|e| (StoreError::Layout(e), attempt))?;
         let value = match change(&mut table) {
             Change::Keep(value) => {
@@ -151,7 +161,7 @@ impl SharedStore for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::shards::{Limits, SlotKind};
+    use crate::gate::shards::{Limits, ShardTable, SlotKind};
     use std::cell::Cell;
 
     const KEY: &str = "k";
@@ -178,7 +188,7 @@ mod tests {
             if self.interleave.get() > 0 {
                 self.interleave.set(self.interleave.get() - 1);
                 let rival = self.rival_vm;
-                update(self.inner, key, |t| {
+                update(self.inner, key, |t: &mut ShardTable| {
                     Change::Write(t.try_admit(rival, 0, SlotKind::Default, &LIMITS))
                 })
                 .map_err(|(e, _)| e)?;
@@ -188,10 +198,10 @@ mod tests {
     }
 
     fn joined(store: &MemoryStore) -> (u32, u32) {
-        let a = update(store, KEY, |t| Change::Write(t.join(0)))
+        let a = update(store, KEY, |t: &mut ShardTable| Change::Write(t.join(0)))
             .unwrap()
             .value;
-        let b = update(store, KEY, |t| Change::Write(t.join(0)))
+        let b = update(store, KEY, |t: &mut ShardTable| Change::Write(t.join(0)))
             .unwrap()
             .value;
         (a, b)
@@ -208,7 +218,7 @@ mod tests {
         };
         // The rival takes one of the 2 slots mid-flight; our admission is
         // re-decided against it and still fits.
-        let updated = update(&racing, KEY, |t| {
+        let updated = update(&racing, KEY, |t: &mut ShardTable| {
             Change::Write(t.try_admit(a, 0, SlotKind::Default, &LIMITS))
         })
         .unwrap();
@@ -227,7 +237,7 @@ mod tests {
             interleave: Cell::new(2),
             rival_vm: b,
         };
-        let updated = update(&racing, KEY, |t| {
+        let updated = update(&racing, KEY, |t: &mut ShardTable| {
             if t.try_admit(a, 0, SlotKind::Default, &LIMITS) {
                 Change::Write(true)
             } else {
@@ -256,7 +266,7 @@ mod tests {
             interleave: Cell::new(u32::MAX),
             rival_vm: b,
         };
-        let err = update(&racing, KEY, |t| {
+        let err = update(&racing, KEY, |t: &mut ShardTable| {
             Change::Write(t.try_admit(a, 0, SlotKind::Priority, &LIMITS))
         })
         .unwrap_err();
@@ -268,7 +278,7 @@ mod tests {
         let memory = MemoryStore::default();
         joined(&memory);
         let (_, before) = memory.load(KEY).unwrap();
-        update(&memory, KEY, |_| Change::Keep(())).unwrap();
+        update(&memory, KEY, |_: &mut ShardTable| Change::Keep(())).unwrap();
         assert_eq!(memory.load(KEY).unwrap().1, before);
     }
 }

@@ -4,7 +4,7 @@
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel, Status};
-use stakegate_core::gate::store::{SharedStore, StoreError, Write};
+use stakegate_core::shared::{SharedStore, StoreError, Write};
 
 /// Envoy's shared data for this plugin's `vm_id`.
 pub struct EnvoyStore;

@@ -26,14 +26,13 @@ pub mod class;
 pub mod drain;
 pub mod policy;
 pub mod shards;
-pub mod store;
 
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
+use crate::shared::{update, Change, SharedStore, StoreError};
 use class::RequestClass;
 use drain::{retry_after_s, DrainRate, Jitter};
 use policy::GatePolicy;
-use shards::{SlotKind, Spare, Totals};
-use store::{update, Change, SharedStore, StoreError};
+use shards::{ShardTable, SlotKind, Spare, Totals};
 
 /// The shared-data key; the layout version is part of it and of the value.
 pub const SHARED_KEY: &str = "stakegate.admission_gate.v1.shards";
@@ -122,9 +121,11 @@ impl InflightGate {
         if let Some(vm) = self.vm {
             return Ok(vm);
         }
-        let vm = update(store, SHARED_KEY, |table| Change::Write(table.join(now_ms)))
-            .map_err(|(e, _)| e)?
-            .value;
+        let vm = update(store, SHARED_KEY, |table: &mut ShardTable| {
+            Change::Write(table.join(now_ms))
+        })
+        .map_err(|(e, _)| e)?
+        .value;
         self.vm = Some(vm);
         Ok(vm)
     }
@@ -168,7 +169,7 @@ impl InflightGate {
         };
         let limits = self.policy.limits;
         let spare = self.spare;
-        let result = update(store, SHARED_KEY, |table| {
+        let result = update(store, SHARED_KEY, |table: &mut ShardTable| {
             // Spares of other kinds go back to the pool with this write.
             table.heartbeat(vm, now_ms, &spare);
             if table.try_admit(vm, now_ms, slot, &limits) {
@@ -255,7 +256,7 @@ impl InflightGate {
         let vm = self.join(store, now_ms)?;
         let spare = self.spare;
         let ttl = self.policy.stale_slot_ttl_ms;
-        let updated = update(store, SHARED_KEY, |table| {
+        let updated = update(store, SHARED_KEY, |table: &mut ShardTable| {
             let expired = table.expire(now_ms, ttl);
             table.heartbeat(vm, now_ms, &spare);
             Change::Write(expired)
@@ -274,7 +275,7 @@ impl InflightGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::store::MemoryStore;
+    use crate::shared::MemoryStore;
 
     fn gate(policy: &str, seed: u64) -> InflightGate {
         InflightGate::new(GatePolicy::parse(policy.as_bytes()).unwrap(), seed)

@@ -121,6 +121,16 @@ pub struct ShardTable {
     pub shards: Vec<Shard>,
 }
 
+impl crate::shared::Record for ShardTable {
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        ShardTable::decode(bytes).map_err(|e| e.to_string())
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        ShardTable::encode(self)
+    }
+}
+
 impl ShardTable {
     /// An empty value (a key never written) is an empty table.
     pub fn decode(bytes: &[u8]) -> Result<Self, LayoutError> {

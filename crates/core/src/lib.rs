@@ -6,6 +6,7 @@
 //! and identical in Envoy.
 //!
 //! - `gate`: the RPC admission gate (SEEDS.md part 5).
+//! - `qos`: stake-weighted rate shares and concurrency allowances (SEEDS.md parts 1-3).
 //! - `baseline`: Agave's stake-weighted QoS as it was (SEEDS.md part 1), for comparison.
 //! - `rejection`: the one error shape every rejection has.
 //! - `shared`: compare-and-swap updates of records in proxy-wasm shared data.
@@ -14,5 +15,6 @@
 pub mod baseline;
 pub mod gate;
 pub mod policy_error;
+pub mod qos;
 pub mod rejection;
 pub mod shared;

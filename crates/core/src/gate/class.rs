@@ -58,6 +58,10 @@ pub trait RequestFacts {
     fn metadata_class(&mut self, scope: MetadataScope) -> Option<String>;
     fn source_ip(&mut self) -> Option<IpAddr>;
     fn peer_uri_san(&mut self) -> Option<String>;
+    /// The peer certificate's subject, for hosts that can tell.
+    fn peer_subject(&mut self) -> Option<String> {
+        None
+    }
     fn header(&mut self, name: &str) -> Option<String>;
 }
 

@@ -1,0 +1,249 @@
+//! The identity table in shared data: a fixed number of pages, each a
+//! shared-data key holding up to `ENTRIES_PER_PAGE` entries. An identity
+//! lives in page `key % pages`, so the number of keys, and the memory, is
+//! bounded by `maxIdentities` however many clients come and go (proxy-wasm
+//! cannot delete a shared-data key, so one key per identity would grow
+//! forever).
+//!
+//! Every change to a page is a CAS update (`crate::shared`). A full page
+//! makes room by evicting, in this order: an identity idle past the TTL, an
+//! unstaked one, the least recently seen. The cap is therefore enforced per
+//! page: a page can fill up before the whole table does.
+//!
+//! Layout (little-endian): version `u8`, entry count `u16`, then
+//! `ENTRY_LEN`-byte entries.
+
+use crate::shared::Record;
+
+pub const LAYOUT_VERSION: u8 = 1;
+pub const ENTRIES_PER_PAGE: usize = 64;
+pub const ENTRY_LEN: usize = 72;
+const HEADER_LEN: usize = 3;
+
+/// Tokens are kept in thousandths, so shares of a few tokens per round
+/// split by stake without rounding away anyone's fraction.
+pub const MILLI: i64 = 1000;
+
+/// One identity's bucket and the counts the refiller reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub key: u64,
+    pub stake: u64,
+    /// Milli-tokens in the bucket.
+    pub tokens: i64,
+    /// Milli-tokens the last round allocated.
+    pub allocated: u64,
+    pub last_seen_ms: u64,
+    /// Requests admitted since the last round.
+    pub consumed: u32,
+    /// Requests admitted or rejected since the last round (the load).
+    pub arrivals: u32,
+    pub inflight: u32,
+    /// EWMA of request latency, start to response end, in µs.
+    pub latency_us: u32,
+    /// Requests finished since the last round, their summed latency in ms,
+    /// and how many the upstream answered 503 or 429 (back-pressure).
+    pub completions: u32,
+    pub latency_sum_ms: u32,
+    pub overloads: u32,
+    pub tier: u8,
+    pub staked: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Page {
+    pub entries: Vec<Entry>,
+}
+
+impl Page {
+    pub fn find_mut(&mut self, key: u64) -> Option<&mut Entry> {
+        self.entries.iter_mut().find(|e| e.key == key)
+    }
+
+    /// The entry for `fresh.key`, inserting `fresh` if absent (evicting if
+    /// the page is full). Returns the entry and whether one was evicted.
+    pub fn entry(&mut self, fresh: Entry, now_ms: u64, idle_ttl_ms: u64) -> (&mut Entry, bool) {
+        if let Some(i) = self.entries.iter().position(|e| e.key == fresh.key) {
+            return (&mut self.entries[i], false);
+        }
+        if self.entries.len() < ENTRIES_PER_PAGE {
+            self.entries.push(fresh);
+            let last = self.entries.len() - 1;
+            return (&mut self.entries[last], false);
+        }
+        let victim = self
+            .entries
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, e)| {
+                let idle = now_ms.saturating_sub(e.last_seen_ms) > idle_ttl_ms;
+                // Idle first, then unstaked, then the least recently seen.
+                (!idle, e.staked, e.last_seen_ms)
+            })
+            .map_or(0, |(i, _)| i);
+        self.entries[victim] = fresh;
+        (&mut self.entries[victim], true)
+    }
+}
+
+impl Record for Page {
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.is_empty() {
+            return Ok(Self::default());
+        }
+        if bytes[0] != LAYOUT_VERSION {
+            return Err(format!(
+                "shared QoS page has layout version {}, this module reads {LAYOUT_VERSION}",
+                bytes[0]
+            ));
+        }
+        let count = bytes.get(1..HEADER_LEN).map_or(usize::MAX, |b| {
+            usize::from(u16::from_le_bytes([b[0], b[1]]))
+        });
+        let expected = HEADER_LEN.saturating_add(count.saturating_mul(ENTRY_LEN));
+        if count > ENTRIES_PER_PAGE || bytes.len() != expected {
+            return Err(format!(
+                "shared QoS page is {} bytes, expected {expected} for {count} entries",
+                bytes.len()
+            ));
+        }
+        let entries = bytes[HEADER_LEN..]
+            .chunks_exact(ENTRY_LEN)
+            .map(|chunk| {
+                let mut r = Reader(chunk);
+                Entry {
+                    key: r.u64(),
+                    stake: r.u64(),
+                    tokens: r.u64() as i64,
+                    allocated: r.u64(),
+                    last_seen_ms: r.u64(),
+                    consumed: r.u32(),
+                    arrivals: r.u32(),
+                    inflight: r.u32(),
+                    latency_us: r.u32(),
+                    completions: r.u32(),
+                    latency_sum_ms: r.u32(),
+                    overloads: r.u32(),
+                    tier: r.u8(),
+                    staked: r.u8() != 0,
+                }
+            })
+            .collect();
+        Ok(Self { entries })
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_LEN + self.entries.len() * ENTRY_LEN);
+        out.push(LAYOUT_VERSION);
+        out.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        for e in &self.entries {
+            for v in [e.key, e.stake, e.tokens as u64, e.allocated, e.last_seen_ms] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            for v in [
+                e.consumed,
+                e.arrivals,
+                e.inflight,
+                e.latency_us,
+                e.completions,
+                e.latency_sum_ms,
+                e.overloads,
+            ] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+            out.extend_from_slice(&[e.tier, u8::from(e.staked), 0, 0]);
+        }
+        out
+    }
+}
+
+/// Reads fixed-width fields off a slice whose length was checked.
+pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0; N];
+        let n = N.min(self.0.len());
+        out[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        out
+    }
+    pub(crate) fn u8(&mut self) -> u8 {
+        self.take::<1>()[0]
+    }
+    pub(crate) fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+    pub(crate) fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+    pub(crate) fn f64(&mut self) -> f64 {
+        f64::from_bits(self.u64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: u64, last_seen_ms: u64, staked: bool) -> Entry {
+        Entry {
+            key,
+            stake: 1000,
+            last_seen_ms,
+            staked,
+            ..Entry::default()
+        }
+    }
+
+    #[test]
+    fn pages_round_trip_and_reject_bad_bytes() {
+        let page = Page {
+            entries: vec![
+                Entry {
+                    key: 7,
+                    tokens: -3,
+                    overloads: 2,
+                    tier: 3,
+                    staked: true,
+                    ..entry(7, 99, true)
+                },
+                entry(8, 1, false),
+            ],
+        };
+        let bytes = page.encode();
+        assert_eq!(bytes.len(), HEADER_LEN + 2 * ENTRY_LEN);
+        assert_eq!(Page::decode(&bytes).unwrap(), page);
+        assert_eq!(Page::decode(&[]).unwrap(), Page::default());
+        assert!(Page::decode(&bytes[..bytes.len() - 1])
+            .unwrap_err()
+            .contains("expected"));
+        assert!(Page::decode(&[9]).unwrap_err().contains("version 9"));
+    }
+
+    #[test]
+    fn a_full_page_evicts_idle_then_unstaked_then_oldest() {
+        let mut page = Page::default();
+        for key in 1..=ENTRIES_PER_PAGE as u64 {
+            page.entry(entry(key, 1000 + key, key % 2 == 0), 1000, 60_000);
+        }
+        assert_eq!(page.entries.len(), ENTRIES_PER_PAGE);
+        // No one idle: the oldest unstaked (key 1) goes.
+        let (_, evicted) = page.entry(entry(100, 2000, false), 2000, 60_000);
+        assert!(evicted);
+        assert!(page.find_mut(1).is_none());
+        // A staked newcomer also evicts an unstaked one.
+        page.entry(entry(101, 2000, true), 2000, 60_000);
+        assert!(page.find_mut(3).is_none());
+        assert!(page.find_mut(2).is_some());
+        // Later only key 100 is active: an idle one goes even if staked.
+        for e in &mut page.entries {
+            e.staked = e.key != 100;
+        }
+        page.find_mut(100).unwrap().last_seen_ms = 100_000;
+        page.entry(entry(102, 100_000, false), 100_000, 60_000);
+        assert!(page.find_mut(2).is_none());
+        assert!(page.find_mut(100).is_some());
+        assert_eq!(page.entries.len(), ENTRIES_PER_PAGE);
+    }
+}

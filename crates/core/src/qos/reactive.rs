@@ -1,0 +1,143 @@
+//! Reactive mode: the capacity shares are cut from follows upstream
+//! back-pressure instead of a configured number (SEEDS.md part 2, open
+//! questions). Stake shares still decide *who* is throttled.
+//!
+//! The rule is AIMD, evaluated by the refiller every `adjustIntervalMs`
+//! (default 200 ms) over the requests that finished in that window:
+//!
+//! - **Back-pressure**: any upstream 503 or 429, or a mean latency above
+//!   `latencyTolerance` (default 2) × the baseline. Then
+//!   `capacity *= decrease` (default 0.8), not below `minCapacityRps`.
+//! - **Healthy and pressed**: the load estimate is at the throttle threshold
+//!   of the current capacity (demand would use more). Then capacity grows by
+//!   `increasePerSecond` (default 0.1) × the policy's `capacityRps` per
+//!   second, not above `maxCapacityRps`.
+//! - Otherwise capacity stays.
+//!
+//! The baseline is the lowest window mean seen; it drifts 1 % of the way up
+//! toward each higher mean, so a lasting change of method mix is learned
+//! instead of read as congestion forever.
+
+use crate::qos::policy::QosPolicy;
+use crate::qos::state::QosState;
+
+/// What finished upstream during one round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Finished {
+    pub completions: u64,
+    pub latency_ms: u64,
+    pub overloads: u64,
+}
+
+/// Folds a round into the window and, when the window is over, adjusts
+/// `state.capacity_rps`. `load_rps` is the current load estimate.
+pub fn adjust(
+    state: &mut QosState,
+    policy: &QosPolicy,
+    now_ms: u64,
+    round: Finished,
+    load_rps: f64,
+) {
+    state.window_completions += round.completions;
+    state.window_latency_ms += round.latency_ms;
+    state.window_overloads += round.overloads;
+    if state.last_adjust_ms == 0 {
+        state.last_adjust_ms = now_ms;
+    }
+    let elapsed_ms = now_ms.saturating_sub(state.last_adjust_ms);
+    if elapsed_ms < policy.reactive.adjust_interval_ms {
+        return;
+    }
+    let r = &policy.reactive;
+    let mean = (state.window_completions > 0)
+        .then(|| state.window_latency_ms as f64 / state.window_completions as f64);
+    if let Some(mean) = mean {
+        state.baseline_latency_ms =
+            if state.baseline_latency_ms <= 0.0 || mean < state.baseline_latency_ms {
+                mean
+            } else {
+                state.baseline_latency_ms + (mean - state.baseline_latency_ms) * 0.01
+            };
+    }
+    let slow = mean.is_some_and(|m| m > r.latency_tolerance * state.baseline_latency_ms.max(1.0));
+    if state.window_overloads > 0 || slow {
+        state.capacity_rps = (state.capacity_rps * r.decrease).max(r.min_capacity_rps);
+    } else if load_rps >= policy.throttle_threshold * state.capacity_rps {
+        let step = r.increase_per_second * policy.capacity_rps * elapsed_ms as f64 / 1000.0;
+        state.capacity_rps = (state.capacity_rps + step).min(r.max_capacity_rps);
+    }
+    state.window_completions = 0;
+    state.window_latency_ms = 0;
+    state.window_overloads = 0;
+    state.last_adjust_ms = now_ms;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> QosPolicy {
+        QosPolicy::parse(br#"{"capacityRps": 1000, "mode": "reactive"}"#).unwrap()
+    }
+
+    fn window(
+        state: &mut QosState,
+        p: &QosPolicy,
+        at: u64,
+        mean_ms: u64,
+        overloads: u64,
+        load: f64,
+    ) {
+        let round = Finished {
+            completions: 100,
+            latency_ms: 100 * mean_ms,
+            overloads,
+        };
+        adjust(state, p, at, round, load);
+    }
+
+    #[test]
+    fn backs_off_on_latency_or_overload_and_grows_under_demand() {
+        let p = policy();
+        let mut s = QosState {
+            capacity_rps: 1000.0,
+            last_adjust_ms: 1,
+            ..QosState::default()
+        };
+        window(&mut s, &p, 201, 10, 0, 100.0);
+        assert_eq!((s.capacity_rps, s.baseline_latency_ms), (1000.0, 10.0));
+        window(&mut s, &p, 401, 30, 0, 2000.0);
+        assert_eq!(s.capacity_rps, 800.0, "latency 3x the baseline");
+        window(&mut s, &p, 601, 10, 3, 2000.0);
+        assert_eq!(s.capacity_rps, 640.0, "upstream 503s");
+        window(&mut s, &p, 801, 10, 0, 2000.0);
+        assert_eq!(
+            s.capacity_rps, 660.0,
+            "+10 % of 1000 rps per second, for 0.2 s"
+        );
+        window(&mut s, &p, 1001, 10, 0, 100.0);
+        assert_eq!(s.capacity_rps, 660.0, "no demand, no growth");
+        // Within the window nothing changes.
+        window(&mut s, &p, 1100, 90, 9, 2000.0);
+        assert_eq!(s.capacity_rps, 660.0);
+    }
+
+    #[test]
+    fn capacity_stays_within_its_bounds() {
+        let p = policy();
+        let mut s = QosState {
+            capacity_rps: 1000.0,
+            baseline_latency_ms: 10.0,
+            last_adjust_ms: 1,
+            ..QosState::default()
+        };
+        for i in 1..100 {
+            window(&mut s, &p, 1 + i * 200, 10, 1, 0.0);
+        }
+        assert_eq!(s.capacity_rps, p.reactive.min_capacity_rps);
+        for i in 100..1000 {
+            window(&mut s, &p, 1 + i * 200, 10, 0, 1e9);
+        }
+        assert_eq!(s.capacity_rps, p.reactive.max_capacity_rps);
+    }
+}

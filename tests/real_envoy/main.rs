@@ -6,3 +6,4 @@ mod admission_gate;
 mod failure_mode;
 mod foundation;
 mod loadgen;
+mod stake_qos;

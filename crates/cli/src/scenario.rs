@@ -57,6 +57,16 @@ struct NodeDoc {
     sync_slots: u32,
     #[serde(default = "default_tip_lost_after")]
     tip_lost_after: f64,
+    /// Changes of the node's read slots during the run.
+    #[serde(default)]
+    changes: Vec<NodeChangeDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeChangeDoc {
+    at: String,
+    read_slots: u32,
 }
 
 fn default_block_interval() -> String {
@@ -92,6 +102,14 @@ struct ClientDoc {
     /// The client gives up on a request after this long.
     #[serde(default = "default_timeout")]
     timeout: String,
+    /// This many clients like this one, `id-1`..`id-N`, from consecutive
+    /// addresses starting at `source`.
+    #[serde(default = "default_replicas")]
+    replicas: u32,
+}
+
+fn default_replicas() -> u32 {
+    1
 }
 
 fn default_timeout() -> String {
@@ -131,6 +149,8 @@ pub struct Node {
     pub block_exec: Duration,
     pub sync_slots: u32,
     pub tip_lost_after: f64,
+    /// `(when, read_slots)`, in time order.
+    pub changes: Vec<(Duration, u32)>,
 }
 
 #[derive(Debug, Clone)]
@@ -177,6 +197,15 @@ impl Scenario {
             bail!("node: read_slots must be >= 1 and sync_slots between 1 and read_slots");
         }
         let overrides: Vec<String> = node.costs.iter().map(|(m, c)| format!("{m}={c}")).collect();
+        let mut changes = Vec::new();
+        for (i, change) in node.changes.iter().enumerate() {
+            let at = parse_duration(&format!("node.changes[{i}].at"), &change.at)?;
+            if change.read_slots < node.sync_slots {
+                bail!("node.changes[{i}].read_slots: must be at least sync_slots");
+            }
+            changes.push((at, change.read_slots));
+        }
+        changes.sort();
         let node = Node {
             read_slots: node.read_slots,
             costs: CostTable::default()
@@ -186,6 +215,7 @@ impl Scenario {
             block_exec: parse_duration("node.block_exec", &node.block_exec)?,
             sync_slots: node.sync_slots,
             tip_lost_after: node.tip_lost_after,
+            changes,
         };
         let mut clients = Vec::new();
         for (i, c) in doc.clients.into_iter().enumerate() {
@@ -209,7 +239,7 @@ impl Scenario {
                     c.id
                 );
             }
-            clients.push(Client {
+            let client = Client {
                 latency: parse_duration(&format!("clients[{i}].latency"), &c.latency)?,
                 timeout: parse_duration(&format!("clients[{i}].timeout"), &c.timeout)?,
                 internal: c.listener == "internal",
@@ -219,7 +249,24 @@ impl Scenario {
                 mix,
                 stake: c.stake,
                 api_key: c.api_key,
-            });
+            };
+            match c.replicas {
+                0 => bail!("clients[{i}].replicas: must be at least 1"),
+                1 => clients.push(client),
+                n => {
+                    let first: std::net::Ipv4Addr = client.source.parse().with_context(|| {
+                        format!("clients[{i}].source: replicas need an IPv4 address")
+                    })?;
+                    for k in 0..n {
+                        clients.push(Client {
+                            id: format!("{}-{}", client.id, k + 1),
+                            source: std::net::Ipv4Addr::from(u32::from(first).wrapping_add(k))
+                                .to_string(),
+                            ..client.clone()
+                        });
+                    }
+                }
+            }
         }
         if clients.is_empty() {
             bail!("clients: at least one client is needed");

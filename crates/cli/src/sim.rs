@@ -56,6 +56,10 @@ enum Event {
     },
     BlockArrives,
     BlockExecuted,
+    /// The node's read slots change (`node.changes[index]`).
+    NodeChange {
+        index: usize,
+    },
 }
 
 /// What waits for, or holds, the node's read slots.
@@ -77,7 +81,9 @@ struct InFlight {
 }
 
 struct VirtualNode {
-    free: u32,
+    /// Free read slots; negative after the node shrank under load.
+    free: i64,
+    slots: u32,
     sync_slots: u32,
     queue: VecDeque<Job>,
     rpc_waiting: u64,
@@ -123,7 +129,8 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
     let node_config = &scenario.node;
     let origin = Instant::now();
     let mut node = VirtualNode {
-        free: node_config.read_slots,
+        free: i64::from(node_config.read_slots),
+        slots: node_config.read_slots,
         sync_slots: node_config.sync_slots,
         queue: VecDeque::new(),
         rpc_waiting: 0,
@@ -150,6 +157,9 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
     }
     let block_ns = node_config.block_interval.as_nanos() as u64;
     events.push(Reverse((block_ns, Event::BlockArrives)));
+    for (index, (at, _)) in node_config.changes.iter().enumerate() {
+        events.push(Reverse((at.as_nanos() as u64, Event::NodeChange { index })));
+    }
     let mut next_worker = 0;
     let mut pickers: Vec<Picker> = scenario
         .clients
@@ -261,8 +271,13 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     events.push(Reverse((now + block_ns, Event::BlockArrives)));
                 }
             }
+            Event::NodeChange { index } => {
+                let slots = node_config.changes[index].1;
+                node.free += i64::from(slots) - i64::from(node.slots);
+                node.slots = slots;
+            }
             Event::BlockExecuted => {
-                node.free += node.sync_slots;
+                node.free += i64::from(node.sync_slots);
                 node.chain.block_executed(node.at(now));
             }
         }
@@ -329,7 +344,7 @@ fn dispatch(
                 continue;
             }
             Job::Rpc { .. } => 1,
-            Job::Sync => node.sync_slots,
+            Job::Sync => i64::from(node.sync_slots),
         };
         if node.free < needs {
             break;

@@ -1,5 +1,5 @@
-//! `stakegate sim` on the shipped tip-flood scenario, through the compiled
-//! admission gate in virtual time.
+//! `stakegate sim` on the shipped scenarios, through the compiled filters in
+//! virtual time.
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -144,4 +144,49 @@ fn an_unknown_baseline_is_refused() {
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr)
         .contains("possible values: agave-ema-legacy, agave-threshold"));
+}
+
+fn admitted(summary: &Value, id: &str) -> f64 {
+    client(summary, id)["admitted_rps"].as_f64().unwrap()
+}
+
+#[test]
+fn stake_qos_shares_follow_stake_and_fill_capacity() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("stake-shares.toml"), true)).unwrap();
+    let error = summary["max_share_error_pp"].as_f64().unwrap();
+    assert!(error <= 1.0, "max share error {error} pp");
+    let capacity = summary["capacity_rps"].as_f64().unwrap();
+    let total = summary["admitted_rps"].as_f64().unwrap();
+    assert!(total >= 0.98 * capacity, "{total} of {capacity} rps");
+}
+
+#[test]
+fn stake_qos_throttles_nobody_below_the_threshold() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("qos-below-threshold.toml"), true)).unwrap();
+    assert_eq!(summary["clients"].as_array().unwrap().len(), 200);
+    assert_eq!(summary["status_counts"]["429"], 0);
+    assert_eq!(summary["admitted_rps"], summary["offered_rps"]);
+}
+
+#[test]
+fn stake_qos_gives_idle_budget_to_the_active() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("qos-redistribution.toml"), true)).unwrap();
+    let capacity = summary["capacity_rps"].as_f64().unwrap();
+    let (a, b) = (
+        admitted(&summary, "stake-10"),
+        admitted(&summary, "stake-30"),
+    );
+    assert!(a + b >= 0.95 * capacity, "{a} + {b} of {capacity}");
+    assert!((a / (a + b) - 0.25).abs() <= 0.01, "{a} vs {b}");
+}
+
+#[test]
+fn stake_qos_lets_a_slow_client_reach_its_share() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("qos-latency-fairness.toml"), true)).unwrap();
+    let ratio = admitted(&summary, "slow") / admitted(&summary, "fast");
+    assert!(ratio >= 0.9, "slow/fast admitted ratio {ratio}");
 }

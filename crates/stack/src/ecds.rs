@@ -35,6 +35,16 @@ impl FilterConfig {
     }
 
     /// The ECDS document (JSON, which Envoy reads as YAML).
+    pub fn stake_qos(module: impl Into<PathBuf>, policy: impl Into<String>) -> Self {
+        Self {
+            name: "stakegate.stake_qos".into(),
+            file: "stake-qos.yaml".into(),
+            vm_id: "stakegate.stake_qos".into(),
+            module: module.into(),
+            policy: policy.into(),
+        }
+    }
+
     pub fn render(&self, version: &str) -> anyhow::Result<String> {
         let module = std::fs::canonicalize(&self.module)
             .with_context(|| format!("module {}", self.module.display()))?;

@@ -13,16 +13,15 @@
 //! - `on_tick` heartbeats this worker's shard, settles any release debt, and
 //!   expires shards of workers that vanished.
 
-mod facts;
 mod metrics;
 
-use facts::StreamFacts;
 use metrics::GateMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::gate::class::classify;
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::{Admission, Decision, InflightGate, Rejection, Ticket};
+use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::{now_ms, EnvoyStore};
 use std::cell::RefCell;
 use std::rc::Rc;

@@ -2,6 +2,8 @@
 //! plain interfaces `stakegate-core` defines: shared data as a
 //! `SharedStore`, the clock in milliseconds, properties, and logging.
 
+pub mod facts;
+
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel, Status};
 use stakegate_core::shared::{SharedStore, StoreError, Write};
@@ -26,10 +28,15 @@ impl SharedStore for EnvoyStore {
 
 /// Milliseconds since the Unix epoch, from the host's clock.
 pub fn now_ms() -> u64 {
+    now_us() / 1000
+}
+
+/// Microseconds since the Unix epoch, from the host's clock.
+pub fn now_us() -> u64 {
     hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// A property as a UTF-8 string, e.g. `["source", "address"]`.

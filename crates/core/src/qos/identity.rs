@@ -55,6 +55,16 @@ pub fn identify(policy: &QosPolicy, facts: &mut impl RequestFacts) -> Option<Ide
     None
 }
 
+/// A request with no usable source at all: one shared unstaked identity.
+pub fn anonymous(policy: &QosPolicy) -> Identity {
+    Identity {
+        key: key_of("anonymous"),
+        stake: policy.unstaked_stake,
+        tier: TIER_UNSTAKED,
+        staked: false,
+    }
+}
+
 fn staked(policy: &QosPolicy, name: &str, entry: &StakeEntry) -> Identity {
     Identity {
         key: key_of(name),

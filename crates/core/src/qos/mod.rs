@@ -22,12 +22,14 @@
 //! `[1, stake]`: an idle identity's share decays toward 0 and flows to the
 //! active ones, and comes back in one round when it is active again.
 //! Buckets are capped at `max(2 × share, 2F × stake / Σstake)`, about two
-//! rounds. `Σeff` and `Σstake` come from the previous round, so a round is
-//! one pass over the pages: `P` reads and `P` writes for `P =
-//! ceil(maxIdentities / 64)` pages, whatever the traffic. The same pass
-//! evicts identities idle past `idleTtlMs` and sums the arrivals for the
-//! load EMA (`state::step_load`) and the finished requests for reactive
-//! mode (`reactive`). Throttling is on while the load estimate is at or
+//! rounds. A round is two passes over the pages: one that reads them to sum
+//! `eff` and stake, one that refills them by CAS: `2P` reads and `P` writes
+//! for `P = ceil(maxIdentities / 64)` pages, whatever the traffic. (Using
+//! the previous round's sums would save the first pass, but then a round in
+//! which demand shifts hands out far too much or too little.) The second
+//! pass also evicts identities idle past `idleTtlMs` and sums the arrivals
+//! for the load EMA (`state::step_load`) and the finished requests for
+//! reactive mode (`reactive`). Throttling is on while the load estimate is at or
 //! above `throttleThreshold × capacity`.
 //!
 //! **Failure.** If shared data fails, requests are admitted (fail open: the
@@ -217,8 +219,14 @@ impl StakeQos {
                 entry.tokens -= MILLI;
                 None
             };
-            if refused.is_none() {
+            // A request refused for concurrency still shows demand for the
+            // share (only the in-flight count was full), so it counts in
+            // `consumed`, which predicts demand; otherwise a client whose
+            // requests queue upstream would see its share flow away.
+            if refused != Some(Reason::Rate) {
                 entry.consumed = entry.consumed.saturating_add(1);
+            }
+            if refused.is_none() {
                 entry.inflight = entry.inflight.saturating_add(1);
             }
             let outcome = (refused, entry.tokens, share_rps, entry.latency_us);
@@ -371,14 +379,25 @@ impl StakeQos {
         intervals: u64,
     ) -> Result<RoundReport, StoreError> {
         let per_interval = previous.capacity_rps * self.interval_s() * MILLI as f64;
-        let round = Round {
+        let mut round = Round {
             tokens: per_interval * intervals.min(MAX_CATCH_UP) as f64,
             per_interval,
-            total_eff: previous.total_eff,
-            total_stake: previous.total_stake,
+            total_eff: 0.0,
+            total_stake: 0.0,
             now_ms,
             idle_ttl_ms: self.policy.idle_ttl_ms,
         };
+        let (mut total_eff, mut total_stake) = (0.0, 0.0);
+        for page in 0..self.pages {
+            let (bytes, _) = store.load(&page_key(page))?;
+            let page: Page = crate::shared::Record::decode(bytes.as_deref().unwrap_or_default())
+                .map_err(StoreError::Layout)?;
+            for e in page.entries.iter().filter(|e| !round.evicts(e)) {
+                total_eff += effective_stake(e);
+                total_stake += e.stake.max(1) as f64;
+            }
+        }
+        (round.total_eff, round.total_stake) = (total_eff, total_stake);
         let mut sums = Sums::default();
         let mut cas_retries = 0;
         for page in 0..self.pages {
@@ -425,9 +444,24 @@ impl StakeQos {
 
 /// `max(floor, share_rps × latency × (1 + headroom))`: Little's law, so a
 /// slow path keeps enough requests in flight to reach its share.
+/// Until an identity's first request finishes its latency is unknown, and
+/// it is not limited.
 pub fn concurrency_allowance(floor: u32, headroom: f64, share_rps: f64, latency_us: u32) -> u32 {
+    if latency_us == 0 {
+        return u32::MAX;
+    }
     let bdp = share_rps * f64::from(latency_us) / 1e6 * (1.0 + headroom);
     (bdp.ceil().min(f64::from(u32::MAX)) as u32).max(floor)
+}
+
+/// `stake × consumed / allocated`, clamped to `[1, stake]`; a new identity
+/// (nothing allocated yet) counts its full stake.
+fn effective_stake(e: &Entry) -> f64 {
+    let stake = e.stake.max(1) as f64;
+    if e.allocated == 0 {
+        return stake;
+    }
+    (stake * (f64::from(e.consumed) * MILLI as f64 / e.allocated as f64).min(1.0)).clamp(1.0, stake)
 }
 
 struct Round {
@@ -438,6 +472,15 @@ struct Round {
     total_stake: f64,
     now_ms: u64,
     idle_ttl_ms: u64,
+}
+
+impl Round {
+    /// Idle past the TTL with nothing in flight, or with a count still held
+    /// after twice the TTL (it belongs to a VM that vanished).
+    fn evicts(&self, e: &Entry) -> bool {
+        let idle = self.now_ms.saturating_sub(e.last_seen_ms);
+        idle > self.idle_ttl_ms && (e.inflight == 0 || idle > 2 * self.idle_ttl_ms)
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -468,20 +511,11 @@ impl Sums {
 fn refill_page(page: &mut Page, round: &Round) -> Sums {
     let mut sums = Sums::default();
     let before = page.entries.len();
-    page.entries.retain(|e| {
-        let idle = round.now_ms.saturating_sub(e.last_seen_ms);
-        // A count still held after twice the TTL belongs to a vanished VM.
-        !(idle > round.idle_ttl_ms && (e.inflight == 0 || idle > 2 * round.idle_ttl_ms))
-    });
+    page.entries.retain(|e| !round.evicts(e));
     sums.evicted = (before - page.entries.len()) as u64;
     for e in &mut page.entries {
         let stake = e.stake.max(1) as f64;
-        let eff = if e.allocated == 0 {
-            stake
-        } else {
-            stake * (f64::from(e.consumed) * MILLI as f64 / e.allocated as f64).min(1.0)
-        }
-        .clamp(1.0, stake);
+        let eff = effective_stake(e);
         let share = if round.total_eff > 0.0 {
             round.tokens * eff / round.total_eff
         } else {
@@ -617,7 +651,10 @@ mod tests {
         let (admitted, _) = drive(policy(1000), &clients, 6000, 4000);
         let total = (admitted[0] + admitted[1]) as f64;
         assert!(total >= 0.95 * 4000.0, "{admitted:?}");
-        assert!((admitted[0] as f64 / total - 0.25).abs() < 0.02, "{admitted:?}");
+        assert!(
+            (admitted[0] as f64 / total - 0.25).abs() < 0.02,
+            "{admitted:?}"
+        );
     }
 
     #[test]

@@ -34,7 +34,8 @@ pub struct Entry {
     /// Milli-tokens the last round allocated.
     pub allocated: u64,
     pub last_seen_ms: u64,
-    /// Requests admitted since the last round.
+    /// Requests admitted (or refused only for concurrency) since the last
+    /// round: the demand `eff` is predicted from.
     pub consumed: u32,
     /// Requests admitted or rejected since the last round (the load).
     pub arrivals: u32,

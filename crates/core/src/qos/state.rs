@@ -1,7 +1,7 @@
 //! The gateway-wide QoS state, one shared-data record written only by the
 //! elected refiller and read by every request: the round clock, the load
 //! estimate, whether throttling is on, the (possibly discovered) capacity,
-//! and the sums the next round divides by.
+//! and the table sums of the last round.
 
 use crate::qos::page::Reader;
 use crate::shared::Record;
@@ -20,7 +20,7 @@ pub struct QosState {
     /// The capacity shares are cut from: the policy's, or in reactive mode
     /// the discovered one. 0 means "not yet set".
     pub capacity_rps: f64,
-    /// Σ effective stake and Σ stake over the table as of the last round.
+    /// Σ effective stake and Σ stake over the table in the last round.
     pub total_eff: f64,
     pub total_stake: f64,
     pub identities: u64,

@@ -1,10 +1,10 @@
-//! Facts about the current request for the gate's class matchers, read
-//! from Envoy only when a matcher asks.
+//! Facts about the current request (class matchers, identities), read from
+//! Envoy only when asked.
 
+use crate::property_string;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MapType;
 use stakegate_core::gate::class::{parse_socket_ip, MetadataScope, RequestFacts};
-use stakegate_glue::property_string;
 use std::net::IpAddr;
 
 pub struct StreamFacts;
@@ -25,6 +25,10 @@ impl RequestFacts for StreamFacts {
 
     fn peer_uri_san(&mut self) -> Option<String> {
         property_string(vec!["connection", "uri_san_peer_certificate"]).filter(|s| !s.is_empty())
+    }
+
+    fn peer_subject(&mut self) -> Option<String> {
+        property_string(vec!["connection", "subject_peer_certificate"]).filter(|s| !s.is_empty())
     }
 
     fn header(&mut self, name: &str) -> Option<String> {

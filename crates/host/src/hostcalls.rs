@@ -9,7 +9,7 @@
 use crate::abi::{self, Status};
 use crate::shared::MetricKind;
 use crate::vm::{LogLine, VmState};
-use wasmtime::{Caller, Extern, Linker, Memory};
+use wasmtime::{Caller, Extern, FuncType, Linker, Memory, Val, ValType};
 
 type Call<'a> = Caller<'a, VmState>;
 
@@ -499,69 +499,27 @@ fn define_stream_control(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
             status(Status::Ok)
         },
     )?;
-    linker.func_wrap(
-        "env",
-        "proxy_http_call",
-        |mut c: Call<'_>,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32| { unsupported(&mut c, "proxy_http_call") },
-    )?;
-    linker.func_wrap(
-        "env",
-        "proxy_grpc_call",
-        |mut c: Call<'_>,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32| { unsupported(&mut c, "proxy_grpc_call") },
-    )?;
-    linker.func_wrap(
-        "env",
-        "proxy_grpc_stream",
-        |mut c: Call<'_>,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32,
-         _: i32| { unsupported(&mut c, "proxy_grpc_stream") },
-    )?;
-    linker.func_wrap(
-        "env",
-        "proxy_grpc_send",
-        |mut c: Call<'_>, _: i32, _: i32, _: i32, _: i32| unsupported(&mut c, "proxy_grpc_send"),
-    )?;
-    for name in ["proxy_grpc_cancel", "proxy_grpc_close"] {
-        linker.func_wrap("env", name, move |mut c: Call<'_>, _: i32| {
-            unsupported(&mut c, name)
+    // Outbound calls and foreign functions: each answers InternalFailure and
+    // logs a warning, whatever its arity.
+    for (name, arity) in [
+        ("proxy_http_call", 10),
+        ("proxy_grpc_call", 12),
+        ("proxy_grpc_stream", 9),
+        ("proxy_grpc_send", 4),
+        ("proxy_grpc_cancel", 1),
+        ("proxy_grpc_close", 1),
+        ("proxy_call_foreign_function", 6),
+    ] {
+        let ty = FuncType::new(
+            linker.engine(),
+            std::iter::repeat_n(ValType::I32, arity),
+            [ValType::I32],
+        );
+        linker.func_new("env", name, ty, move |mut c, _args, results| {
+            results[0] = Val::I32(unsupported(&mut c, name)?);
+            Ok(())
         })?;
     }
-    linker.func_wrap(
-        "env",
-        "proxy_call_foreign_function",
-        |mut c: Call<'_>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| {
-            unsupported(&mut c, "proxy_call_foreign_function")
-        },
-    )?;
     Ok(())
 }
 

@@ -87,6 +87,16 @@ pub struct Updated<T, R> {
     pub retries: u32,
 }
 
+/// The record under `key` and its CAS token.
+pub fn read<R: Record>(
+    store: &impl SharedStore,
+    key: &str,
+) -> Result<(R, Option<u32>), StoreError> {
+    let (bytes, cas) = store.load(key)?;
+    let record = R::decode(bytes.as_deref().unwrap_or_default()).map_err(StoreError::Layout)?;
+    Ok((record, cas))
+}
+
 /// Applies `change` to the record under `key` by compare-and-swap.
 ///
 /// `change` may run several times and must depend only on the record it is
@@ -99,9 +109,7 @@ pub fn update<T, R: Record>(
     mut change: impl FnMut(&mut R) -> Change<T>,
 ) -> Result<Updated<T, R>, (StoreError, u32)> {
     for attempt in 0..MAX_ATTEMPTS {
-        let (bytes, cas) = store.load(key).map_err(|e| (e, attempt))?;
-        let mut table = R::decode(bytes.as_deref().unwrap_or_default())
-            .map_err(|e| (StoreError::Layout(e), attempt))?;
+        let (mut table, cas) = read::<R>(store, key).map_err(|e| (e, attempt))?;
         let value = match change(&mut table) {
             Change::Keep(value) => {
                 return Ok(Updated {
@@ -127,6 +135,35 @@ pub fn update<T, R: Record>(
         }
     }
     Err((StoreError::Contended, MAX_ATTEMPTS))
+}
+
+/// Reads little-endian fixed-width fields off a slice whose length the
+/// decoder checked (past the end it reads zeros).
+pub struct Reader<'a>(pub &'a [u8]);
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0; N];
+        let n = N.min(self.0.len());
+        out[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        out
+    }
+    pub fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.take())
+    }
+    pub fn u8(&mut self) -> u8 {
+        self.take::<1>()[0]
+    }
+    pub fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+    pub fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+    pub fn f64(&mut self) -> f64 {
+        f64::from_bits(self.u64())
+    }
 }
 
 /// An in-memory store with Envoy's CAS semantics, for tests and the

@@ -25,6 +25,7 @@
 //! fails, re-reads, and re-checks. So the admitted in-flight total never
 //! exceeds the limit, however many workers there are.
 
+use crate::shared::Reader;
 use std::fmt;
 
 pub const LAYOUT_VERSION: u8 = 1;
@@ -39,17 +40,19 @@ pub enum SlotKind {
     Websocket,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Shard {
-    pub vm: u32,
-    /// The owner's clock when it last wrote, in ms since the Unix epoch.
-    pub heartbeat_ms: u64,
+/// Slots by kind: what a shard holds, what a worker keeps spare, and the
+/// totals over all shards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Slots {
     pub default: u32,
     pub priority: u32,
     pub websocket: u32,
 }
 
-impl Shard {
+/// Slots held across all shards.
+pub type Totals = Slots;
+
+impl Slots {
     fn count_mut(&mut self, kind: SlotKind) -> &mut u32 {
         match kind {
             SlotKind::Default => &mut self.default,
@@ -58,24 +61,38 @@ impl Shard {
         }
     }
 
-    fn slots(&self) -> u64 {
-        u64::from(self.default) + u64::from(self.priority) + u64::from(self.websocket)
-    }
-}
-
-/// Slots held across all shards.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Totals {
-    pub default: u32,
-    pub priority: u32,
-    pub websocket: u32,
-}
-
-impl Totals {
     /// Requests counted against `maxInflight`.
     pub fn inflight(&self) -> u32 {
         self.default.saturating_add(self.priority)
     }
+
+    fn sum(&self) -> u64 {
+        u64::from(self.default) + u64::from(self.priority) + u64::from(self.websocket)
+    }
+
+    fn plus(self, other: &Slots) -> Slots {
+        Slots {
+            default: self.default.saturating_add(other.default),
+            priority: self.priority.saturating_add(other.priority),
+            websocket: self.websocket.saturating_add(other.websocket),
+        }
+    }
+
+    fn minus(self, other: &Slots) -> Slots {
+        Slots {
+            default: self.default.saturating_sub(other.default),
+            priority: self.priority.saturating_sub(other.priority),
+            websocket: self.websocket.saturating_sub(other.websocket),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shard {
+    pub vm: u32,
+    /// The owner's clock when it last wrote, in ms since the Unix epoch.
+    pub heartbeat_ms: u64,
+    pub held: Slots,
 }
 
 /// The admission limits, compiled from the policy.
@@ -147,7 +164,7 @@ impl ShardTable {
         if bytes.len() < HEADER_LEN {
             return Err(truncated(HEADER_LEN));
         }
-        let mut r = Reader { bytes, at: 1 };
+        let mut r = Reader(&bytes[1..]);
         let next_vm = r.u32();
         let completions = r.u64();
         let count = usize::from(r.u16());
@@ -159,9 +176,11 @@ impl ShardTable {
             .map(|_| Shard {
                 vm: r.u32(),
                 heartbeat_ms: r.u64(),
-                default: r.u32(),
-                priority: r.u32(),
-                websocket: r.u32(),
+                held: Slots {
+                    default: r.u32(),
+                    priority: r.u32(),
+                    websocket: r.u32(),
+                },
             })
             .collect();
         Ok(Self {
@@ -180,9 +199,9 @@ impl ShardTable {
         for s in self.shards.iter().take(usize::from(u16::MAX)) {
             out.extend_from_slice(&s.vm.to_le_bytes());
             out.extend_from_slice(&s.heartbeat_ms.to_le_bytes());
-            out.extend_from_slice(&s.default.to_le_bytes());
-            out.extend_from_slice(&s.priority.to_le_bytes());
-            out.extend_from_slice(&s.websocket.to_le_bytes());
+            for count in [s.held.default, s.held.priority, s.held.websocket] {
+                out.extend_from_slice(&count.to_le_bytes());
+            }
         }
         out
     }
@@ -200,11 +219,9 @@ impl ShardTable {
     }
 
     pub fn totals(&self) -> Totals {
-        self.shards.iter().fold(Totals::default(), |t, s| Totals {
-            default: t.default.saturating_add(s.default),
-            priority: t.priority.saturating_add(s.priority),
-            websocket: t.websocket.saturating_add(s.websocket),
-        })
+        self.shards
+            .iter()
+            .fold(Slots::default(), |t, s| t.plus(&s.held))
     }
 
     /// Drops shards not heard from for more than `ttl_ms` (their owner is
@@ -214,7 +231,7 @@ impl ShardTable {
         self.shards.retain(|s| {
             let stale = now_ms.saturating_sub(s.heartbeat_ms) > ttl_ms;
             if stale {
-                reclaimed += s.slots();
+                reclaimed += s.held.sum();
             }
             !stale
         });
@@ -242,9 +259,7 @@ impl ShardTable {
     /// Marks `vm` alive and gives its spare slots back to the pool.
     pub fn heartbeat(&mut self, vm: u32, now_ms: u64, spare: &Spare) {
         let shard = self.own(vm, now_ms);
-        shard.default = shard.default.saturating_sub(spare.default);
-        shard.priority = shard.priority.saturating_sub(spare.priority);
-        shard.websocket = shard.websocket.saturating_sub(spare.websocket);
+        shard.held = shard.held.minus(&spare.slots);
         self.completions = self.completions.wrapping_add(spare.completed);
     }
 
@@ -263,7 +278,7 @@ impl ShardTable {
                 .is_none_or(|max| totals.websocket < max),
         };
         if allowed {
-            let count = self.own(vm, now_ms).count_mut(kind);
+            let count = self.own(vm, now_ms).held.count_mut(kind);
             *count = count.saturating_add(1);
         }
         allowed
@@ -277,32 +292,22 @@ impl ShardTable {
 /// until then, so the limit stays exact (in use + spare <= limit).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Spare {
-    pub default: u32,
-    pub priority: u32,
-    pub websocket: u32,
+    pub slots: Slots,
     /// Requests released since the last heartbeat (for the drain rate).
     pub completed: u64,
 }
 
 impl Spare {
-    fn count_mut(&mut self, kind: SlotKind) -> &mut u32 {
-        match kind {
-            SlotKind::Default => &mut self.default,
-            SlotKind::Priority => &mut self.priority,
-            SlotKind::Websocket => &mut self.websocket,
-        }
-    }
-
     /// A released slot becomes spare.
     pub fn release(&mut self, kind: SlotKind) {
-        let count = self.count_mut(kind);
+        let count = self.slots.count_mut(kind);
         *count = count.saturating_add(1);
         self.completed = self.completed.saturating_add(1);
     }
 
     /// Takes a spare slot of `kind`, if there is one.
     pub fn take(&mut self, kind: SlotKind) -> bool {
-        let count = self.count_mut(kind);
+        let count = self.slots.count_mut(kind);
         let available = *count > 0;
         *count = count.saturating_sub(u32::from(available));
         available
@@ -310,34 +315,6 @@ impl Spare {
 
     pub fn is_empty(&self) -> bool {
         *self == Spare::default()
-    }
-}
-
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> [u8; N] {
-        let mut out = [0; N];
-        if let Some(src) = self.bytes.get(self.at..self.at + N) {
-            out.copy_from_slice(src);
-        }
-        self.at += N;
-        out
-    }
-
-    fn u16(&mut self) -> u16 {
-        u16::from_le_bytes(self.take())
-    }
-
-    fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.take())
-    }
-
-    fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.take())
     }
 }
 
@@ -480,8 +457,10 @@ mod tests {
             vec![Shard {
                 vm,
                 heartbeat_ms: 100_000,
-                default: 1,
-                ..Shard::default()
+                held: Slots {
+                    default: 1,
+                    ..Slots::default()
+                },
             }]
         );
     }

@@ -45,7 +45,7 @@ pub mod state;
 
 use crate::gate::drain::{retry_after_s, Jitter};
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
-use crate::shared::{update, Change, SharedStore, StoreError, Write};
+use crate::shared::{read, update, Change, Record, SharedStore, StoreError, Write};
 use identity::Identity;
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI};
 use policy::{Mode, QosPolicy};
@@ -197,12 +197,12 @@ impl StakeQos {
         let page = (identity.key % u64::from(self.pages)) as u32;
         let fresh = self.fresh_entry(identity, now_ms);
         let throttling = self.state.throttling;
+        let interval_s = self.interval_s();
         let (floor, headroom, idle_ttl) = (
             self.policy.concurrency_floor,
             self.policy.headroom,
             self.policy.idle_ttl_ms,
         );
-        let interval_s = self.interval_s();
         let result = update(store, &page_key(page), |p: &mut Page| {
             let (entry, evicted) = p.entry(fresh.clone(), now_ms, idle_ttl);
             entry.last_seen_ms = now_ms;
@@ -307,6 +307,8 @@ impl StakeQos {
         ticket: Ticket,
         upstream_status: Option<u32>,
     ) -> Result<u32, StoreError> {
+        // Key 0 (never an identity's) marks a request admitted without
+        // accounting because shared data failed: nothing to give back.
         if ticket.key == 0 {
             return Ok(0);
         }
@@ -341,10 +343,7 @@ impl StakeQos {
         store: &impl SharedStore,
         now_ms: u64,
     ) -> Result<Option<RoundReport>, StoreError> {
-        let (bytes, cas) = store.load(STATE_KEY)?;
-        let mut state: QosState =
-            crate::shared::Record::decode(bytes.as_deref().unwrap_or_default())
-                .map_err(StoreError::Layout)?;
+        let (mut state, cas) = read::<QosState>(store, STATE_KEY)?;
         if state.capacity_rps <= 0.0 || self.policy.mode == Mode::Proactive {
             state.capacity_rps = self.policy.capacity_rps;
         }
@@ -364,7 +363,7 @@ impl StakeQos {
         } else {
             state.round_ms + intervals * interval
         };
-        let claim = crate::shared::Record::encode(&claimed);
+        let claim = claimed.encode();
         if store.store(STATE_KEY, &claim, cas)? == Write::CasMismatch {
             return Ok(None);
         }
@@ -389,9 +388,7 @@ impl StakeQos {
         };
         let (mut total_eff, mut total_stake) = (0.0, 0.0);
         for page in 0..self.pages {
-            let (bytes, _) = store.load(&page_key(page))?;
-            let page: Page = crate::shared::Record::decode(bytes.as_deref().unwrap_or_default())
-                .map_err(StoreError::Layout)?;
+            let (page, _) = read::<Page>(store, &page_key(page))?;
             for e in page.entries.iter().filter(|e| !round.evicts(e)) {
                 total_eff += effective_stake(e);
                 total_stake += e.stake.max(1) as f64;
@@ -412,16 +409,13 @@ impl StakeQos {
             sums.add(&updated.value);
         }
         let policy = &self.policy;
-        let interval_s = self.interval_s();
         let updated = update(store, STATE_KEY, |s: &mut QosState| {
             s.load_ema = step_load(s.load_ema, sums.arrivals, intervals, policy.load_smoothing);
-            s.total_eff = sums.eff;
-            s.total_stake = sums.stake;
             s.identities = sums.identities;
             if s.capacity_rps <= 0.0 || policy.mode == Mode::Proactive {
                 s.capacity_rps = policy.capacity_rps;
             }
-            let load_rps = s.load_ema / interval_s;
+            let load_rps = s.load_rps(policy.refill_interval_ms);
             if policy.mode == Mode::Reactive {
                 reactive::adjust(s, policy, now_ms, sums.finished, load_rps);
             }
@@ -435,7 +429,7 @@ impl StakeQos {
             identities: sums.identities,
             evicted: sums.evicted,
             throttling: self.state.throttling,
-            load_rps: self.state.load_ema / interval_s,
+            load_rps: self.state.load_rps(self.policy.refill_interval_ms),
             capacity_rps: self.state.capacity_rps,
             cas_retries,
         })
@@ -485,8 +479,6 @@ impl Round {
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Sums {
-    eff: f64,
-    stake: f64,
     identities: u64,
     evicted: u64,
     arrivals: u64,
@@ -495,8 +487,6 @@ struct Sums {
 
 impl Sums {
     fn add(&mut self, other: &Sums) {
-        self.eff += other.eff;
-        self.stake += other.stake;
         self.identities += other.identities;
         self.evicted += other.evicted;
         self.arrivals += other.arrivals;
@@ -533,8 +523,6 @@ fn refill_page(page: &mut Page, round: &Round) -> Sums {
         if e.tokens < cap {
             e.tokens = (e.tokens + share as i64).min(cap);
         }
-        sums.eff += eff;
-        sums.stake += stake;
         sums.identities += 1;
         sums.arrivals += u64::from(e.arrivals);
         sums.finished.completions += u64::from(e.completions);

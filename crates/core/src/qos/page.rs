@@ -13,7 +13,7 @@
 //! Layout (little-endian): version `u8`, entry count `u16`, then
 //! `ENTRY_LEN`-byte entries.
 
-use crate::shared::Record;
+use crate::shared::{Reader, Record};
 
 pub const LAYOUT_VERSION: u8 = 1;
 pub const ENTRIES_PER_PAGE: usize = 64;
@@ -155,31 +155,6 @@ impl Record for Page {
             out.extend_from_slice(&[e.tier, u8::from(e.staked), 0, 0]);
         }
         out
-    }
-}
-
-/// Reads fixed-width fields off a slice whose length was checked.
-pub(crate) struct Reader<'a>(pub(crate) &'a [u8]);
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> [u8; N] {
-        let mut out = [0; N];
-        let n = N.min(self.0.len());
-        out[..n].copy_from_slice(&self.0[..n]);
-        self.0 = &self.0[n..];
-        out
-    }
-    pub(crate) fn u8(&mut self) -> u8 {
-        self.take::<1>()[0]
-    }
-    pub(crate) fn u32(&mut self) -> u32 {
-        u32::from_le_bytes(self.take())
-    }
-    pub(crate) fn u64(&mut self) -> u64 {
-        u64::from_le_bytes(self.take())
-    }
-    pub(crate) fn f64(&mut self) -> f64 {
-        f64::from_bits(self.u64())
     }
 }
 

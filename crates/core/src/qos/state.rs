@@ -1,13 +1,12 @@
 //! The gateway-wide QoS state, one shared-data record written only by the
 //! elected refiller and read by every request: the round clock, the load
 //! estimate, whether throttling is on, the (possibly discovered) capacity,
-//! and the table sums of the last round.
+//! and the identity count.
 
-use crate::qos::page::Reader;
-use crate::shared::Record;
+use crate::shared::{Reader, Record};
 
 pub const LAYOUT_VERSION: u8 = 1;
-const LEN: usize = 2 + 8 * 11;
+const LEN: usize = 2 + 8 * 9;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QosState {
@@ -20,9 +19,6 @@ pub struct QosState {
     /// The capacity shares are cut from: the policy's, or in reactive mode
     /// the discovered one. 0 means "not yet set".
     pub capacity_rps: f64,
-    /// Σ effective stake and Σ stake over the table in the last round.
-    pub total_eff: f64,
-    pub total_stake: f64,
     pub identities: u64,
     /// Reactive mode: the lowest mean upstream latency seen (drifting up
     /// slowly), the window's sums, and when capacity last changed.
@@ -31,6 +27,13 @@ pub struct QosState {
     pub window_latency_ms: u64,
     pub window_overloads: u64,
     pub last_adjust_ms: u64,
+}
+
+impl QosState {
+    /// The load estimate in requests per second.
+    pub fn load_rps(&self, refill_interval_ms: u64) -> f64 {
+        self.load_ema * 1000.0 / refill_interval_ms as f64
+    }
 }
 
 impl Record for QosState {
@@ -52,8 +55,6 @@ impl Record for QosState {
             round_ms: r.u64(),
             load_ema: r.f64(),
             capacity_rps: r.f64(),
-            total_eff: r.f64(),
-            total_stake: r.f64(),
             identities: r.u64(),
             baseline_latency_ms: r.f64(),
             window_completions: r.u64(),
@@ -71,8 +72,6 @@ impl Record for QosState {
             self.round_ms,
             self.load_ema.to_bits(),
             self.capacity_rps.to_bits(),
-            self.total_eff.to_bits(),
-            self.total_stake.to_bits(),
             self.identities,
             self.baseline_latency_ms.to_bits(),
             self.window_completions,
@@ -110,8 +109,6 @@ mod tests {
             load_ema: 3.5,
             throttling: true,
             capacity_rps: 800.0,
-            total_eff: 1e9,
-            total_stake: 2e9,
             identities: 5,
             baseline_latency_ms: 9.5,
             window_completions: 10,

@@ -84,13 +84,7 @@ impl Context for GateRoot {}
 impl RootContext for GateRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         let config = self.get_plugin_configuration().unwrap_or_default();
-        match self.configure(&config) {
-            Ok(()) => true,
-            Err(message) => {
-                log(LogLevel::Error, &message);
-                false
-            }
-        }
+        stakegate_glue::accept("admission-gate", self.configure(&config))
     }
 
     fn on_tick(&mut self) {

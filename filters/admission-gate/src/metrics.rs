@@ -11,6 +11,7 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use stakegate_core::gate::class::RequestClass;
 use stakegate_core::gate::shards::Totals;
+use stakegate_glue::metrics::{add, define, set};
 
 #[derive(Default)]
 struct Pending {
@@ -43,26 +44,12 @@ fn index(class: RequestClass) -> usize {
     }
 }
 
-fn define(kind: MetricType, name: &str) -> Result<u32, String> {
-    hostcalls::define_metric(kind, name).map_err(|s| format!("defining metric {name}: {s:?}"))
-}
-
 fn per_class(kind: MetricType, what: &str) -> Result<[u32; 3], String> {
     let mut ids = [0; 3];
     for class in RequestClass::ALL {
         ids[index(class)] = define(kind, &format!("stakegate.gate.{what}.{}", class.name()))?;
     }
     Ok(ids)
-}
-
-fn add(id: u32, n: u64) {
-    if n > 0 {
-        let _ = hostcalls::increment_metric(id, n.min(i64::MAX as u64) as i64);
-    }
-}
-
-fn set(id: u32, value: u32) {
-    let _ = hostcalls::record_metric(id, u64::from(value));
 }
 
 impl GateMetrics {
@@ -124,12 +111,15 @@ impl GateMetrics {
         add(self.store_errors, pending.store_errors);
         add(self.expired_slots, pending.expired_slots);
         if let Some(totals) = totals {
-            set(self.inflight[index(RequestClass::Default)], totals.default);
+            set(
+                self.inflight[index(RequestClass::Default)],
+                u64::from(totals.default),
+            );
             set(
                 self.inflight[index(RequestClass::Priority)],
-                totals.priority,
+                u64::from(totals.priority),
             );
-            set(self.websocket_active, totals.websocket);
+            set(self.websocket_active, u64::from(totals.websocket));
         }
     }
 }

@@ -3,6 +3,7 @@
 //! `SharedStore`, the clock in milliseconds, properties, and logging.
 
 pub mod facts;
+pub mod metrics;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel, Status};
@@ -50,4 +51,17 @@ pub fn property_string(path: Vec<&str>) -> Option<String> {
 /// Logs with the filter's name in front, so Envoy's log says who spoke.
 pub fn log(filter: &str, level: LogLevel, message: &str) {
     let _ = hostcalls::log(level, &format!("stakegate {filter}: {message}"));
+}
+
+/// The end of `on_configure`: `Ok` accepts the configuration; an error is
+/// logged with the filter's name and refuses it, so Envoy keeps serving the
+/// previous one.
+pub fn accept(filter: &str, configured: Result<(), String>) -> bool {
+    match configured {
+        Ok(()) => true,
+        Err(message) => {
+            log(filter, LogLevel::Error, &message);
+            false
+        }
+    }
 }

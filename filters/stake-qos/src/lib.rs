@@ -68,13 +68,7 @@ impl Context for QosRoot {}
 impl RootContext for QosRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
         let config = self.get_plugin_configuration().unwrap_or_default();
-        match self.configure(&config) {
-            Ok(()) => true,
-            Err(message) => {
-                log(LogLevel::Error, &message);
-                false
-            }
-        }
+        stakegate_glue::accept("stake-qos", self.configure(&config))
     }
 
     fn on_tick(&mut self) {

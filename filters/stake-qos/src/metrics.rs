@@ -4,9 +4,9 @@
 //! to Envoy and sets the gauges from the shared state this VM just read, so
 //! stats are at most one interval behind.
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use stakegate_core::qos::state::QosState;
+use stakegate_glue::metrics::{self, add, set};
 
 #[derive(Default)]
 struct Pending {
@@ -35,18 +35,7 @@ pub struct QosMetrics {
 }
 
 fn define(kind: MetricType, name: &str) -> Result<u32, String> {
-    hostcalls::define_metric(kind, &format!("stakegate.qos.{name}"))
-        .map_err(|s| format!("defining metric {name}: {s:?}"))
-}
-
-fn add(id: u32, n: u64) {
-    if n > 0 {
-        let _ = hostcalls::increment_metric(id, n.min(i64::MAX as u64) as i64);
-    }
-}
-
-fn set(id: u32, value: u64) {
-    let _ = hostcalls::record_metric(id, value);
+    metrics::define(kind, &format!("stakegate.qos.{name}"))
 }
 
 impl QosMetrics {
@@ -111,29 +100,22 @@ impl QosMetrics {
 
     /// Hands the pending counts to Envoy and sets the gauges from `state`.
     pub fn flush(&mut self, state: &QosState, interval_ms: u64) {
-        let mut pending = std::mem::take(&mut self.pending);
-        for (id, n) in self.admitted.iter().zip(&pending.admitted) {
-            add(*id, *n);
+        let p = &mut self.pending;
+        for (id, n) in self.admitted.iter().zip(&mut p.admitted) {
+            add(*id, std::mem::take(n));
         }
-        for (id, n) in self.throttled.iter().zip(&pending.throttled) {
-            add(*id, *n);
+        for (id, n) in self.throttled.iter().zip(&mut p.throttled) {
+            add(*id, std::mem::take(n));
         }
-        add(self.throttled_concurrency, pending.throttled_concurrency);
-        add(self.cas_retries, pending.cas_retries);
-        add(self.store_errors, pending.store_errors);
-        add(self.evicted, pending.evicted);
-        pending.admitted.iter_mut().for_each(|n| *n = 0);
-        pending.throttled.iter_mut().for_each(|n| *n = 0);
-        self.pending = Pending {
-            admitted: pending.admitted,
-            throttled: pending.throttled,
-            ..Pending::default()
-        };
-        set(self.throttling, u64::from(state.throttling));
-        set(
-            self.load_rps,
-            (state.load_ema * 1000.0 / interval_ms as f64).round() as u64,
+        add(
+            self.throttled_concurrency,
+            std::mem::take(&mut p.throttled_concurrency),
         );
+        add(self.cas_retries, std::mem::take(&mut p.cas_retries));
+        add(self.store_errors, std::mem::take(&mut p.store_errors));
+        add(self.evicted, std::mem::take(&mut p.evicted));
+        set(self.throttling, u64::from(state.throttling));
+        set(self.load_rps, state.load_rps(interval_ms).round() as u64);
         set(self.capacity_rps, state.capacity_rps.round() as u64);
         set(self.identities, state.identities);
     }

@@ -37,24 +37,40 @@ pub fn client(id: &str, rate: f64, method: &str, concurrency: usize) -> ClientSp
     }
 }
 
-/// rpc-node behind Envoy's gate config (public and internal listeners) with
-/// the compiled admission gate serving `policy`, at `--concurrency 2`.
-pub fn node_behind_gate(policy: &str, node_args: &[&str]) -> (RpcNode, Envoy) {
+/// rpc-node with `node_args` behind Envoy started from `template` with
+/// `filter` loaded through ECDS, at `--concurrency 2`.
+pub fn node_behind_filter(
+    template: &str,
+    filter: FilterConfig,
+    node_args: &[&str],
+) -> (RpcNode, Envoy) {
     let node = RpcNode::start(node_args).expect("rpc-node starts");
-    let envoy = EnvoyBuilder::new("gate.yaml")
+    let envoy = EnvoyBuilder::new(template)
         .var("RPC_NODE_HOST", node.addr().ip())
         .var("RPC_NODE_PORT", node.addr().port())
-        .filter(gate_filter(policy))
+        .filter(filter)
         .concurrency(2)
         .start()
-        .expect("envoy starts with the gate");
+        .expect("envoy starts with the filter");
     (node, envoy)
+}
+
+/// rpc-node behind Envoy's gate config (public and internal listeners) with
+/// the compiled admission gate serving `policy`.
+pub fn node_behind_gate(policy: &str, node_args: &[&str]) -> (RpcNode, Envoy) {
+    node_behind_filter("gate.yaml", gate_filter(policy), node_args)
 }
 
 /// The compiled admission gate with `policy`.
 pub fn gate_filter(policy: &str) -> FilterConfig {
     let module = stakegate_stack::paths::wasm_module("admission_gate").expect("make build");
     FilterConfig::admission_gate(module, policy)
+}
+
+/// The compiled stake QoS filter with `policy`.
+pub fn qos_filter(policy: &str) -> FilterConfig {
+    let module = stakegate_stack::paths::wasm_module("stake_qos").expect("make build");
+    FilterConfig::stake_qos(module, policy)
 }
 
 /// Polls `condition` every 10 ms until it holds or `within` passes; returns

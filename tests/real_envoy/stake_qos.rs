@@ -3,8 +3,8 @@
 
 use stakegate_loadgen::{ClientSpec, RunSpec};
 use stakegate_stack::envoy::EcdsUpdate;
-use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder, FilterConfig, RpcNode};
-use stakegate_tests::client;
+use stakegate_stack::{http, loadgen, Envoy, RpcNode};
+use stakegate_tests::{client, eventually, node_behind_filter, qos_filter};
 use std::time::Duration;
 
 const CALL: &str = r#"{"jsonrpc":"2.0","id":1,"method":"eth_call"}"#;
@@ -17,36 +17,23 @@ fn example_policy(capacity_rps: u32) -> String {
     policy.to_string()
 }
 
-fn qos_filter(policy: &str) -> FilterConfig {
-    let module = stakegate_stack::paths::wasm_module("stake_qos").expect("make build");
-    FilterConfig::stake_qos(module, policy)
-}
-
 fn node_behind_qos(policy: &str) -> (RpcNode, Envoy) {
-    let node = RpcNode::start(&["--read-slots", "16", "--cost", "eth_call=10ms"]).unwrap();
-    let envoy = EnvoyBuilder::new("qos.yaml")
-        .var("RPC_NODE_HOST", node.addr().ip())
-        .var("RPC_NODE_PORT", node.addr().port())
-        .filter(qos_filter(policy))
-        .concurrency(2)
-        .start()
-        .expect("envoy starts with stake-qos");
-    (node, envoy)
+    node_behind_filter(
+        "qos.yaml",
+        qos_filter(policy),
+        &["--read-slots", "16", "--cost", "eth_call=10ms"],
+    )
 }
 
 #[test]
 fn stake_shares_hold_in_a_real_envoy() {
     const CAPACITY: f64 = 400.0;
     let (_node, envoy) = node_behind_qos(&example_policy(CAPACITY as u32));
-    let stakes = [
-        (0u64, None),
+    // Stakes in percent; the unstaked client sends no key.
+    let stakes: [(u64, Option<&str>); 5] = [
+        (0, None),
         (10, Some("key-stake-10")),
         (20, Some("key-stake-20")),
-    ];
-    let stakes = [
-        stakes[0],
-        stakes[1],
-        stakes[2],
         (30, Some("key-stake-30")),
         (40, Some("key-stake-40")),
     ];
@@ -104,7 +91,7 @@ fn a_throttled_request_gets_429_with_retry_after_and_ratelimit_headers() {
     assert!(throttled.header("ratelimit").unwrap().contains(";t="));
     let body: serde_json::Value = serde_json::from_str(&throttled.body).unwrap();
     assert_eq!(body["error"]["code"], -32005);
-    assert!(stakegate_tests::eventually(Duration::from_secs(2), || {
+    assert!(eventually(Duration::from_secs(2), || {
         envoy
             .stat("wasmcustom.stakegate.qos.throttled.unstaked")
             .unwrap()

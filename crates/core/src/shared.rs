@@ -106,10 +106,24 @@ pub fn read<R: Record>(
 pub fn update<T, R: Record>(
     store: &impl SharedStore,
     key: &str,
+    change: impl FnMut(&mut R) -> Change<T>,
+) -> Result<Updated<T, R>, (StoreError, u32)> {
+    update_from(store, key, None, change)
+}
+
+/// `update`, whose first attempt starts from `read`, a record and token
+/// the caller already read under `key` (later attempts read afresh).
+pub fn update_from<T, R: Record>(
+    store: &impl SharedStore,
+    key: &str,
+    mut read_before: Option<(R, Option<u32>)>,
     mut change: impl FnMut(&mut R) -> Change<T>,
 ) -> Result<Updated<T, R>, (StoreError, u32)> {
     for attempt in 0..MAX_ATTEMPTS {
-        let (mut table, cas) = read::<R>(store, key).map_err(|e| (e, attempt))?;
+        let (mut table, cas) = match read_before.take() {
+            Some(before) => before,
+            None => read::<R>(store, key).map_err(|e| (e, attempt))?,
+        };
         let value = match change(&mut table) {
             Change::Keep(value) => {
                 return Ok(Updated {
@@ -143,10 +157,13 @@ pub struct Reader<'a>(pub &'a [u8]);
 
 impl Reader<'_> {
     fn take<const N: usize>(&mut self) -> [u8; N] {
+        if let Some((head, rest)) = self.0.split_first_chunk::<N>() {
+            self.0 = rest;
+            return *head;
+        }
         let mut out = [0; N];
-        let n = N.min(self.0.len());
-        out[..n].copy_from_slice(&self.0[..n]);
-        self.0 = &self.0[n..];
+        out[..self.0.len()].copy_from_slice(self.0);
+        self.0 = &[];
         out
     }
     pub fn u16(&mut self) -> u16 {

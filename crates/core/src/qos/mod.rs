@@ -45,7 +45,7 @@ pub mod state;
 
 use crate::gate::drain::{retry_after_s, Jitter};
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
-use crate::shared::{read, update, Change, Record, SharedStore, StoreError, Write};
+use crate::shared::{read, update, update_from, Change, Record, SharedStore, StoreError, Write};
 use identity::Identity;
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI};
 use policy::{Mode, QosPolicy};
@@ -386,19 +386,28 @@ impl StakeQos {
             now_ms,
             idle_ttl_ms: self.policy.idle_ttl_ms,
         };
+        // Pass one sums effective stakes; pass two refills by them, each
+        // page starting from what pass one read (re-read only if a worker
+        // wrote it in between).
         let (mut total_eff, mut total_stake) = (0.0, 0.0);
+        let mut pages = Vec::with_capacity(self.pages as usize);
         for page in 0..self.pages {
-            let (page, _) = read::<Page>(store, &page_key(page))?;
+            let (page, cas) = read::<Page>(store, &page_key(page))?;
             for e in page.entries.iter().filter(|e| !round.evicts(e)) {
                 total_eff += effective_stake(e);
                 total_stake += e.stake.max(1) as f64;
             }
+            pages.push((page, cas));
         }
         (round.total_eff, round.total_stake) = (total_eff, total_stake);
         let mut sums = Sums::default();
         let mut cas_retries = 0;
-        for page in 0..self.pages {
-            let updated = update(store, &page_key(page), |p: &mut Page| {
+        for (index, (page, cas)) in pages.into_iter().enumerate() {
+            if page.entries.is_empty() {
+                continue;
+            }
+            let key = page_key(index as u32);
+            let updated = update_from(store, &key, Some((page, cas)), |p: &mut Page| {
                 if p.entries.is_empty() {
                     return Change::Keep(Sums::default());
                 }
@@ -455,7 +464,27 @@ fn effective_stake(e: &Entry) -> f64 {
     if e.allocated == 0 {
         return stake;
     }
-    (stake * (f64::from(e.consumed) * MILLI as f64 / e.allocated as f64).min(1.0)).clamp(1.0, stake)
+    let used = f64::from(e.consumed) * MILLI as f64 / e.allocated as f64;
+    larger(1.0, stake * smaller(used, 1.0))
+}
+
+// The refill round runs these for every identity every 20 ms: plain
+// comparisons, because `f64::max`/`min` become libm calls on wasm32 (their
+// NaN rule is not wasm's), and no NaN reaches them here.
+fn larger(a: f64, b: f64) -> f64 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+fn smaller(a: f64, b: f64) -> f64 {
+    if a < b {
+        a
+    } else {
+        b
+    }
 }
 
 struct Round {
@@ -516,10 +545,8 @@ fn refill_page(page: &mut Page, round: &Round) -> Sums {
         } else {
             0.0
         };
-        let cap = (2.0 * share)
-            .max(floor)
-            .max(2.0 * MILLI as f64)
-            .min(2.0 * round.per_interval.max(MILLI as f64)) as i64;
+        let most = 2.0 * larger(round.per_interval, MILLI as f64);
+        let cap = smaller(larger(larger(2.0 * share, floor), 2.0 * MILLI as f64), most) as i64;
         if e.tokens < cap {
             e.tokens = (e.tokens + share as i64).min(cap);
         }

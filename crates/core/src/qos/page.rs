@@ -134,14 +134,23 @@ impl Record for Page {
     }
 
     fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER_LEN + self.entries.len() * ENTRY_LEN);
-        out.push(LAYOUT_VERSION);
-        out.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
-        for e in &self.entries {
-            for v in [e.key, e.stake, e.tokens as u64, e.allocated, e.last_seen_ms] {
-                out.extend_from_slice(&v.to_le_bytes());
+        let mut out = vec![0; HEADER_LEN + self.entries.len() * ENTRY_LEN];
+        out[0] = LAYOUT_VERSION;
+        out[1..HEADER_LEN].copy_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        for (e, chunk) in self
+            .entries
+            .iter()
+            .zip(out[HEADER_LEN..].chunks_exact_mut(ENTRY_LEN))
+        {
+            let (wide, rest) = chunk.split_at_mut(40);
+            let (narrow, flags) = rest.split_at_mut(28);
+            for (v, field) in [e.key, e.stake, e.tokens as u64, e.allocated, e.last_seen_ms]
+                .into_iter()
+                .zip(wide.chunks_exact_mut(8))
+            {
+                field.copy_from_slice(&v.to_le_bytes());
             }
-            for v in [
+            for (v, field) in [
                 e.consumed,
                 e.arrivals,
                 e.inflight,
@@ -149,10 +158,14 @@ impl Record for Page {
                 e.completions,
                 e.latency_sum_ms,
                 e.overloads,
-            ] {
-                out.extend_from_slice(&v.to_le_bytes());
+            ]
+            .into_iter()
+            .zip(narrow.chunks_exact_mut(4))
+            {
+                field.copy_from_slice(&v.to_le_bytes());
             }
-            out.extend_from_slice(&[e.tier, u8::from(e.staked), 0, 0]);
+            flags[0] = e.tier;
+            flags[1] = u8::from(e.staked);
         }
         out
     }

@@ -198,7 +198,7 @@ fn default_latency_tolerance() -> f64 {
     2.0
 }
 fn default_decrease() -> f64 {
-    0.8
+    0.9
 }
 fn default_increase() -> f64 {
     0.1
@@ -224,7 +224,8 @@ pub struct Reactive {
     /// Back off when the mean upstream latency passes this multiple of the
     /// baseline (the lowest mean seen).
     pub latency_tolerance: f64,
-    /// Multiply capacity by this on back-pressure.
+    /// On back-pressure, capacity becomes this fraction of what the
+    /// upstream delivered (when demand pressed), or of itself.
     pub decrease: f64,
     /// Grow capacity by this fraction of itself per second while demand
     /// presses against it and the upstream is healthy.

@@ -2,12 +2,23 @@
 //! back-pressure instead of a configured number (SEEDS.md part 2, open
 //! questions). Stake shares still decide *who* is throttled.
 //!
-//! The rule is AIMD, evaluated by the refiller every `adjustIntervalMs`
-//! (default 200 ms) over the requests that finished in that window:
+//! The rule is AIMD anchored on what the upstream delivered, evaluated by
+//! the refiller every `adjustIntervalMs` (default 200 ms) over the requests
+//! that finished in that window:
 //!
 //! - **Back-pressure**: any upstream 503 or 429, or a mean latency above
-//!   `latencyTolerance` (default 2) × the baseline. Then
-//!   `capacity *= decrease` (default 0.8), not below `minCapacityRps`.
+//!   `latencyTolerance` (default 2) × the baseline.
+//!   - If demand pressed against the capacity, the upstream was saturated
+//!     and what it delivered (finished requests per second, less its
+//!     503/429s) is what it can do: capacity becomes
+//!     `min(capacity, delivered × decrease)` (default 0.9). The margin
+//!     drains the backlog that built up before the window closed. While
+//!     the backlog drains, latency stays high but the upstream keeps
+//!     delivering, so repeated windows do not compound the cut.
+//!   - Otherwise (the upstream slowed with room to spare, or nothing
+//!     finished) `capacity *= decrease`.
+//!
+//!   Either way, not below `minCapacityRps`.
 //! - **Healthy and pressed**: the load estimate is at the throttle threshold
 //!   of the current capacity (demand would use more). Then capacity grows by
 //!   `increasePerSecond` (default 0.1) × the policy's `capacityRps` per
@@ -60,9 +71,20 @@ pub fn adjust(
             };
     }
     let slow = mean.is_some_and(|m| m > r.latency_tolerance * state.baseline_latency_ms.max(1.0));
+    let pressed = load_rps >= policy.throttle_threshold * state.capacity_rps;
     if state.window_overloads > 0 || slow {
-        state.capacity_rps = (state.capacity_rps * r.decrease).max(r.min_capacity_rps);
-    } else if load_rps >= policy.throttle_threshold * state.capacity_rps {
+        let delivered = state
+            .window_completions
+            .saturating_sub(state.window_overloads) as f64
+            * 1000.0
+            / elapsed_ms as f64;
+        let cut = if pressed && delivered > 0.0 {
+            state.capacity_rps.min(delivered * r.decrease)
+        } else {
+            state.capacity_rps * r.decrease
+        };
+        state.capacity_rps = cut.max(r.min_capacity_rps);
+    } else if pressed {
         let step = r.increase_per_second * policy.capacity_rps * elapsed_ms as f64 / 1000.0;
         state.capacity_rps = (state.capacity_rps + step).min(r.max_capacity_rps);
     }
@@ -97,29 +119,32 @@ mod tests {
     }
 
     #[test]
-    fn backs_off_on_latency_or_overload_and_grows_under_demand() {
+    fn backs_off_to_what_the_upstream_delivered_and_grows_under_demand() {
         let p = policy();
         let mut s = QosState {
             capacity_rps: 1000.0,
             last_adjust_ms: 1,
             ..QosState::default()
         };
+        // Each window: 100 requests finish in 200 ms, 500 rps delivered.
         window(&mut s, &p, 201, 10, 0, 100.0);
         assert_eq!((s.capacity_rps, s.baseline_latency_ms), (1000.0, 10.0));
         window(&mut s, &p, 401, 30, 0, 2000.0);
-        assert_eq!(s.capacity_rps, 800.0, "latency 3x the baseline");
-        window(&mut s, &p, 601, 10, 3, 2000.0);
-        assert_eq!(s.capacity_rps, 640.0, "upstream 503s");
-        window(&mut s, &p, 801, 10, 0, 2000.0);
+        assert_eq!(s.capacity_rps, 450.0, "pressed, 3x the baseline: 0.9 x 500");
+        window(&mut s, &p, 601, 30, 0, 2000.0);
+        assert_eq!(s.capacity_rps, 450.0, "the backlog drains: no compounding");
+        window(&mut s, &p, 801, 10, 3, 100.0);
+        assert_eq!(s.capacity_rps, 405.0, "upstream 503s with room to spare");
+        window(&mut s, &p, 1001, 10, 0, 2000.0);
         assert_eq!(
-            s.capacity_rps, 660.0,
+            s.capacity_rps, 425.0,
             "+10 % of 1000 rps per second, for 0.2 s"
         );
-        window(&mut s, &p, 1001, 10, 0, 100.0);
-        assert_eq!(s.capacity_rps, 660.0, "no demand, no growth");
+        window(&mut s, &p, 1201, 10, 0, 100.0);
+        assert_eq!(s.capacity_rps, 425.0, "no demand, no growth");
         // Within the window nothing changes.
-        window(&mut s, &p, 1100, 90, 9, 2000.0);
-        assert_eq!(s.capacity_rps, 660.0);
+        window(&mut s, &p, 1300, 90, 9, 2000.0);
+        assert_eq!(s.capacity_rps, 425.0);
     }
 
     #[test]

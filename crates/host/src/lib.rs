@@ -350,6 +350,11 @@ impl Host {
             .map(|p| from + u64::from(p) * 1_000_000);
     }
 
+    /// Shared data as Envoy would hold it: (keys, bytes of values).
+    pub fn shared_data_size(&self) -> (usize, usize) {
+        self.shared.borrow().data_size()
+    }
+
     /// Every metric the module defined, by name.
     pub fn metrics(&self) -> BTreeMap<String, i64> {
         self.shared.borrow().metrics()

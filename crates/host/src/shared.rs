@@ -51,6 +51,12 @@ impl Shared {
         true
     }
 
+    /// How many keys shared data holds, and their values' total bytes.
+    pub fn data_size(&self) -> (usize, usize) {
+        let bytes = self.data.values().map(|(value, _)| value.len()).sum();
+        (self.data.len(), bytes)
+    }
+
     pub fn register_queue(&mut self, name: &str) -> u32 {
         match self.queues.iter().position(|(n, _)| n == name) {
             Some(i) => i as u32,

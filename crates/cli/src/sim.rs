@@ -526,6 +526,12 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
         );
     }
     out += &format!("max share error: {:.1} pp\n", summary.max_share_error_pp);
+    let seconds: Vec<String> = summary
+        .admitted_by_second()
+        .iter()
+        .map(u64::to_string)
+        .collect();
+    out += &format!("admitted by second: {}\n", seconds.join(" "));
     for baseline in &summary.baselines {
         out += &format!(
             "\nbaseline {}: would admit {:.0} rps, max share error {:.1} pp\n",

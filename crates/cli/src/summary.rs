@@ -2,6 +2,7 @@
 //! real runs so the two can be compared field by field.
 
 use serde::Serialize;
+use stakegate_loadgen::report::Second;
 use stakegate_loadgen::Report;
 use std::collections::BTreeMap;
 
@@ -25,6 +26,9 @@ pub struct ClientSummary {
     pub status_counts: BTreeMap<String, u64>,
     /// Latency of this client's admitted requests.
     pub latency_ms: Latency,
+    /// Admitted, rejected and failed requests per second of the run, by
+    /// the second they came due.
+    pub timeline: Vec<Second>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -134,6 +138,20 @@ impl Summary {
         self.clients.iter().find(|c| c.id == id)
     }
 
+    /// Requests admitted over every client, per second of the run.
+    pub fn admitted_by_second(&self) -> Vec<u64> {
+        let seconds = self.clients.iter().map(|c| c.timeline.len()).max();
+        (0..seconds.unwrap_or(0))
+            .map(|s| {
+                self.clients
+                    .iter()
+                    .filter_map(|c| c.timeline.get(s))
+                    .map(|second| second.ok)
+                    .sum()
+            })
+            .collect()
+    }
+
     /// Summarises a real run; `stakes` gives each client's stake (absent: 0).
     pub fn from_report(
         scenario: &str,
@@ -163,6 +181,7 @@ impl Summary {
                         p99: c.latency_ms.ok.p99,
                         max: c.latency_ms.ok.max,
                     },
+                    timeline: c.timeline.clone(),
                 }
             })
             .collect();

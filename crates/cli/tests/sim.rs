@@ -190,3 +190,51 @@ fn stake_qos_lets_a_slow_client_reach_its_share() {
     let ratio = admitted(&summary, "slow") / admitted(&summary, "fast");
     assert!(ratio >= 0.9, "slow/fast admitted ratio {ratio}");
 }
+
+/// Admitted requests per second over every client, and per client, in
+/// seconds `from..to` of the run.
+fn admitted_between(summary: &Value, from: usize, to: usize) -> (Vec<u64>, Vec<(f64, f64)>) {
+    let clients = summary["clients"].as_array().unwrap();
+    let ok = |c: &Value, s: usize| c["timeline"][s]["ok"].as_u64().unwrap();
+    let per_second = (from..to)
+        .map(|s| clients.iter().map(|c| ok(c, s)).sum())
+        .collect();
+    let counts: Vec<u64> = clients
+        .iter()
+        .map(|c| (from..to).map(|s| ok(c, s)).sum())
+        .collect();
+    let total: u64 = counts.iter().sum();
+    let shares = clients
+        .iter()
+        .zip(counts)
+        .map(|(c, n)| (n as f64 / total as f64, c["stake_share"].as_f64().unwrap()))
+        .collect();
+    (per_second, shares)
+}
+
+#[test]
+fn reactive_stake_qos_follows_the_node_down_within_two_seconds() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("qos-reactive.toml"), true)).unwrap();
+    // 16 read slots at 10 ms per eth_call: 1,600 rps, then 800 from 10 s.
+    let (before, _) = admitted_between(&summary, 2, 10);
+    let (after, shares) = admitted_between(&summary, 12, 20);
+    for rps in &before {
+        assert!(
+            (1_360..=1_700).contains(rps),
+            "before the change: {before:?}"
+        );
+    }
+    for rps in &after {
+        assert!(
+            (680..=880).contains(rps),
+            "from 2 s after the change: {after:?}"
+        );
+    }
+    for (admitted, stake) in shares {
+        assert!(
+            (admitted - stake).abs() <= 0.02,
+            "share {admitted:.4} for stake {stake:.4}"
+        );
+    }
+}

@@ -1,5 +1,6 @@
-//! `stakegate bench gate-overhead`: what the admission gate costs Envoy.
+//! `stakegate bench`: what the filters cost a real Envoy.
 //!
+//! `gate-overhead`: what the admission gate costs Envoy's throughput.
 //! Two Envoys at `--concurrency 1` answer every request with a
 //! direct_response, one with the gate in front (at a limit it never
 //! reaches). wrk loads them in alternating rounds, so both see the same
@@ -10,6 +11,7 @@
 
 use anyhow::{bail, Context};
 use serde::Serialize;
+use stakegate_stack::envoy::Quantile;
 use stakegate_stack::{paths, Envoy, EnvoyBuilder, FilterConfig};
 use std::path::PathBuf;
 use std::process::Command;
@@ -49,9 +51,7 @@ struct OverheadSummary {
 }
 
 pub fn gate_overhead(args: &GateOverheadArgs) -> anyhow::Result<()> {
-    if Command::new("wrk").arg("--version").output().is_err() {
-        bail!("wrk is not installed: `apt-get install wrk` (or `make bench`, which does it)");
-    }
+    require_wrk()?;
     let policy = r#"{"maxInflight": 1000000}"#;
     let module = match &args.module {
         Some(module) => module.clone(),
@@ -61,10 +61,7 @@ pub fn gate_overhead(args: &GateOverheadArgs) -> anyhow::Result<()> {
     let no_filter = EnvoyBuilder::new("bench/no-filter.yaml")
         .concurrency(1)
         .start()?;
-    let gated = EnvoyBuilder::new("bench/gate.yaml")
-        .filter(gate)
-        .concurrency(1)
-        .start()?;
+    let gated = with_filter(gate).concurrency(1).start()?;
     let pinned = pin(&[&no_filter, &gated]);
     println!(
         "gate overhead: wrk -c{} for {:?} per round, {} alternating rounds, Envoy --concurrency 1{}",
@@ -115,15 +112,43 @@ pub fn gate_overhead(args: &GateOverheadArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Requests per second wrk reached against the envoy's public listener.
+/// Envoy answering by itself, behind `filter`.
+fn with_filter(filter: FilterConfig) -> EnvoyBuilder {
+    EnvoyBuilder::new("bench/filter.yaml")
+        .var("FILTER_NAME", &filter.name)
+        .var("FILTER_FILE", &filter.file)
+        .filter(filter)
+}
+
+fn require_wrk() -> anyhow::Result<()> {
+    if Command::new("wrk").arg("--version").output().is_err() {
+        bail!("wrk is not installed: `apt-get install wrk` (or `make bench`, which does it)");
+    }
+    Ok(())
+}
+
+/// Requests per second wrk reached against the envoy's public listener,
+/// with an optional Lua script shaping the requests.
 fn wrk(envoy: &Envoy, connections: u32, duration: Duration) -> anyhow::Result<f64> {
-    let output = Command::new("taskset")
-        .args(["-c", "0", "wrk"])
-        .args([
-            "-t1",
-            &format!("-c{connections}"),
-            &format!("-d{}s", duration.as_secs().max(1)),
-        ])
+    wrk_with(envoy, connections, duration, None)
+}
+
+fn wrk_with(
+    envoy: &Envoy,
+    connections: u32,
+    duration: Duration,
+    script: Option<&std::path::Path>,
+) -> anyhow::Result<f64> {
+    let mut command = Command::new("taskset");
+    command.args(["-c", "0", "wrk"]).args([
+        "-t1",
+        &format!("-c{connections}"),
+        &format!("-d{}s", duration.as_secs().max(1)),
+    ]);
+    if let Some(script) = script {
+        command.arg("-s").arg(script);
+    }
+    let output = command
         .arg(envoy.url("public")?)
         .output()
         .context("running wrk")?;
@@ -164,4 +189,147 @@ fn median(values: &[f64]) -> f64 {
         n if n % 2 == 1 => sorted[n / 2],
         n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct QosRefillArgs {
+    /// Distinct client addresses to send from: one unstaked identity each.
+    #[arg(long, default_value_t = 20_000)]
+    pub identities: u32,
+    /// How long wrk cycles through the addresses.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// Envoy worker threads.
+    #[arg(long, default_value_t = 2)]
+    pub concurrency: u32,
+    /// Where summary.json goes.
+    #[arg(long, default_value = "results/qos-refill")]
+    pub out: PathBuf,
+}
+
+/// Envoy flushes histograms (and so their "interval" quantiles) every 5 s
+/// by default; waiting a little longer makes a window without traffic.
+const STATS_FLUSH: Duration = Duration::from_millis(5_500);
+
+#[derive(Debug, Serialize)]
+struct RefillPhase {
+    phase: &'static str,
+    identities: i64,
+    rounds_per_s: f64,
+    /// Refill round duration over the phase's stats window, in µs.
+    p50_us: Option<f64>,
+    p99_us: Option<f64>,
+    max_us: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct RefillSummary {
+    identities_sent: u32,
+    max_identities: u32,
+    refill_interval_ms: u32,
+    concurrency: u32,
+    phases: Vec<RefillPhase>,
+}
+
+/// `stakegate bench qos-refill`: how long one stake QoS refill round takes
+/// in a real Envoy as the identity table fills. wrk sends from
+/// `--identities` distinct addresses (in x-forwarded-for, behind a trusted
+/// 127.0.0.1), at a capacity never reached, so every address stays an
+/// identity until idleTtl; the filter's `refill_us` histogram gives each
+/// phase's quantiles over one stats flush window: empty, while wrk sends,
+/// and with the table full but no traffic.
+pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
+    require_wrk()?;
+    // Room for every address: identities hash into pages of 64, so a table
+    // sized exactly would evict from its fullest pages.
+    let max_identities = args.identities + args.identities / 4 + 64;
+    let policy = format!(
+        r#"{{"capacityRps": 1000000, "maxIdentities": {max_identities}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
+    );
+    let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
+    let envoy = with_filter(qos).concurrency(args.concurrency).start()?;
+    let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
+    std::fs::write(script.path(), addresses_script(args.identities))?;
+    println!(
+        "qos refill: {} addresses through Envoy --concurrency {} (maxIdentities {max_identities}), refill every 20 ms",
+        args.identities, args.concurrency
+    );
+    let mut phases = Vec::new();
+    let mut measure = |phase: &'static str, window: Duration| -> anyhow::Result<()> {
+        let rounds = envoy.stat("wasmcustom.stakegate.qos.rounds")?;
+        std::thread::sleep(window);
+        let quantile = |q: f64, quantiles: &[Quantile]| {
+            quantiles
+                .iter()
+                .find(|x| x.percent == q)
+                .and_then(|x| x.interval)
+        };
+        let refill = envoy.histogram("wasmcustom.stakegate.qos.refill_us")?;
+        let rounds = envoy.stat("wasmcustom.stakegate.qos.rounds")? - rounds;
+        let result = RefillPhase {
+            phase,
+            identities: envoy.stat("wasmcustom.stakegate.qos.identities")?,
+            rounds_per_s: rounds as f64 / window.as_secs_f64(),
+            p50_us: quantile(50.0, &refill),
+            p99_us: quantile(99.0, &refill),
+            max_us: quantile(100.0, &refill),
+        };
+        let us = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        println!(
+            "{:<8} identities {:>7}   rounds {:>5.1}/s   refill p50 {:>6} µs   p99 {:>6} µs   max {:>6} µs",
+            result.phase,
+            result.identities,
+            result.rounds_per_s,
+            us(result.p50_us),
+            us(result.p99_us),
+            us(result.max_us)
+        );
+        phases.push(result);
+        Ok(())
+    };
+    measure("empty", STATS_FLUSH)?;
+    let sender = std::thread::scope(|scope| {
+        let sending = scope.spawn(|| wrk_with(&envoy, 16, args.duration, Some(script.path())));
+        // The last full flush window inside wrk's run.
+        std::thread::sleep(args.duration.saturating_sub(STATS_FLUSH));
+        let loaded = measure("loaded", STATS_FLUSH);
+        (sending.join(), loaded)
+    });
+    let rps = match sender {
+        (Ok(rps), loaded) => {
+            loaded?;
+            rps?
+        }
+        (Err(_), _) => bail!("the wrk thread panicked"),
+    };
+    println!("wrk sent {rps:.0} rps");
+    measure("idle", STATS_FLUSH)?;
+    let summary = RefillSummary {
+        identities_sent: args.identities,
+        max_identities,
+        refill_interval_ms: 20,
+        concurrency: args.concurrency,
+        phases,
+    };
+    std::fs::create_dir_all(&args.out)?;
+    let path = args.out.join("summary.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&summary)?)?;
+    println!("summary written to {}", path.display());
+    Ok(())
+}
+
+/// A wrk script that POSTs eth_blockNumber from `count` addresses in turn
+/// (10.0.0.0 upwards), each in x-forwarded-for.
+fn addresses_script(count: u32) -> String {
+    format!(
+        r#"local n = 0
+local body = '{{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}}'
+request = function()
+  local i = n % {count}
+  n = n + 1
+  local address = string.format("10.%d.%d.%d", math.floor(i / 65536) % 256, math.floor(i / 256) % 256, i % 256)
+  return wrk.format("POST", "/", {{["content-type"] = "application/json", ["x-forwarded-for"] = address}}, body)
+end
+"#
+    )
 }

@@ -33,6 +33,8 @@ enum Command {
 enum Bench {
     /// Throughput of Envoy with the admission gate vs without (needs wrk).
     GateOverhead(bench::GateOverheadArgs),
+    /// How long a stake QoS refill round takes in Envoy as identities grow (needs wrk).
+    QosRefill(bench::QosRefillArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,5 +54,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Bench(Bench::GateOverhead(args)) => bench::gate_overhead(&args),
+        Command::Bench(Bench::QosRefill(args)) => bench::qos_refill(&args),
     }
 }

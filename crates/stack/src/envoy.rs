@@ -119,6 +119,14 @@ impl EnvoyBuilder {
     }
 }
 
+/// One quantile of an Envoy histogram; `None` where Envoy has no sample.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Quantile {
+    pub percent: f64,
+    pub interval: Option<f64>,
+    pub cumulative: Option<f64>,
+}
+
 /// Replaces `{{NAME}}` placeholders. Unset `*_PORT` placeholders become 0;
 /// any other unset placeholder is an error naming it.
 pub fn render(text: &str, vars: &BTreeMap<String, String>) -> anyhow::Result<String> {
@@ -274,6 +282,43 @@ impl Envoy {
             .find(|stat| stat["name"] == name)
             .and_then(|stat| stat["value"].as_i64())
             .unwrap_or(0))
+    }
+
+    /// A histogram's quantiles from the admin `/stats`: (quantile in
+    /// percent, value over the last stats flush interval, value since
+    /// start). Empty if Envoy has not recorded it yet.
+    pub fn histogram(&self, name: &str) -> anyhow::Result<Vec<Quantile>> {
+        let doc = http::get(&format!(
+            "{}/stats?format=json&usedonly&filter=^{}$",
+            self.admin,
+            name.replace('.', "\\.")
+        ))?
+        .json()?;
+        let Some(histograms) = doc["stats"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find_map(|stat| stat.get("histograms"))
+        else {
+            return Ok(Vec::new());
+        };
+        let quantiles = histograms["supported_quantiles"].as_array();
+        let values = histograms["computed_quantiles"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|h| h["name"] == name)
+            .and_then(|h| h["values"].as_array());
+        Ok(quantiles
+            .into_iter()
+            .flatten()
+            .zip(values.into_iter().flatten())
+            .map(|(q, v)| Quantile {
+                percent: q.as_f64().unwrap_or(0.0),
+                interval: v["interval"].as_f64(),
+                cumulative: v["cumulative"].as_f64(),
+            })
+            .collect())
     }
 
     /// Replaces a filter's ECDS config (atomically) and waits until Envoy

@@ -272,6 +272,27 @@ impl InflightGate {
     }
 }
 
+impl InflightGate {
+    /// This VM's plugin is being deleted (a swap, a reload): gives its
+    /// spare slots back and drops its shard, so they do not wait out the
+    /// stale-slot TTL. Returns the slots still held by requests it had not
+    /// finished; those expire with the TTL.
+    pub fn leave(&mut self, store: &impl SharedStore, now_ms: u64) -> Result<u64, StoreError> {
+        let Some(vm) = self.vm.take() else {
+            return Ok(0);
+        };
+        let spare = std::mem::take(&mut self.spare);
+        update(store, SHARED_KEY, |table: &mut ShardTable| {
+            Change::Write(table.leave(vm, now_ms, &spare))
+        })
+        .map(|updated| updated.value)
+        .map_err(|(e, _)| {
+            self.spare = spare;
+            e
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,6 +423,31 @@ mod tests {
             ),
             "default still cannot take the reserve"
         );
+    }
+
+    #[test]
+    fn a_leaving_vm_gives_its_spares_back_at_once() {
+        let store = MemoryStore::default();
+        let policy = r#"{"maxInflight": 2}"#;
+        let (mut old, mut new) = (gate(policy, 1), gate(policy, 2));
+        let done = ticket(&old.admit(&store, 0, RequestClass::Default, false));
+        let open = ticket(&old.admit(&store, 0, RequestClass::Default, false));
+        old.release(done);
+        assert!(
+            matches!(
+                new.admit(&store, 0, RequestClass::Default, false).decision,
+                Decision::Reject(_)
+            ),
+            "the spare still counts"
+        );
+        assert_eq!(old.leave(&store, 10).unwrap(), 1, "one request still open");
+        assert!(matches!(
+            new.admit(&store, 10, RequestClass::Default, false).decision,
+            Decision::Admit(_)
+        ));
+        // The open request's slot stays counted until the stale-slot TTL.
+        assert!(open.slot.is_some());
+        assert_eq!(new.heartbeat(&store, 20).unwrap().totals.default, 2);
     }
 
     #[derive(Debug, Clone)]

@@ -263,6 +263,19 @@ impl ShardTable {
         self.completions = self.completions.wrapping_add(spare.completed);
     }
 
+    /// `vm` is going away: its spare slots go back to the pool and, if it
+    /// holds nothing else, its shard goes. Slots still held (a request its
+    /// VM had not finished) stay in the shard and expire with the TTL.
+    /// Returns what is still held.
+    pub fn leave(&mut self, vm: u32, now_ms: u64, spare: &Spare) -> u64 {
+        self.heartbeat(vm, now_ms, spare);
+        let held = self.own(vm, now_ms).held.sum();
+        if held == 0 {
+            self.shards.retain(|s| s.vm != vm);
+        }
+        held
+    }
+
     /// Takes one `kind` slot for `vm` if the limits allow it.
     pub fn try_admit(&mut self, vm: u32, now_ms: u64, kind: SlotKind, limits: &Limits) -> bool {
         let totals = self.totals();

@@ -205,6 +205,10 @@ impl StakeQos {
         );
         let result = update(store, &page_key(page), |p: &mut Page| {
             let (entry, evicted) = p.entry(fresh.clone(), now_ms, idle_ttl);
+            // Who the identity is comes from the policy serving now, so a
+            // new stake table takes effect from this request and the next
+            // refill round.
+            (entry.stake, entry.tier, entry.staked) = (fresh.stake, fresh.tier, fresh.staked);
             entry.last_seen_ms = now_ms;
             entry.arrivals = entry.arrivals.saturating_add(1);
             let share_rps = entry.allocated as f64 / MILLI as f64 / interval_s;
@@ -670,6 +674,17 @@ mod tests {
             (admitted[0] as f64 / total - 0.25).abs() < 0.02,
             "{admitted:?}"
         );
+    }
+
+    #[test]
+    fn a_new_stake_table_counts_from_the_next_request() {
+        let store = MemoryStore::default();
+        let mut qos = StakeQos::new(policy(100), 1);
+        let _ = qos.admit(&store, 1, &identity(5, 1000));
+        let _ = qos.admit(&store, 2, &identity(5, 40_000_000));
+        let (page, _) = read::<Page>(&store, &page_key((5 % qos.pages as u64) as u32)).unwrap();
+        let entry = page.entries.iter().find(|e| e.key == 5).unwrap();
+        assert_eq!((entry.stake, entry.staked), (40_000_000, true));
     }
 
     #[test]

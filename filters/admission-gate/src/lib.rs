@@ -79,7 +79,33 @@ impl GateRoot {
     }
 }
 
-impl Context for GateRoot {}
+impl Context for GateRoot {
+    /// The plugin is being deleted (a swap or reload; Envoy does it once its
+    /// last stream has ended): spare slots go back now rather than after
+    /// the stale-slot TTL, and the last counts reach Envoy.
+    fn on_done(&mut self) -> bool {
+        let Some(worker) = &self.worker else {
+            return true;
+        };
+        let mut worker = worker.borrow_mut();
+        let Worker { gate, metrics, .. } = &mut *worker;
+        match gate.leave(&EnvoyStore, now_ms()) {
+            Ok(0) => {}
+            Ok(held) => log(
+                LogLevel::Warn,
+                &format!(
+                    "leaving with {held} slots still held; they expire with the stale-slot TTL"
+                ),
+            ),
+            Err(e) => {
+                metrics.store_error();
+                log(LogLevel::Warn, &format!("leaving the slot table: {e}"));
+            }
+        }
+        metrics.flush(None);
+        true
+    }
+}
 
 impl RootContext for GateRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {

@@ -3,7 +3,8 @@
 //! errors.
 
 use stakegate_loadgen::{ClientSpec, Report};
-use stakegate_stack::envoy::{self, EcdsUpdate};
+use stakegate_stack::ecds::EcdsUpdate;
+use stakegate_stack::envoy;
 use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder, FilterConfig};
 use stakegate_tests::{client, eventually, gate_filter, load, node_behind_gate};
 use std::io::{Read, Write};
@@ -29,7 +30,7 @@ fn stat_reaches(envoy: &Envoy, name: &str, expected: i64) -> bool {
     reached
 }
 
-fn settles_to_zero(envoy: &Envoy) -> bool {
+pub(crate) fn settles_to_zero(envoy: &Envoy) -> bool {
     eventually(Duration::from_secs(5), || {
         [
             "inflight.default",

@@ -2,7 +2,7 @@
 //! under overload, the 429 shape, and policy errors.
 
 use stakegate_loadgen::{ClientSpec, RunSpec};
-use stakegate_stack::envoy::EcdsUpdate;
+use stakegate_stack::ecds::EcdsUpdate;
 use stakegate_stack::{http, loadgen, Envoy, RpcNode};
 use stakegate_tests::{client, eventually, node_behind_filter, qos_filter};
 use std::time::Duration;

@@ -5,9 +5,11 @@
 //! which is the event Envoy's `watched_directory` reacts to, so Envoy never
 //! reads a half-written file.
 
-use anyhow::Context;
+use crate::admin::Admin;
+use anyhow::{bail, Context};
 use serde_json::json;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 /// One Wasm filter as Envoy loads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,4 +91,79 @@ impl FilterConfig {
             .with_context(|| format!("renaming onto {}", path.display()))?;
         Ok(path)
     }
+}
+
+/// Envoy's verdict on an ECDS update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EcdsUpdate {
+    Applied,
+    Rejected,
+}
+
+/// An update Envoy answered, and how long after the write it did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub update: EcdsUpdate,
+    pub took: Duration,
+}
+
+/// Writes `config` as `version` into the ECDS directory `dir` and waits for
+/// Envoy at `admin` to answer: applied when the filter's `version_text`
+/// reads `version`, rejected when its `update_rejected` grows. (Envoy bumps
+/// `config_reload` for rejected updates too, and its config dump shows the
+/// rejected resource, so neither tells the two apart.)
+pub fn apply(
+    admin: &Admin,
+    dir: &Path,
+    config: &FilterConfig,
+    version: &str,
+    timeout: Duration,
+) -> anyhow::Result<Verdict> {
+    let prefix = format!("extension_config_discovery.http_filter.{}.", config.name);
+    // One admin request per poll, and not too many: the admin runs on
+    // Envoy's main thread, which is also the one applying the update.
+    let pattern = format!(
+        "^{}(version_text|update_rejected)$",
+        prefix.replace('.', "\\.")
+    );
+    let read = || -> anyhow::Result<(Option<String>, i64)> {
+        let stats = admin.matching(&pattern)?;
+        let value = |what: &str| {
+            stats
+                .iter()
+                .find(|s| s["name"].as_str() == Some(&format!("{prefix}{what}")))
+                .map(|s| s["value"].clone())
+        };
+        Ok((
+            value("version_text").and_then(|v| v.as_str().map(str::to_string)),
+            value("update_rejected")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(0),
+        ))
+    };
+    let (_, rejected) = read()?;
+    let started = Instant::now();
+    config.write(dir, version)?;
+    while started.elapsed() < timeout {
+        std::thread::sleep(Duration::from_millis(20));
+        let (applied, now_rejected) = read()?;
+        let update = if applied.as_deref() == Some(version) {
+            EcdsUpdate::Applied
+        } else if now_rejected > rejected {
+            EcdsUpdate::Rejected
+        } else {
+            continue;
+        };
+        return Ok(Verdict {
+            update,
+            took: started.elapsed(),
+        });
+    }
+    bail!(
+        "Envoy at {} neither applied nor rejected {} version {version} within {timeout:?}: is it watching {} with a filter named {}?",
+        admin.url,
+        config.name,
+        dir.display(),
+        config.name
+    )
 }

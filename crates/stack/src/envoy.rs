@@ -5,7 +5,8 @@
 //! port with no race; the real ports are then read back from the admin
 //! `/listeners` endpoint, and the admin address from `--admin-address-path`.
 
-use crate::ecds::FilterConfig;
+use crate::admin::Admin;
+use crate::ecds::{self, EcdsUpdate, FilterConfig};
 use crate::http;
 use crate::paths;
 use crate::process::Process;
@@ -117,14 +118,6 @@ impl EnvoyBuilder {
         envoy.wait_ready(&admin_path)?;
         Ok(envoy)
     }
-}
-
-/// One quantile of an Envoy histogram; `None` where Envoy has no sample.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Quantile {
-    pub percent: f64,
-    pub interval: Option<f64>,
-    pub cumulative: Option<f64>,
 }
 
 /// Replaces `{{NAME}}` placeholders. Unset `*_PORT` placeholders become 0;
@@ -256,99 +249,44 @@ impl Envoy {
         Ok(format!("http://{}/", self.listener(listener)?))
     }
 
+    /// The admin API.
+    pub fn admin(&self) -> Admin {
+        Admin::new(&self.admin)
+    }
+
     /// Counters and gauges from the admin `/stats`, by name.
     pub fn stats(&self) -> anyhow::Result<BTreeMap<String, i64>> {
-        let doc = http::get(&format!("{}/stats?format=json", self.admin))?.json()?;
-        Ok(doc["stats"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|stat| Some((stat["name"].as_str()?.to_string(), stat["value"].as_i64()?)))
-            .collect())
+        self.admin().stats()
     }
 
     /// One counter or gauge; 0 if Envoy has not created it yet.
     pub fn stat(&self, name: &str) -> anyhow::Result<i64> {
-        let doc = http::get(&format!(
-            "{}/stats?format=json&filter=^{}$",
-            self.admin,
-            name.replace('.', "\\.")
-        ))?
-        .json()?;
-        Ok(doc["stats"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|stat| stat["name"] == name)
-            .and_then(|stat| stat["value"].as_i64())
-            .unwrap_or(0))
-    }
-
-    /// A histogram's quantiles from the admin `/stats`: (quantile in
-    /// percent, value over the last stats flush interval, value since
-    /// start). Empty if Envoy has not recorded it yet.
-    pub fn histogram(&self, name: &str) -> anyhow::Result<Vec<Quantile>> {
-        let doc = http::get(&format!(
-            "{}/stats?format=json&usedonly&filter=^{}$",
-            self.admin,
-            name.replace('.', "\\.")
-        ))?
-        .json()?;
-        let Some(histograms) = doc["stats"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find_map(|stat| stat.get("histograms"))
-        else {
-            return Ok(Vec::new());
-        };
-        let quantiles = histograms["supported_quantiles"].as_array();
-        let values = histograms["computed_quantiles"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|h| h["name"] == name)
-            .and_then(|h| h["values"].as_array());
-        Ok(quantiles
-            .into_iter()
-            .flatten()
-            .zip(values.into_iter().flatten())
-            .map(|(q, v)| Quantile {
-                percent: q.as_f64().unwrap_or(0.0),
-                interval: v["interval"].as_f64(),
-                cumulative: v["cumulative"].as_f64(),
-            })
-            .collect())
+        self.admin().stat(name)
     }
 
     /// Replaces a filter's ECDS config (atomically) and waits until Envoy
     /// has applied or rejected it. Returns Envoy's verdict.
     pub fn update_filter(&mut self, config: &FilterConfig) -> anyhow::Result<EcdsUpdate> {
-        let reload = format!(
-            "extension_config_discovery.http_filter.{}.config_reload",
-            config.name
-        );
-        let rejected = format!(
-            "extension_config_discovery.http_filter.{}.update_rejected",
-            config.name
-        );
-        let (reloads, rejections) = (self.stat(&reload)?, self.stat(&rejected)?);
         self.ecds_version += 1;
-        config.write(&self.ecds_dir, &self.ecds_version.to_string())?;
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while Instant::now() < deadline {
-            if self.stat(&rejected)? > rejections {
-                return Ok(EcdsUpdate::Rejected);
-            }
-            if self.stat(&reload)? > reloads {
-                return Ok(EcdsUpdate::Applied);
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        bail!(
-            "Envoy neither applied nor rejected {} within {READY_TIMEOUT:?}",
-            config.name
-        )
+        let version = self.ecds_version.to_string();
+        let verdict = ecds::apply(
+            &self.admin(),
+            &self.ecds_dir,
+            config,
+            &version,
+            READY_TIMEOUT,
+        )?;
+        Ok(verdict.update)
+    }
+
+    /// The directory Envoy watches for filter configs (file-based ECDS).
+    pub fn ecds_dir(&self) -> &Path {
+        &self.ecds_dir
+    }
+
+    /// Envoy's log file (its stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        self.process.log_path()
     }
 
     pub fn config_path(&self) -> &Path {
@@ -363,13 +301,6 @@ impl Envoy {
     pub fn show_log_on_drop(&mut self) {
         self.process.show_log_on_drop = true;
     }
-}
-
-/// Envoy's verdict on an ECDS update.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EcdsUpdate {
-    Applied,
-    Rejected,
 }
 
 /// Runs `envoy --mode validate` on a rendered template; returns Envoy's

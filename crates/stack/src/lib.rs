@@ -6,6 +6,7 @@
 //! handle drops, and its log is printed if that happens during a panic (a
 //! failing test).
 
+pub mod admin;
 pub mod ecds;
 pub mod envoy;
 pub mod http;

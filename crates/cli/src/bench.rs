@@ -11,7 +11,7 @@
 
 use anyhow::{bail, Context};
 use serde::Serialize;
-use stakegate_stack::envoy::Quantile;
+use stakegate_stack::admin::Quantile;
 use stakegate_stack::{paths, Envoy, EnvoyBuilder, FilterConfig};
 use std::path::PathBuf;
 use std::process::Command;
@@ -264,7 +264,9 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
                 .find(|x| x.percent == q)
                 .and_then(|x| x.interval)
         };
-        let refill = envoy.histogram("wasmcustom.stakegate.qos.refill_us")?;
+        let refill = envoy
+            .admin()
+            .histogram("wasmcustom.stakegate.qos.refill_us")?;
         let rounds = envoy.stat("wasmcustom.stakegate.qos.rounds")? - rounds;
         let result = RefillPhase {
             phase,

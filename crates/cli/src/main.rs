@@ -3,6 +3,7 @@
 mod bench;
 mod check;
 mod demo;
+mod deploy;
 mod scenario;
 mod sim;
 mod summary;
@@ -20,6 +21,10 @@ struct Cli {
 enum Command {
     /// Load a module with a policy in the offline host: ok, or the module's reason.
     Check(check::CheckArgs),
+    /// Validate a module and policy offline, then swap them into a running Envoy (file-based ECDS).
+    Deploy(deploy::DeployArgs),
+    /// Put a filter's previous deployment back into Envoy.
+    Rollback(deploy::RollbackArgs),
     /// Tip under RPC flood: rpc-node behind a real Envoy, with and without the gate.
     Demo(demo::DemoArgs),
     /// Run a scenario through the compiled filters in virtual time.
@@ -52,6 +57,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Check(args) => check::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Deploy(args) => deploy::deploy(&args),
+        Command::Rollback(args) => deploy::rollback(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Bench(Bench::GateOverhead(args)) => bench::gate_overhead(&args),
         Command::Bench(Bench::QosRefill(args)) => bench::qos_refill(&args),

@@ -1,0 +1,362 @@
+//! `stakegate deploy` and `stakegate rollback`: a new module or policy into
+//! a running Envoy through file-based ECDS, validated first, confirmed by
+//! Envoy, and kept in a history to roll back to.
+//!
+//! The ECDS directory (`--dir`, the one Envoy's `watched_directory` names)
+//! holds one config file per filter, which Envoy reads. stakegate keeps its
+//! own state beside it, under `.stakegate/`:
+//!
+//! - `modules/<sha256>.wasm`: every module deployed, content-addressed and
+//!   written to a temp file then renamed, so a config never names a
+//!   half-written module;
+//! - `history/<filter>.json`: the deployments still in effect, oldest
+//!   first; the last is what Envoy serves.
+//!
+//! A deploy: (1) loads the module with the policy in the offline host, as
+//! `stakegate check` does, and refuses with the module's reason; (2) stores
+//! the module; (3) writes the filter's config atomically under a new
+//! version; (4) waits for Envoy's admin to report that version applied, or
+//! the update rejected. On a rejection (or no answer) it puts the previous
+//! config file back, so what is on disk stays what Envoy serves, and exits
+//! non-zero with Envoy's reason when `--envoy-log` lets it read it (Envoy
+//! gives the reason only in its log). (5) It records the deployment.
+//! `rollback` drops the last deployment and applies the one before it the
+//! same way.
+
+use crate::check::check;
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use stakegate_core::qos::identity::sha256_hex;
+use stakegate_stack::admin::Admin;
+use stakegate_stack::ecds::{self, EcdsUpdate, FilterConfig};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The filters `--filter` names.
+pub const FILTERS: [&str; 2] = ["admission-gate", "stake-qos"];
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// The filter: admission-gate or stake-qos.
+    #[arg(long, value_parser = FILTERS)]
+    pub filter: String,
+    /// The ECDS directory Envoy watches (`watched_directory`).
+    #[arg(long, default_value = "envoy-config/live")]
+    pub dir: PathBuf,
+    /// Envoy's admin address.
+    #[arg(long, default_value = "http://127.0.0.1:9901")]
+    pub admin: String,
+    /// How long to wait for Envoy to apply or reject the change.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Envoy's log file (`--log-path`), read for the reason of a rejection.
+    #[arg(long)]
+    pub envoy_log: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DeployArgs {
+    #[command(flatten)]
+    pub target: Target,
+    /// The compiled filter module.
+    #[arg(long)]
+    pub module: PathBuf,
+    /// The policy document (JSON).
+    #[arg(long)]
+    pub policy: PathBuf,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RollbackArgs {
+    #[command(flatten)]
+    pub target: Target,
+}
+
+/// One deployment in a filter's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Deployment {
+    /// The ECDS `version_info` it was applied under.
+    pub version: u64,
+    pub module_sha256: String,
+    pub policy_sha256: String,
+    /// The policy text, so a rollback can write it again.
+    pub policy: String,
+    /// Milliseconds since the Unix epoch.
+    pub applied_at_ms: u64,
+    /// From the config write to Envoy's confirmation.
+    pub apply_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    pub deployments: Vec<Deployment>,
+}
+
+/// stakegate's state beside one ECDS directory.
+struct Live {
+    dir: PathBuf,
+    filter: String,
+}
+
+impl Live {
+    fn new(target: &Target) -> anyhow::Result<Self> {
+        if !target.dir.is_dir() {
+            bail!(
+                "{} is not a directory: --dir must be the ECDS directory Envoy watches",
+                target.dir.display()
+            );
+        }
+        Ok(Self {
+            dir: target.dir.clone(),
+            filter: target.filter.clone(),
+        })
+    }
+
+    fn state(&self, sub: &str) -> anyhow::Result<PathBuf> {
+        let path = self.dir.join(".stakegate").join(sub);
+        std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        Ok(path)
+    }
+
+    fn history_path(&self) -> anyhow::Result<PathBuf> {
+        Ok(self.state("history")?.join(format!("{}.json", self.filter)))
+    }
+
+    fn history(&self) -> anyhow::Result<History> {
+        let path = self.history_path()?;
+        match std::fs::read_to_string(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a stakegate history", path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(History::default()),
+            Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        }
+    }
+
+    fn save(&self, history: &History) -> anyhow::Result<()> {
+        write_atomically(
+            &self.history_path()?,
+            serde_json::to_string_pretty(history)?.as_bytes(),
+        )
+    }
+
+    fn module_path(&self, sha256: &str) -> anyhow::Result<PathBuf> {
+        Ok(self.state("modules")?.join(format!("{sha256}.wasm")))
+    }
+
+    /// Stores `module` under its sha256 (once) and returns its path.
+    fn store_module(&self, module: &[u8], sha256: &str) -> anyhow::Result<PathBuf> {
+        let path = self.module_path(sha256)?;
+        if !path.exists() {
+            write_atomically(&path, module)?;
+        }
+        Ok(path)
+    }
+
+    fn config(&self, module: PathBuf, policy: &str) -> FilterConfig {
+        match self.filter.as_str() {
+            "admission-gate" => FilterConfig::admission_gate(module, policy),
+            _ => FilterConfig::stake_qos(module, policy),
+        }
+    }
+}
+
+/// Writes a temp file beside `path`, then renames it onto `path`.
+fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&temp, bytes).with_context(|| format!("writing {}", temp.display()))?;
+    std::fs::rename(&temp, path).with_context(|| format!("renaming onto {}", path.display()))
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The next ECDS version: above every version in the history and the one
+/// in the config file now (which may predate stakegate).
+fn next_version(history: &History, current: Option<&str>) -> u64 {
+    let on_disk = current
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+        .and_then(|doc| doc["version_info"].as_str()?.parse::<u64>().ok())
+        .unwrap_or(0);
+    history
+        .deployments
+        .iter()
+        .map(|d| d.version)
+        .fold(on_disk, u64::max)
+        + 1
+}
+
+/// Applies `policy` with the stored module `sha256` under a new version.
+/// On success returns the deployment; on a rejection or no answer puts the
+/// previous config file back and fails with Envoy's reason.
+fn apply(
+    live: &Live,
+    target: &Target,
+    history: &History,
+    sha256: &str,
+    policy: &str,
+) -> anyhow::Result<Deployment> {
+    let config = live.config(live.module_path(sha256)?, policy);
+    let config_path = live.dir.join(&config.file);
+    let previous = std::fs::read_to_string(&config_path).ok();
+    let version = next_version(history, previous.as_deref());
+    let log_start = target
+        .envoy_log
+        .as_ref()
+        .and_then(|log| std::fs::metadata(log).ok())
+        .map_or(0, |m| m.len());
+    let admin = Admin::new(&target.admin);
+    let verdict = ecds::apply(
+        &admin,
+        &live.dir,
+        &config,
+        &version.to_string(),
+        target.timeout,
+    );
+    let failure = match verdict {
+        Ok(v) if v.update == EcdsUpdate::Applied => {
+            return Ok(Deployment {
+                version,
+                module_sha256: sha256.to_string(),
+                policy_sha256: sha256_hex(policy.as_bytes()),
+                policy: policy.to_string(),
+                applied_at_ms: now_ms(),
+                apply_ms: v.took.as_millis() as u64,
+            })
+        }
+        Ok(_) => {
+            let reason = target
+                .envoy_log
+                .as_deref()
+                .and_then(|log| rejection_reason(log, log_start))
+                .unwrap_or_else(|| {
+                    "its reason is in Envoy's log (\"config update rejected\"); pass --envoy-log to see it here".into()
+                });
+            anyhow::anyhow!("Envoy rejected {} version {version}: {reason}", config.name)
+        }
+        Err(e) => e,
+    };
+    // Leave on disk what Envoy serves.
+    match previous {
+        Some(text) => write_atomically(&config_path, text.as_bytes())?,
+        None => std::fs::remove_file(&config_path).unwrap_or_default(),
+    }
+    Err(failure.context(format!(
+        "the previous config of {} is back in {} and keeps serving",
+        config.name,
+        live.dir.display()
+    )))
+}
+
+/// Envoy's own words about a rejected config, from its log past `from`:
+/// the module's error lines and the rejection line.
+fn rejection_reason(log: &Path, from: u64) -> Option<String> {
+    let text = std::fs::read(log).ok()?;
+    let new = String::from_utf8_lossy(text.get(from as usize..)?).into_owned();
+    let lines: Vec<&str> = new
+        .lines()
+        .filter(|l| l.contains("config update rejected") || l.contains("wasm log"))
+        .map(|l| l.rsplit("] ").next().unwrap_or(l).trim())
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("; "))
+}
+
+fn print(action: &str, filter: &str, d: &Deployment) {
+    println!(
+        "{action} {filter} version {}: module sha256 {}, policy sha256 {}, applied by Envoy in {} ms",
+        d.version, d.module_sha256, d.policy_sha256, d.apply_ms
+    );
+}
+
+pub fn deploy(args: &DeployArgs) -> anyhow::Result<()> {
+    let live = Live::new(&args.target)?;
+    let module = std::fs::read(&args.module)
+        .with_context(|| format!("reading {}", args.module.display()))?;
+    let policy = std::fs::read_to_string(&args.policy)
+        .with_context(|| format!("reading {}", args.policy.display()))?;
+    check(&module, policy.as_bytes()).with_context(|| {
+        format!(
+            "refused before touching Envoy: {} with {}",
+            args.module.display(),
+            args.policy.display()
+        )
+    })?;
+    let sha256 = sha256_hex(&module);
+    live.store_module(&module, &sha256)?;
+    let mut history = live.history()?;
+    let deployment = apply(&live, &args.target, &history, &sha256, &policy)?;
+    print("deployed", &live.filter, &deployment);
+    history.deployments.push(deployment);
+    live.save(&history)
+}
+
+pub fn rollback(args: &RollbackArgs) -> anyhow::Result<()> {
+    let live = Live::new(&args.target)?;
+    let mut history = live.history()?;
+    let [.., previous, current] = history.deployments.as_slice() else {
+        bail!(
+            "nothing to roll back to: {} has {} deployment(s) in {}",
+            live.filter,
+            history.deployments.len(),
+            live.history_path()?.display()
+        );
+    };
+    let from = current.version;
+    let (sha256, policy) = (previous.module_sha256.clone(), previous.policy.clone());
+    let deployment = apply(&live, &args.target, &history, &sha256, &policy)?;
+    print(
+        &format!("rolled back from version {from}:"),
+        &live.filter,
+        &deployment,
+    );
+    history.deployments.pop();
+    history.deployments.pop();
+    history.deployments.push(deployment);
+    live.save(&history)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(version: u64) -> Deployment {
+        Deployment {
+            version,
+            module_sha256: "m".into(),
+            policy_sha256: "p".into(),
+            policy: "{}".into(),
+            applied_at_ms: 0,
+            apply_ms: 0,
+        }
+    }
+
+    #[test]
+    fn versions_only_go_up() {
+        let empty = History::default();
+        assert_eq!(next_version(&empty, None), 1);
+        assert_eq!(next_version(&empty, Some(r#"{"version_info": "41"}"#)), 42);
+        assert_eq!(next_version(&empty, Some("not json")), 1);
+        let history = History {
+            deployments: vec![deployment(3), deployment(7)],
+        };
+        assert_eq!(next_version(&history, Some(r#"{"version_info": "5"}"#)), 8);
+    }
+
+    #[test]
+    fn the_reason_comes_from_envoys_log_after_the_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("envoy.log");
+        let old = "[2026-11-22 06:27:13.343][1][warning][config] [x.cc:81] Filesystem config update rejected: old\n";
+        let new = "[2026-11-22 06:27:14.343][1][error][wasm] [context.cc:1157] wasm log stakegate.admission_gate: policy rejected: maxInflight: must be > 0\n\
+                   [2026-11-22 06:27:14.344][1][warning][config] [x.cc:81] Filesystem config update rejected: Unable to create Wasm plugin stakegate.admission_gate\n";
+        std::fs::write(&log, format!("{old}{new}")).unwrap();
+        let reason = rejection_reason(&log, old.len() as u64).unwrap();
+        assert!(reason.contains("maxInflight: must be > 0"), "{reason}");
+        assert!(reason.contains("Unable to create Wasm plugin"), "{reason}");
+        assert!(!reason.contains("old"), "{reason}");
+        assert_eq!(rejection_reason(&log, (old.len() + new.len()) as u64), None);
+    }
+}

@@ -1,0 +1,373 @@
+//! `stakegate deploy` and `rollback` against a real Envoy at
+//! `--concurrency 2`: swaps under load, broken inputs refused, and a stake
+//! table change taking effect.
+
+use crate::admission_gate::settles_to_zero;
+use stakegate_loadgen::{ClientSpec, RunSpec};
+use stakegate_stack::{loadgen, paths, Envoy};
+use stakegate_tests::{client, node_behind_filter, node_behind_gate, qos_filter};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+/// Runs `stakegate deploy` (or `rollback` when `module` is `None`) against
+/// `envoy`'s ECDS directory and admin.
+fn stakegate(envoy: &Envoy, filter: &str, module_and_policy: Option<(&Path, &Path)>) -> Output {
+    let mut command = std::process::Command::new(paths::tool("stakegate").unwrap());
+    command
+        .arg(if module_and_policy.is_some() {
+            "deploy"
+        } else {
+            "rollback"
+        })
+        .args(["--filter", filter])
+        .arg("--dir")
+        .arg(envoy.ecds_dir())
+        .args(["--admin", envoy.admin_url()])
+        .arg("--envoy-log")
+        .arg(envoy.log_path());
+    if let Some((module, policy)) = module_and_policy {
+        command
+            .arg("--module")
+            .arg(module)
+            .arg("--policy")
+            .arg(policy);
+    }
+    command.output().unwrap()
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn deployed(output: &Output) -> String {
+    assert!(output.status.success(), "{}", text(output));
+    text(output)
+}
+
+/// The deployments stakegate recorded for `filter`.
+fn history(envoy: &Envoy, filter: &str) -> Vec<serde_json::Value> {
+    let path = envoy
+        .ecds_dir()
+        .join(format!(".stakegate/history/{filter}.json"));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    doc["deployments"].as_array().unwrap().clone()
+}
+
+fn file(dir: &Path, name: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// `module` with a custom section appended: another module version (a new
+/// sha256, so Envoy loads it as new code) that behaves the same.
+fn rebuilt(module: &[u8], build: &str) -> Vec<u8> {
+    let name = "stakegate.build";
+    let mut payload = vec![name.len() as u8];
+    payload.extend_from_slice(name.as_bytes());
+    payload.extend_from_slice(build.as_bytes());
+    assert!(payload.len() < 128, "one-byte LEB128 size");
+    let mut out = module.to_vec();
+    out.push(0);
+    out.push(payload.len() as u8);
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// A proxy-wasm module in WAT: `imports`, and `configure` as the body of
+/// proxy_on_configure. Requests pass.
+fn wat_module(imports: &str, configure: &str) -> Vec<u8> {
+    wat::parse_str(format!(
+        r#"(module
+          {imports}
+          (memory (export "memory") 1)
+          (func (export "proxy_abi_version_0_2_1"))
+          (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
+          (func (export "proxy_on_context_create") (param i32 i32))
+          (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
+          (func (export "proxy_on_configure") (param i32 i32) (result i32) {configure})
+          (func (export "proxy_on_tick") (param i32))
+          (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) i32.const 0)
+          (func (export "proxy_on_request_body") (param i32 i32 i32) (result i32) i32.const 0)
+          (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32) i32.const 0)
+          (func (export "proxy_on_done") (param i32) (result i32) i32.const 1)
+          (func (export "proxy_on_log") (param i32))
+          (func (export "proxy_on_delete") (param i32)))"#
+    ))
+    .unwrap()
+}
+
+const INTERNAL: &str = r#""classes": {"internal": [{"listenerMetadata": "internal"}]}"#;
+
+#[test]
+fn ten_deploys_under_load_fail_no_request() {
+    let policy = |limit: u32| format!(r#"{{"maxInflight": {limit}, {INTERNAL}}}"#);
+    // Limits the load never reaches on this machine (in flight stays in
+    // the hundreds): every 503 would be the swap's fault.
+    let (node, envoy) = node_behind_gate(&policy(4096), &["--read-slots", "64"]);
+    let dir = tempfile::tempdir().unwrap();
+    let gate = std::fs::read(paths::wasm_module("admission_gate").unwrap()).unwrap();
+    let modules = [
+        file(dir.path(), "gate-a.wasm", rebuilt(&gate, "a")),
+        file(dir.path(), "gate-b.wasm", rebuilt(&gate, "b")),
+    ];
+    let policies = [
+        file(dir.path(), "p4096.json", policy(4096)),
+        file(dir.path(), "p2048.json", policy(2048)),
+    ];
+    const RATE: f64 = 2000.0;
+    let duration = Duration::from_secs(32);
+    let spec = RunSpec {
+        target: envoy.url("public").unwrap(),
+        duration,
+        max_requests: (RATE * duration.as_secs_f64()) as u64,
+        timeout: Duration::from_secs(10),
+        http2: true,
+        connections: 4,
+        clients: vec![client("steady", RATE, "eth_blockNumber", 100_000)],
+    };
+    let load = std::thread::spawn(move || loadgen::run(&spec).unwrap());
+    std::thread::sleep(Duration::from_secs(1));
+    // Each deploy changes one thing, the module and the policy in turn:
+    // (a, 4096), (b, 4096), (b, 2048), (a, 2048), (a, 4096), ...
+    let steps: Vec<(usize, usize)> = (0..10usize)
+        .map(|i| (i.div_ceil(2) % 2, (i / 2) % 2))
+        .collect();
+    for (module, policy) in &steps {
+        let output = stakegate(
+            &envoy,
+            "admission-gate",
+            Some((&modules[*module], &policies[*policy])),
+        );
+        eprint!("{}", deployed(&output));
+        std::thread::sleep(Duration::from_millis(2_500));
+    }
+    let report = load.join().unwrap();
+    let applied: Vec<u64> = history(&envoy, "admission-gate")
+        .iter()
+        .map(|d| d["apply_ms"].as_u64().unwrap())
+        .collect();
+    assert_eq!(applied.len(), 10);
+    // The first deploy swaps the boot config's module for `a`; after it,
+    // odd steps change the module and even ones the policy.
+    let (module_swaps, policy_swaps): (Vec<_>, Vec<_>) = applied
+        .iter()
+        .enumerate()
+        .partition(|(i, _)| *i == 0 || i % 2 == 1);
+    let ms =
+        |swaps: Vec<(usize, &u64)>| -> Vec<u64> { swaps.into_iter().map(|(_, ms)| *ms).collect() };
+    let (module_swaps, policy_swaps) = (ms(module_swaps), ms(policy_swaps));
+    eprintln!(
+        "{} requests at {RATE} rps for {duration:?}: status {:?}, admitted p99 {} ms; \
+         module swaps applied in {module_swaps:?} ms, policy swaps in {policy_swaps:?} ms",
+        report.count("200"),
+        report.status,
+        report.latency_ms.ok.p99,
+    );
+    assert!(
+        policy_swaps.iter().all(|ms| *ms < 1_000),
+        "{policy_swaps:?} ms"
+    );
+    // A new module is compiled by V8 (TurboFan, eagerly) on Envoy's main
+    // thread while the load shares the cores (README, "Deploy and roll back").
+    assert!(
+        module_swaps.iter().all(|ms| *ms < 3_000),
+        "{module_swaps:?} ms"
+    );
+    let sent = report.clients[0].header.sent;
+    assert!(
+        sent as f64 >= 0.95 * RATE * duration.as_secs_f64(),
+        "sent {sent}"
+    );
+    // Neither limit is reached at this rate, so every answer is a 200.
+    assert_eq!(report.count("200"), sent, "{:?}", report.status);
+    assert!(settles_to_zero(&envoy), "in-flight gauges back to 0");
+    assert_eq!(node.metrics().unwrap()["inflight"], 0);
+}
+
+#[test]
+fn broken_inputs_are_refused_and_the_old_module_keeps_serving() {
+    let policy = format!(r#"{{"maxInflight": 64, {INTERNAL}}}"#);
+    let (_node, envoy) = node_behind_gate(&policy, &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let gate = paths::wasm_module("admission_gate").unwrap();
+    let good = file(dir.path(), "good.json", &policy);
+    deployed(&stakegate(&envoy, "admission-gate", Some((&gate, &good))));
+    let config = envoy.ecds_dir().join("admission-gate.yaml");
+    let serving = std::fs::read_to_string(&config).unwrap();
+    let attempts = "extension_config_discovery.http_filter.stakegate.admission_gate.update_attempt";
+    let before = envoy.stat(attempts).unwrap();
+
+    // A bad field: refused offline, with the field and the reason.
+    let bad = file(
+        dir.path(),
+        "bad.json",
+        r#"{"maxInflight": 8, "reserved": 9}"#,
+    );
+    let output = stakegate(&envoy, "admission-gate", Some((&gate, &bad)));
+    assert!(!output.status.success());
+    let said = text(&output);
+    assert!(said.contains("refused before touching Envoy"), "{said}");
+    assert!(
+        said.contains("reserved: must be less than maxInflight"),
+        "{said}"
+    );
+
+    // A module that refuses its configuration.
+    let refuses = file(dir.path(), "refuses.wasm", wat_module("", "i32.const 0"));
+    let output = stakegate(&envoy, "admission-gate", Some((&refuses, &good)));
+    assert!(!output.status.success());
+    let said = text(&output);
+    assert!(said.contains("refused its configuration"), "{said}");
+    assert_eq!(
+        envoy.stat(attempts).unwrap(),
+        before,
+        "Envoy was not touched"
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), serving);
+
+    // A module the offline host accepts but Envoy cannot link.
+    let unlinkable = file(
+        dir.path(),
+        "unlinkable.wasm",
+        wat_module(
+            r#"(import "env" "stakegate_not_in_envoy" (func))"#,
+            "i32.const 1",
+        ),
+    );
+    let output = stakegate(&envoy, "admission-gate", Some((&unlinkable, &good)));
+    assert!(!output.status.success());
+    let said = text(&output);
+    eprintln!("{said}");
+    assert!(
+        said.contains("Envoy rejected stakegate.admission_gate"),
+        "{said}"
+    );
+    assert!(said.contains("config update rejected"), "{said}");
+    assert!(said.contains("keeps serving"), "{said}");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), serving);
+    assert_eq!(history(&envoy, "admission-gate").len(), 1);
+    // The gate still answers, and still counts what it admits.
+    let admitted = "wasmcustom.stakegate.gate.admitted.default";
+    let counted = envoy.stat(admitted).unwrap();
+    let answer = stakegate_stack::http::post(
+        &envoy.url("public").unwrap(),
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}"#,
+    )
+    .unwrap();
+    assert_eq!(answer.status, 200);
+    assert!(stakegate_tests::eventually(Duration::from_secs(5), || {
+        envoy.stat(admitted).unwrap() > counted
+    }));
+}
+
+#[test]
+fn rollback_restores_the_previous_deployment() {
+    let policy = |limit: u32| format!(r#"{{"maxInflight": {limit}, {INTERNAL}}}"#);
+    let (_node, envoy) = node_behind_gate(&policy(64), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let gate = paths::wasm_module("admission_gate").unwrap();
+    let output = stakegate(&envoy, "admission-gate", None);
+    assert!(!output.status.success());
+    assert!(
+        text(&output).contains("nothing to roll back to"),
+        "{}",
+        text(&output)
+    );
+    for limit in [64, 32] {
+        let path = file(dir.path(), &format!("p{limit}.json"), policy(limit));
+        deployed(&stakegate(&envoy, "admission-gate", Some((&gate, &path))));
+    }
+    let said = deployed(&stakegate(&envoy, "admission-gate", None));
+    assert!(said.contains("rolled back from version"), "{said}");
+    let deployments = history(&envoy, "admission-gate");
+    assert_eq!(deployments.len(), 1);
+    assert!(deployments[0]["policy"]
+        .as_str()
+        .unwrap()
+        .contains("\"maxInflight\": 64"));
+    let config = std::fs::read_to_string(envoy.ecds_dir().join("admission-gate.yaml")).unwrap();
+    assert!(config.contains(r#"\"maxInflight\": 64"#), "{config}");
+    let version = "extension_config_discovery.http_filter.stakegate.admission_gate.version_text";
+    assert_eq!(
+        envoy.admin().text(version).unwrap().as_deref(),
+        Some(deployments[0]["version"].to_string().as_str())
+    );
+}
+
+/// sha256 of "key-stake-10" and "key-stake-40" (scenarios/stake-shares.toml).
+const KEY_10: &str = "cd9f2d260bd52f2959aa869845529684dd8a378abe4cb14d8841f98b613b8a51";
+const KEY_40: &str = "473c8f22f3caab363fb78c93e74a71a9f4668efd4b44e1ef9e737c88e712ab11";
+
+#[test]
+fn a_stake_table_change_moves_shares_within_a_second() {
+    const CAPACITY: f64 = 400.0;
+    let policy = |a: u64, b: u64| {
+        format!(
+            r#"{{"capacityRps": {CAPACITY}, "stakes": [
+              {{"apiKeySha256": "{KEY_10}", "name": "a", "stake": {a}}},
+              {{"apiKeySha256": "{KEY_40}", "name": "b", "stake": {b}}}]}}"#
+        )
+    };
+    let (_node, envoy) = node_behind_filter(
+        "qos.yaml",
+        qos_filter(&policy(10_000_000, 10_000_000)),
+        &["--read-slots", "64"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let module = paths::wasm_module("stake_qos").unwrap();
+    let after = file(dir.path(), "after.json", policy(10_000_000, 40_000_000));
+    let clients: Vec<ClientSpec> = [("a", "key-stake-10"), ("b", "key-stake-40")]
+        .into_iter()
+        .map(|(id, key)| ClientSpec {
+            api_key: Some(key.into()),
+            ..client(id, CAPACITY, "eth_call", 100_000)
+        })
+        .collect();
+    let duration = Duration::from_secs(8);
+    let spec = RunSpec {
+        target: envoy.url("public").unwrap(),
+        duration,
+        max_requests: (CAPACITY * duration.as_secs_f64()) as u64,
+        timeout: Duration::from_secs(10),
+        http2: true,
+        connections: 2,
+        clients,
+    };
+    let started = Instant::now();
+    let load = std::thread::spawn(move || loadgen::run(&spec).unwrap());
+    std::thread::sleep(Duration::from_secs(4));
+    eprint!(
+        "{}",
+        deployed(&stakegate(&envoy, "stake-qos", Some((&module, &after))))
+    );
+    let confirmed = started.elapsed();
+    let report = load.join().unwrap();
+    let share_of_b = |second: usize| {
+        let ok = |c: usize| report.clients[c].timeline[second].ok as f64;
+        ok(1) / (ok(0) + ok(1))
+    };
+    let before = share_of_b(2);
+    // The first whole second of the run after Envoy confirmed the change.
+    let first = confirmed.as_secs_f64().ceil() as usize;
+    let shares: Vec<String> = (0..8).map(|s| format!("{:.3}", share_of_b(s))).collect();
+    eprintln!("b's share by second {shares:?}; the deploy was confirmed at {confirmed:?}");
+    assert!(
+        (before - 0.5).abs() <= 0.05,
+        "equal stakes: b had {before:.3}"
+    );
+    for second in first..8 {
+        let share = share_of_b(second);
+        assert!(
+            (share - 0.8).abs() <= 0.05,
+            "second {second}: b had {share:.3}, its stake is 80 %"
+        );
+    }
+}

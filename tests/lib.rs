@@ -29,6 +29,26 @@ pub fn load(target: &str, client: ClientSpec, duration: Duration, http2: bool) -
     }
 }
 
+/// `clients` over HTTP/2 on `connections` connections each, for
+/// `duration`, bounded by a timeout.
+pub fn load_h2(
+    target: &str,
+    clients: Vec<ClientSpec>,
+    duration: Duration,
+    connections: usize,
+) -> RunSpec {
+    let fastest = clients.iter().map(|c| c.rate).fold(0.0, f64::max);
+    RunSpec {
+        target: target.to_string(),
+        duration,
+        max_requests: (fastest * duration.as_secs_f64()).ceil() as u64,
+        timeout: Duration::from_secs(30),
+        http2: true,
+        connections,
+        clients,
+    }
+}
+
 pub fn client(id: &str, rate: f64, method: &str, concurrency: usize) -> ClientSpec {
     ClientSpec {
         mix: [(method.to_string(), 1.0)].into(),

@@ -3,9 +3,9 @@
 //! table change taking effect.
 
 use crate::admission_gate::settles_to_zero;
-use stakegate_loadgen::{ClientSpec, RunSpec};
+use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{loadgen, paths, Envoy};
-use stakegate_tests::{client, node_behind_filter, node_behind_gate, qos_filter};
+use stakegate_tests::{client, load_h2, node_behind_filter, node_behind_gate, qos_filter};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -83,24 +83,10 @@ fn rebuilt(module: &[u8], build: &str) -> Vec<u8> {
 /// A proxy-wasm module in WAT: `imports`, and `configure` as the body of
 /// proxy_on_configure. Requests pass.
 fn wat_module(imports: &str, configure: &str) -> Vec<u8> {
-    wat::parse_str(format!(
-        r#"(module
-          {imports}
-          (memory (export "memory") 1)
-          (func (export "proxy_abi_version_0_2_1"))
-          (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
-          (func (export "proxy_on_context_create") (param i32 i32))
-          (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
-          (func (export "proxy_on_configure") (param i32 i32) (result i32) {configure})
-          (func (export "proxy_on_tick") (param i32))
-          (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) i32.const 0)
-          (func (export "proxy_on_request_body") (param i32 i32 i32) (result i32) i32.const 0)
-          (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32) i32.const 0)
-          (func (export "proxy_on_done") (param i32) (result i32) i32.const 1)
-          (func (export "proxy_on_log") (param i32))
-          (func (export "proxy_on_delete") (param i32)))"#
-    ))
-    .unwrap()
+    let text = include_str!("../fixtures/proxy-wasm.wat")
+        .replace("{imports}", imports)
+        .replace("{configure}", configure);
+    wat::parse_str(text).unwrap()
 }
 
 const INTERNAL: &str = r#""classes": {"internal": [{"listenerMetadata": "internal"}]}"#;
@@ -123,15 +109,12 @@ fn ten_deploys_under_load_fail_no_request() {
     ];
     const RATE: f64 = 2000.0;
     let duration = Duration::from_secs(32);
-    let spec = RunSpec {
-        target: envoy.url("public").unwrap(),
+    let spec = load_h2(
+        &envoy.url("public").unwrap(),
+        vec![client("steady", RATE, "eth_blockNumber", 100_000)],
         duration,
-        max_requests: (RATE * duration.as_secs_f64()) as u64,
-        timeout: Duration::from_secs(10),
-        http2: true,
-        connections: 4,
-        clients: vec![client("steady", RATE, "eth_blockNumber", 100_000)],
-    };
+        4,
+    );
     let load = std::thread::spawn(move || loadgen::run(&spec).unwrap());
     std::thread::sleep(Duration::from_secs(1));
     // Each deploy changes one thing, the module and the policy in turn:
@@ -332,15 +315,7 @@ fn a_stake_table_change_moves_shares_within_a_second() {
         })
         .collect();
     let duration = Duration::from_secs(8);
-    let spec = RunSpec {
-        target: envoy.url("public").unwrap(),
-        duration,
-        max_requests: (CAPACITY * duration.as_secs_f64()) as u64,
-        timeout: Duration::from_secs(10),
-        http2: true,
-        connections: 2,
-        clients,
-    };
+    let spec = load_h2(&envoy.url("public").unwrap(), clients, duration, 2);
     let started = Instant::now();
     let load = std::thread::spawn(move || loadgen::run(&spec).unwrap());
     std::thread::sleep(Duration::from_secs(4));

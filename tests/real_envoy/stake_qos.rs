@@ -1,10 +1,10 @@
 //! The stake QoS filter in a real Envoy at `--concurrency 2`: stake shares
 //! under overload, the 429 shape, and policy errors.
 
-use stakegate_loadgen::{ClientSpec, RunSpec};
+use stakegate_loadgen::ClientSpec;
 use stakegate_stack::ecds::EcdsUpdate;
 use stakegate_stack::{http, loadgen, Envoy, RpcNode};
-use stakegate_tests::{client, eventually, node_behind_filter, qos_filter};
+use stakegate_tests::{client, eventually, load_h2, node_behind_filter, qos_filter};
 use std::time::Duration;
 
 const CALL: &str = r#"{"jsonrpc":"2.0","id":1,"method":"eth_call"}"#;
@@ -45,15 +45,12 @@ fn stake_shares_hold_in_a_real_envoy() {
         })
         .collect();
     let duration = Duration::from_secs(8);
-    let report = loadgen::run(&RunSpec {
-        target: envoy.url("public").unwrap(),
-        duration,
-        max_requests: (CAPACITY * duration.as_secs_f64()) as u64,
-        timeout: Duration::from_secs(30),
-        http2: true,
-        connections: 2,
+    let report = loadgen::run(&load_h2(
+        &envoy.url("public").unwrap(),
         clients,
-    })
+        duration,
+        2,
+    ))
     .unwrap();
     let admitted: Vec<u64> = report.clients.iter().map(|c| c.count("200")).collect();
     let total: u64 = admitted.iter().sum();

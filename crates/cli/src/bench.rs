@@ -105,11 +105,7 @@ pub fn gate_overhead(args: &GateOverheadArgs) -> anyhow::Result<()> {
         "median: no filter {:.0} rps, gate {:.0} rps, gate/no-filter {:.3} (target >= 0.80); the gate admitted {admitted} requests",
         summary.median_no_filter_rps, summary.median_gate_rps, summary.median_ratio
     );
-    std::fs::create_dir_all(&args.out)?;
-    let path = args.out.join("summary.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&summary)?)?;
-    println!("summary written to {}", path.display());
-    Ok(())
+    crate::summary::write(&args.out, &summary)
 }
 
 /// Envoy answering by itself, behind `filter`.
@@ -313,11 +309,7 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
         concurrency: args.concurrency,
         phases,
     };
-    std::fs::create_dir_all(&args.out)?;
-    let path = args.out.join("summary.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&summary)?)?;
-    println!("summary written to {}", path.display());
-    Ok(())
+    crate::summary::write(&args.out, &summary)
 }
 
 /// A wrk script that POSTs eth_blockNumber from `count` addresses in turn

@@ -121,11 +121,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
         variants,
     };
     println!("\n{}", table(&summary));
-    std::fs::create_dir_all(&args.out)?;
-    let path = args.out.join("summary.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&summary)?)?;
-    println!("summary written to {}", path.display());
-    Ok(())
+    crate::summary::write(&args.out, &summary)
 }
 
 fn run_variant(

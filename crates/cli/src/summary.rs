@@ -210,6 +210,15 @@ impl Summary {
     }
 }
 
+/// Writes `summary` as `dir/summary.json` and says where.
+pub fn write(dir: &std::path::Path, summary: &impl Serialize) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("summary.json");
+    std::fs::write(&path, serde_json::to_string_pretty(summary)?)?;
+    println!("summary written to {}", path.display());
+    Ok(())
+}
+
 fn ratio(part: u64, whole: u64) -> f64 {
     if whole == 0 {
         0.0

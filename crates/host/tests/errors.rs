@@ -14,25 +14,10 @@ fn error(module: &[u8]) -> String {
 /// The exports a proxy-wasm module needs, around `body` for vm_start and
 /// configure.
 fn proxy_wasm(imports: &str, configure: &str) -> Vec<u8> {
-    wat::parse_str(format!(
-        r#"(module
-          {imports}
-          (memory (export "memory") 1)
-          (data (i32.const 100) "boom: the policy exploded")
-          (func (export "proxy_abi_version_0_2_1"))
-          (func (export "proxy_on_memory_allocate") (param i32) (result i32) i32.const 1024)
-          (func (export "proxy_on_context_create") (param i32 i32))
-          (func (export "proxy_on_vm_start") (param i32 i32) (result i32) i32.const 1)
-          (func (export "proxy_on_configure") (param i32 i32) (result i32) {configure})
-          (func (export "proxy_on_tick") (param i32))
-          (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) i32.const 0)
-          (func (export "proxy_on_request_body") (param i32 i32 i32) (result i32) i32.const 0)
-          (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32) i32.const 0)
-          (func (export "proxy_on_done") (param i32) (result i32) i32.const 1)
-          (func (export "proxy_on_log") (param i32))
-          (func (export "proxy_on_delete") (param i32)))"#
-    ))
-    .unwrap()
+    let text = include_str!("../../../tests/fixtures/proxy-wasm.wat")
+        .replace("{imports}", imports)
+        .replace("{configure}", configure);
+    wat::parse_str(text).unwrap()
 }
 
 #[test]

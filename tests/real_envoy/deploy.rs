@@ -132,37 +132,23 @@ fn ten_deploys_under_load_fail_no_request() {
         std::thread::sleep(Duration::from_millis(2_500));
     }
     let report = load.join().unwrap();
-    let applied: Vec<u64> = history(&envoy, "admission-gate")
-        .iter()
-        .map(|d| d["apply_ms"].as_u64().unwrap())
-        .collect();
-    assert_eq!(applied.len(), 10);
-    // The first deploy swaps the boot config's module for `a`; after it,
-    // odd steps change the module and even ones the policy.
-    let (module_swaps, policy_swaps): (Vec<_>, Vec<_>) = applied
-        .iter()
-        .enumerate()
-        .partition(|(i, _)| *i == 0 || i % 2 == 1);
-    let ms =
-        |swaps: Vec<(usize, &u64)>| -> Vec<u64> { swaps.into_iter().map(|(_, ms)| *ms).collect() };
-    let (module_swaps, policy_swaps) = (ms(module_swaps), ms(policy_swaps));
+    let deployments = history(&envoy, "admission-gate");
+    assert_eq!(deployments.len(), 10);
+    let ms = |d: &serde_json::Value, field: &str| d[field].as_u64().unwrap();
+    let applied: Vec<u64> = deployments.iter().map(|d| ms(d, "apply_ms")).collect();
+    let staged: Vec<u64> = deployments.iter().map(|d| ms(d, "warm_up_ms")).collect();
     eprintln!(
         "{} requests at {RATE} rps for {duration:?}: status {:?}, admitted p99 {} ms; \
-         module swaps applied in {module_swaps:?} ms, policy swaps in {policy_swaps:?} ms",
+         swaps applied in {applied:?} ms after staging in {staged:?} ms \
+         (odd steps and the first stage a new module)",
         report.count("200"),
         report.status,
         report.latency_ms.ok.p99,
     );
-    assert!(
-        policy_swaps.iter().all(|ms| *ms < 1_000),
-        "{policy_swaps:?} ms"
-    );
-    // A new module is compiled by V8 (TurboFan, eagerly) on Envoy's main
-    // thread while the load shares the cores (README, "Deploy and roll back").
-    assert!(
-        module_swaps.iter().all(|ms| *ms < 3_000),
-        "{module_swaps:?} ms"
-    );
+    assert!(applied.iter().all(|ms| *ms < 1_000), "{applied:?} ms");
+    // Staging a new module is V8 compiling it (TurboFan, eagerly) on
+    // Envoy's main thread while the load shares the cores.
+    assert!(staged.iter().all(|ms| *ms < 5_000), "{staged:?} ms");
     let sent = report.clients[0].header.sent;
     assert!(
         sent as f64 >= 0.95 * RATE * duration.as_secs_f64(),

@@ -14,12 +14,17 @@
 //!
 //! A deploy: (1) loads the module with the policy in the offline host, as
 //! `stakegate check` does, and refuses with the module's reason; (2) stores
-//! the module; (3) writes the filter's config atomically under a new
-//! version; (4) waits for Envoy's admin to report that version applied, or
-//! the update rejected. On a rejection (or no answer) it puts the previous
-//! config file back, so what is on disk stays what Envoy serves, and exits
-//! non-zero with Envoy's reason when `--envoy-log` lets it read it (Envoy
-//! gives the reason only in its log). (5) It records the deployment.
+//! the module; (3) stages the new config in the filter's warm-up slot (a
+//! disabled filter beside it in the gateway configs, same vm_id), where V8
+//! compiles a new module while the old one serves, and waits for Envoy;
+//! (4) writes the filter's own config atomically under the new version,
+//! which reuses the compiled module, and waits for Envoy's admin to report
+//! that version applied, or the update rejected. On a rejection (or no
+//! answer) it puts the previous config file back, so what is on disk stays
+//! what Envoy serves, and exits non-zero with Envoy's reason when
+//! `--envoy-log` lets it read it (Envoy gives the reason only in its log).
+//! A module Envoy cannot load is therefore refused in the warm-up slot,
+//! before the filter is touched. (5) It records the deployment.
 //! `rollback` drops the last deployment and applies the one before it the
 //! same way.
 
@@ -83,7 +88,11 @@ pub struct Deployment {
     pub policy: String,
     /// Milliseconds since the Unix epoch.
     pub applied_at_ms: u64,
-    /// From the config write to Envoy's confirmation.
+    /// Staging in the warm-up slot, from its write to Envoy's confirmation
+    /// (V8 compiles a new module here); absent without a slot.
+    #[serde(default)]
+    pub warm_up_ms: Option<u64>,
+    /// The swap itself, from the config write to Envoy's confirmation.
     pub apply_ms: u64,
 }
 
@@ -189,9 +198,12 @@ fn next_version(history: &History, current: Option<&str>) -> u64 {
         + 1
 }
 
-/// Applies `policy` with the stored module `sha256` under a new version.
-/// On success returns the deployment; on a rejection or no answer puts the
-/// previous config file back and fails with Envoy's reason.
+/// Applies `policy` with the stored module `sha256` under a new version:
+/// first in the filter's warm-up slot, where Envoy compiles a new module
+/// while the old one keeps serving, then in the filter itself, which then
+/// reuses the compiled module. On success returns the deployment; on a
+/// rejection or no answer puts the previous config files back and fails
+/// with Envoy's reason.
 fn apply(
     live: &Live,
     target: &Target,
@@ -200,33 +212,62 @@ fn apply(
     policy: &str,
 ) -> anyhow::Result<Deployment> {
     let config = live.config(live.module_path(sha256)?, policy);
-    let config_path = live.dir.join(&config.file);
-    let previous = std::fs::read_to_string(&config_path).ok();
-    let version = next_version(history, previous.as_deref());
+    let warm_up = config.warm_up();
+    let current = std::fs::read_to_string(live.dir.join(&config.file)).ok();
+    let version = next_version(history, current.as_deref());
+    let admin = Admin::new(&target.admin);
+    let version_text = |name: &str| {
+        let stat = format!("extension_config_discovery.http_filter.{name}.version_text");
+        admin.text(&stat).with_context(|| {
+            format!(
+                "cannot read Envoy's admin at {}; nothing was changed",
+                admin.url
+            )
+        })
+    };
+    version_text(&config.name)?;
+    // Gateway configs without the slot (version_text absent) swap cold.
+    let warmed = match version_text(&warm_up.name)? {
+        Some(_) => Some(write_and_confirm(live, target, &admin, &warm_up, version)?),
+        None => None,
+    };
+    let applied = write_and_confirm(live, target, &admin, &config, version)?;
+    Ok(Deployment {
+        version,
+        module_sha256: sha256.to_string(),
+        policy_sha256: sha256_hex(policy.as_bytes()),
+        policy: policy.to_string(),
+        applied_at_ms: now_ms(),
+        warm_up_ms: warmed.map(|d| d.as_millis() as u64),
+        apply_ms: applied.as_millis() as u64,
+    })
+}
+
+/// Writes `config` under `version` and waits for Envoy's verdict. On a
+/// rejection or no answer, puts the previous file back (what is on disk
+/// stays what Envoy serves) and fails with Envoy's reason.
+fn write_and_confirm(
+    live: &Live,
+    target: &Target,
+    admin: &Admin,
+    config: &FilterConfig,
+    version: u64,
+) -> anyhow::Result<Duration> {
+    let path = live.dir.join(&config.file);
+    let previous = std::fs::read_to_string(&path).ok();
     let log_start = target
         .envoy_log
         .as_ref()
         .and_then(|log| std::fs::metadata(log).ok())
         .map_or(0, |m| m.len());
-    let admin = Admin::new(&target.admin);
-    let verdict = ecds::apply(
-        &admin,
+    let failure = match ecds::apply(
+        admin,
         &live.dir,
-        &config,
+        config,
         &version.to_string(),
         target.timeout,
-    );
-    let failure = match verdict {
-        Ok(v) if v.update == EcdsUpdate::Applied => {
-            return Ok(Deployment {
-                version,
-                module_sha256: sha256.to_string(),
-                policy_sha256: sha256_hex(policy.as_bytes()),
-                policy: policy.to_string(),
-                applied_at_ms: now_ms(),
-                apply_ms: v.took.as_millis() as u64,
-            })
-        }
+    ) {
+        Ok(v) if v.update == EcdsUpdate::Applied => return Ok(v.took),
         Ok(_) => {
             let reason = target
                 .envoy_log
@@ -239,10 +280,9 @@ fn apply(
         }
         Err(e) => e,
     };
-    // Leave on disk what Envoy serves.
     match previous {
-        Some(text) => write_atomically(&config_path, text.as_bytes())?,
-        None => std::fs::remove_file(&config_path).unwrap_or_default(),
+        Some(text) => write_atomically(&path, text.as_bytes())?,
+        None => std::fs::remove_file(&path).unwrap_or_default(),
     }
     Err(failure.context(format!(
         "the previous config of {} is back in {} and keeps serving",
@@ -265,8 +305,11 @@ fn rejection_reason(log: &Path, from: u64) -> Option<String> {
 }
 
 fn print(action: &str, filter: &str, d: &Deployment) {
+    let staged = d.warm_up_ms.map_or("no warm-up slot".to_string(), |ms| {
+        format!("staged in the warm-up slot in {ms} ms")
+    });
     println!(
-        "{action} {filter} version {}: module sha256 {}, policy sha256 {}, applied by Envoy in {} ms",
+        "{action} {filter} version {}: module sha256 {}, policy sha256 {}, {staged}, applied by Envoy in {} ms",
         d.version, d.module_sha256, d.policy_sha256, d.apply_ms
     );
 }
@@ -329,6 +372,7 @@ mod tests {
             policy_sha256: "p".into(),
             policy: "{}".into(),
             applied_at_ms: 0,
+            warm_up_ms: None,
             apply_ms: 0,
         }
     }

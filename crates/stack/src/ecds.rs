@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 pub struct FilterConfig {
     /// The ECDS resource name, which is also the filter's name in the HCM.
     pub name: String,
+    /// The Wasm plugin's name and root_id (the same for the warm-up slot).
+    pub plugin: String,
     /// The file under the ECDS directory.
     pub file: String,
     /// Stable across swaps, so the filter's shared data survives them.
@@ -29,6 +31,7 @@ impl FilterConfig {
     pub fn admission_gate(module: impl Into<PathBuf>, policy: impl Into<String>) -> Self {
         Self {
             name: "stakegate.admission_gate".into(),
+            plugin: "stakegate.admission_gate".into(),
             file: "admission-gate.yaml".into(),
             vm_id: "stakegate.admission_gate".into(),
             module: module.into(),
@@ -40,11 +43,31 @@ impl FilterConfig {
     pub fn stake_qos(module: impl Into<PathBuf>, policy: impl Into<String>) -> Self {
         Self {
             name: "stakegate.stake_qos".into(),
+            plugin: "stakegate.stake_qos".into(),
             file: "stake-qos.yaml".into(),
             vm_id: "stakegate.stake_qos".into(),
             module: module.into(),
             policy: policy.into(),
         }
+    }
+
+    /// The filter's warm-up slot: a disabled filter beside it in the
+    /// gateway configs, same vm_id and module, where a deploy stages a new
+    /// module so that V8 compiles it before the real swap.
+    pub fn warm_up(&self) -> Self {
+        let stem = self.file.trim_end_matches(".yaml");
+        Self {
+            name: format!("{}.next", self.name),
+            file: format!("{stem}.next.yaml"),
+            ..self.clone()
+        }
+    }
+
+    /// Writes this config and its warm-up slot's (the same) into `dir`.
+    pub fn write_both(&self, dir: &Path, version: &str) -> anyhow::Result<()> {
+        self.write(dir, version)?;
+        self.warm_up().write(dir, version)?;
+        Ok(())
     }
 
     pub fn render(&self, version: &str) -> anyhow::Result<String> {
@@ -58,8 +81,8 @@ impl FilterConfig {
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
                     "config": {
-                        "name": self.name,
-                        "root_id": self.name,
+                        "name": self.plugin,
+                        "root_id": self.plugin,
                         "vm_config": {
                             "vm_id": self.vm_id,
                             "runtime": "envoy.wasm.runtime.v8",

@@ -83,7 +83,7 @@ impl EnvoyBuilder {
         let ecds_dir = workdir.path().join("ecds");
         std::fs::create_dir(&ecds_dir)?;
         for filter in &self.filters {
-            filter.write(&ecds_dir, "1")?;
+            filter.write_both(&ecds_dir, "1")?;
         }
         self.vars
             .insert("ECDS_DIR".into(), ecds_dir.to_string_lossy().into_owned());
@@ -309,7 +309,7 @@ pub fn validate(builder: &EnvoyBuilder) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut builder = builder.clone();
     for filter in &builder.filters {
-        filter.write(dir.path(), "1")?;
+        filter.write_both(dir.path(), "1")?;
     }
     builder
         .vars

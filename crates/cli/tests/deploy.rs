@@ -1,0 +1,75 @@
+//! `stakegate deploy` and `rollback` without an Envoy: what they refuse
+//! before anything changes. (With a real Envoy: tests/real_envoy/deploy.rs.)
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn stakegate(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stakegate"))
+        .args(args)
+        .arg("--dir")
+        .arg(dir)
+        // Nothing listens on the discard port.
+        .args(["--admin", "http://127.0.0.1:9"])
+        .output()
+        .unwrap()
+}
+
+fn said(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn an_unreachable_envoy_changes_nothing() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let gate = root.join("target/wasm32-wasip1/release/admission_gate.wasm");
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.json");
+    std::fs::write(&policy, r#"{"maxInflight": 8}"#).unwrap();
+    let output = stakegate(
+        &[
+            "deploy",
+            "--filter",
+            "admission-gate",
+            "--module",
+            gate.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(!output.status.success());
+    assert!(
+        said(&output).contains("nothing was changed"),
+        "{}",
+        said(&output)
+    );
+    assert!(!dir.path().join("admission-gate.yaml").exists());
+}
+
+#[test]
+fn rollback_needs_two_deployments_and_a_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = stakegate(&["rollback", "--filter", "stake-qos"], dir.path());
+    assert!(!output.status.success());
+    assert!(
+        said(&output).contains("nothing to roll back to: stake-qos has 0 deployment(s)"),
+        "{}",
+        said(&output)
+    );
+    let output = stakegate(
+        &["rollback", "--filter", "stake-qos"],
+        &dir.path().join("missing"),
+    );
+    assert!(
+        said(&output).contains("--dir must be the ECDS directory Envoy watches"),
+        "{}",
+        said(&output)
+    );
+    let output = stakegate(&["rollback", "--filter", "nginx"], dir.path());
+    assert!(
+        said(&output).contains("possible values: admission-gate, stake-qos"),
+        "{}",
+        said(&output)
+    );
+}

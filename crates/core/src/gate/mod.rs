@@ -270,9 +270,7 @@ impl InflightGate {
             cas_retries: updated.retries,
         })
     }
-}
 
-impl InflightGate {
     /// This VM's plugin is being deleted (a swap, a reload): gives its
     /// spare slots back and drops its shard, so they do not wait out the
     /// stale-slot TTL. Returns the slots still held by requests it had not

@@ -57,10 +57,11 @@ fmt:
 demo: setup build
 	./target/tools/stakegate demo
 
-## bench: the admission gate's overhead in Envoy (installs wrk from Debian if missing).
+## bench: the admission gate's overhead and the QoS refill cost in Envoy (installs wrk from Debian if missing).
 bench: setup build
 	@command -v wrk >/dev/null || { apt-get install -y wrk || { echo "install wrk (apt-get install wrk)"; exit 1; }; }
 	./target/tools/stakegate bench gate-overhead --rounds 9
+	./target/tools/stakegate bench qos-refill
 
 clean:
 	cargo clean

@@ -23,8 +23,9 @@
 //! active ones, and comes back in one round when it is active again.
 //! Buckets are capped at `max(2 × share, 2F × stake / Σstake)`, about two
 //! rounds. A round is two passes over the pages: one that reads them to sum
-//! `eff` and stake, one that refills them by CAS: `2P` reads and `P` writes
-//! for `P = ceil(maxIdentities / 64)` pages, whatever the traffic. (Using
+//! `eff` and stake, one that refills the pages it read by CAS (re-reading
+//! only those a worker wrote in between): `P` reads and `P` writes for
+//! `P = ceil(maxIdentities / 64)` pages, whatever the traffic. (Using
 //! the previous round's sums would save the first pass, but then a round in
 //! which demand shifts hands out far too much or too little.) The second
 //! pass also evicts identities idle past `idleTtlMs` and sums the arrivals
@@ -348,9 +349,7 @@ impl StakeQos {
         now_ms: u64,
     ) -> Result<Option<RoundReport>, StoreError> {
         let (mut state, cas) = read::<QosState>(store, STATE_KEY)?;
-        if state.capacity_rps <= 0.0 || self.policy.mode == Mode::Proactive {
-            state.capacity_rps = self.policy.capacity_rps;
-        }
+        settle_capacity(&mut state, &self.policy);
         self.state = state.clone();
         let interval = self.policy.refill_interval_ms;
         if state.round_ms != 0 && now_ms < state.round_ms + interval {
@@ -425,9 +424,7 @@ impl StakeQos {
         let updated = update(store, STATE_KEY, |s: &mut QosState| {
             s.load_ema = step_load(s.load_ema, sums.arrivals, intervals, policy.load_smoothing);
             s.identities = sums.identities;
-            if s.capacity_rps <= 0.0 || policy.mode == Mode::Proactive {
-                s.capacity_rps = policy.capacity_rps;
-            }
+            settle_capacity(s, policy);
             let load_rps = s.load_rps(policy.refill_interval_ms);
             if policy.mode == Mode::Reactive {
                 reactive::adjust(s, policy, now_ms, sums.finished, load_rps);
@@ -446,6 +443,15 @@ impl StakeQos {
             capacity_rps: self.state.capacity_rps,
             cas_retries,
         })
+    }
+}
+
+/// The capacity shares are cut from: the policy's in proactive mode (so a
+/// new policy takes effect at once), and in reactive mode the discovered
+/// one, starting from the policy's.
+fn settle_capacity(state: &mut QosState, policy: &QosPolicy) {
+    if state.capacity_rps <= 0.0 || policy.mode == Mode::Proactive {
+        state.capacity_rps = policy.capacity_rps;
     }
 }
 

@@ -228,14 +228,11 @@ impl HttpContext for GateStream {
         match self.admit() {
             Ok(()) => Action::Continue,
             Err(rejection) => {
-                let retry_after = rejection.retry_after_s.to_string();
-                self.send_http_response(
+                stakegate_glue::reject(
                     Rejection::STATUS,
-                    vec![
-                        ("retry-after", retry_after.as_str()),
-                        ("content-type", "application/json"),
-                    ],
-                    Some(rejection.body.as_bytes()),
+                    rejection.retry_after_s,
+                    &[],
+                    &rejection.body,
                 );
                 Action::Pause
             }

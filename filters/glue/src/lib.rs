@@ -48,6 +48,21 @@ pub fn property_string(path: Vec<&str>) -> Option<String> {
         .and_then(|bytes| String::from_utf8(bytes).ok())
 }
 
+/// Answers the request locally with a stakegate rejection, the shape every
+/// filter's refusal has (PRODUCT.md): `status`, `retry-after` in whole
+/// seconds, a JSON content type, any `extra` headers, and the JSON-RPC
+/// error `body`.
+pub fn reject(status: u32, retry_after_s: u32, extra: &[(&str, &str)], body: &str) {
+    let retry_after = retry_after_s.to_string();
+    let mut headers = vec![
+        ("retry-after", retry_after.as_str()),
+        ("content-type", "application/json"),
+    ];
+    headers.extend_from_slice(extra);
+    // Fails only if the stream is already gone: nothing left to answer.
+    let _ = hostcalls::send_http_response(status, headers, Some(body.as_bytes()));
+}
+
 /// Logs with the filter's name in front, so Envoy's log says who spoke.
 pub fn log(filter: &str, level: LogLevel, message: &str) {
     let _ = hostcalls::log(level, &format!("stakegate {filter}: {message}"));

@@ -63,7 +63,18 @@ impl QosRoot {
     }
 }
 
-impl Context for QosRoot {}
+impl Context for QosRoot {
+    /// The plugin is being deleted (a swap or reload): the last counts
+    /// reach Envoy instead of dying with the VM.
+    fn on_done(&mut self) -> bool {
+        if let Some(worker) = &self.worker {
+            let mut worker = worker.borrow_mut();
+            let Worker { qos, metrics } = &mut *worker;
+            metrics.flush(qos.state(), qos.policy().refill_interval_ms);
+        }
+        true
+    }
+}
 
 impl RootContext for QosRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
@@ -170,17 +181,12 @@ impl HttpContext for QosStream {
         match self.admit() {
             Ok(()) => Action::Continue,
             Err(throttled) => {
-                let retry_after = throttled.retry_after_s.to_string();
                 let [(policy_name, policy), (limit_name, limit)] = throttled.rate_limit_headers();
-                self.send_http_response(
+                stakegate_glue::reject(
                     Throttled::STATUS,
-                    vec![
-                        ("retry-after", retry_after.as_str()),
-                        ("content-type", "application/json"),
-                        (policy_name, policy.as_str()),
-                        (limit_name, limit.as_str()),
-                    ],
-                    Some(throttled.body.as_bytes()),
+                    throttled.retry_after_s,
+                    &[(policy_name, &policy), (limit_name, &limit)],
+                    &throttled.body,
                 );
                 Action::Pause
             }

@@ -6,8 +6,13 @@ use std::time::Duration;
 
 /// rpc-node with `args`, behind Envoy started from `template` at `--concurrency 2`.
 pub fn node_behind_envoy(template: &str, node_args: &[&str]) -> (RpcNode, Envoy) {
+    start_behind(EnvoyBuilder::new(template), node_args)
+}
+
+/// rpc-node with `node_args`, then Envoy from `builder` pointed at it.
+fn start_behind(builder: EnvoyBuilder, node_args: &[&str]) -> (RpcNode, Envoy) {
     let node = RpcNode::start(node_args).expect("rpc-node starts");
-    let envoy = EnvoyBuilder::new(template)
+    let envoy = builder
         .var("RPC_NODE_HOST", node.addr().ip())
         .var("RPC_NODE_PORT", node.addr().port())
         .concurrency(2)
@@ -19,13 +24,8 @@ pub fn node_behind_envoy(template: &str, node_args: &[&str]) -> (RpcNode, Envoy)
 /// One client, `rate` rps of `mix` for `duration`, bounded by a timeout.
 pub fn load(target: &str, client: ClientSpec, duration: Duration, http2: bool) -> RunSpec {
     RunSpec {
-        target: target.to_string(),
-        duration,
-        max_requests: (client.rate * duration.as_secs_f64()).ceil() as u64,
-        timeout: Duration::from_secs(30),
         http2,
-        connections: 1,
-        clients: vec![client],
+        ..load_h2(target, vec![client], duration, 1)
     }
 }
 
@@ -64,15 +64,7 @@ pub fn node_behind_filter(
     filter: FilterConfig,
     node_args: &[&str],
 ) -> (RpcNode, Envoy) {
-    let node = RpcNode::start(node_args).expect("rpc-node starts");
-    let envoy = EnvoyBuilder::new(template)
-        .var("RPC_NODE_HOST", node.addr().ip())
-        .var("RPC_NODE_PORT", node.addr().port())
-        .filter(filter)
-        .concurrency(2)
-        .start()
-        .expect("envoy starts with the filter");
-    (node, envoy)
+    start_behind(EnvoyBuilder::new(template).filter(filter), node_args)
 }
 
 /// rpc-node behind Envoy's gate config (public and internal listeners) with

@@ -5,7 +5,9 @@
 use crate::admission_gate::settles_to_zero;
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{loadgen, paths, Envoy};
-use stakegate_tests::{client, load_h2, node_behind_filter, node_behind_gate, qos_filter};
+use stakegate_tests::{
+    client, eventually, load_h2, node_behind_filter, node_behind_gate, qos_filter,
+};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -116,7 +118,14 @@ fn ten_deploys_under_load_fail_no_request() {
         4,
     );
     let load = std::thread::spawn(move || loadgen::run(&spec).unwrap());
-    std::thread::sleep(Duration::from_secs(1));
+    // The first deploy lands once the load flows through the gate (its
+    // counts reach Envoy at its 1 s heartbeat).
+    assert!(eventually(Duration::from_secs(10), || {
+        envoy
+            .stat("wasmcustom.stakegate.gate.admitted.default")
+            .unwrap()
+            > 0
+    }));
     // Each deploy changes one thing, the module and the policy in turn:
     // (a, 4096), (b, 4096), (b, 2048), (a, 2048), (a, 4096), ...
     let steps: Vec<(usize, usize)> = (0..10usize)
@@ -129,6 +138,7 @@ fn ten_deploys_under_load_fail_no_request() {
             Some((&modules[*module], &policies[*policy])),
         );
         eprint!("{}", deployed(&output));
+        // Spreads the ten deploys over the load's 32 s.
         std::thread::sleep(Duration::from_millis(2_500));
     }
     let report = load.join().unwrap();
@@ -232,7 +242,7 @@ fn broken_inputs_are_refused_and_the_old_module_keeps_serving() {
     )
     .unwrap();
     assert_eq!(answer.status, 200);
-    assert!(stakegate_tests::eventually(Duration::from_secs(5), || {
+    assert!(eventually(Duration::from_secs(5), || {
         envoy.stat(admitted).unwrap() > counted
     }));
 }
@@ -304,6 +314,7 @@ fn a_stake_table_change_moves_shares_within_a_second() {
     let spec = load_h2(&envoy.url("public").unwrap(), clients, duration, 2);
     let started = Instant::now();
     let load = std::thread::spawn(move || loadgen::run(&spec).unwrap());
+    // The deploy lands mid-run: four seconds of shares before it.
     std::thread::sleep(Duration::from_secs(4));
     eprint!(
         "{}",

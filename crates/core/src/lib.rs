@@ -6,6 +6,7 @@
 //! and identical in Envoy.
 //!
 //! - `gate`: the RPC admission gate (SEEDS.md part 5).
+//! - `dedup`: retry-storm protection, an optional part of the gate (SEEDS.md part 4).
 //! - `qos`: stake-weighted rate shares and concurrency allowances (SEEDS.md parts 1-3).
 //! - `baseline`: Agave's stake-weighted QoS as it was (SEEDS.md part 1), for comparison.
 //! - `rejection`: the one error shape every rejection has.
@@ -13,6 +14,7 @@
 //! - `policy_error`: policy errors that name the field.
 
 pub mod baseline;
+pub mod dedup;
 pub mod gate;
 pub mod policy_error;
 pub mod qos;

@@ -95,6 +95,7 @@ impl Request {
                 (":path".into(), "/".into()),
                 (":authority".into(), "rpc".into()),
                 ("content-type".into(), "application/json".into()),
+                ("content-length".into(), body.len().to_string()),
             ],
             body: body.as_bytes().to_vec(),
             properties: Vec::new(),

@@ -249,14 +249,25 @@ impl Vm {
                 (context as i32, headers as i32, i32::from(body_len == 0)),
             )
             .map_err(|e| self.fail(e, "proxy_on_request_headers"))?;
-        if action == abi::ACTION_CONTINUE && body_len > 0 && self.local_reply(context).is_none() {
+        // As in Envoy, the body arrives whether or not the headers paused
+        // (a filter that pauses its headers does so to read the body).
+        let action = if body_len > 0 && self.local_reply(context).is_none() {
             self.state_mut().current = context;
             self.exports
                 .request_body
                 .call(&mut self.store, (context as i32, body_len as i32, 1))
-                .map_err(|e| self.fail(e, "proxy_on_request_body"))?;
+                .map_err(|e| self.fail(e, "proxy_on_request_body"))?
+        } else {
+            action
+        };
+        let reply = self.local_reply(context);
+        if reply.is_none() && action != abi::ACTION_CONTINUE {
+            bail!(
+                "the filter paused request {context} after its whole request and never resumed it \
+                 (in Envoy the request would hang until its timeout)"
+            );
         }
-        Ok(self.local_reply(context))
+        Ok(reply)
     }
 
     fn local_reply(&self, context: u32) -> Option<LocalReply> {

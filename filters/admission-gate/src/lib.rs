@@ -8,17 +8,24 @@
 //!   the config, so the previous one keeps serving.
 //! - `on_http_request_headers` classifies the request and admits it or sends
 //!   the 503, before any body byte is read.
+//! - With `dedup` in the policy, an admitted request's headers are held
+//!   until its body has been read (up to `maxBodyBytes`; a larger body
+//!   goes on unchecked, never cut). `on_http_request_body` then refuses a
+//!   duplicate with 429, or records the request and lets it go upstream.
+//!   Internal traffic is never checked.
 //! - `on_done` (or, if that never comes, dropping the stream context) gives
-//!   the slot back.
-//! - `on_tick` heartbeats this worker's shard, settles any release debt, and
-//!   expires shards of workers that vanished.
+//!   the slot back and completes the request's dedup entry.
+//! - `on_tick` heartbeats this worker's shard, settles any release debt,
+//!   expires shards of workers that vanished, and sweeps expired dedup
+//!   entries.
 
 mod metrics;
 
 use metrics::GateMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use stakegate_core::gate::class::classify;
+use stakegate_core::dedup::{Dedup, Pending, Verdict, DUPLICATE_STATUS};
+use stakegate_core::gate::class::{classify, RequestClass};
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::{Admission, Decision, InflightGate, Rejection, Ticket};
 use stakegate_glue::facts::StreamFacts;
@@ -38,6 +45,8 @@ proxy_wasm::main! {{
 /// is single-threaded).
 struct Worker {
     gate: InflightGate,
+    /// Retry-storm protection, when the policy has it.
+    dedup: Option<Dedup>,
     metrics: GateMetrics,
     /// The clock as of the last heartbeat. Requests use it instead of a
     /// hostcall each: shard heartbeats only need tick resolution.
@@ -58,6 +67,10 @@ impl GateRoot {
         let policy = GatePolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
         let metrics = GateMetrics::define()?;
         let heartbeat = Duration::from_millis(policy.heartbeat_ms);
+        let dedup = policy
+            .dedup
+            .clone()
+            .map(|d| Dedup::new(d, policy.heartbeat_ms, policy.retry_after_max_s));
         let now_ms = now_ms();
         let mut gate = InflightGate::new(policy, now_ms ^ (u64::from(self.context_id) << 32));
         // Joining now gives this worker its shard before traffic arrives; if
@@ -71,6 +84,7 @@ impl GateRoot {
         self.set_tick_period(heartbeat);
         let worker = Worker {
             gate,
+            dedup,
             metrics,
             now_ms,
         };
@@ -118,10 +132,24 @@ impl RootContext for GateRoot {
         let mut worker = worker.borrow_mut();
         let Worker {
             gate,
+            dedup,
             metrics,
             now_ms: now,
         } = &mut *worker;
         *now = now_ms();
+        if let (Some(dedup), Some(vm)) = (dedup.as_ref(), gate.vm()) {
+            match dedup.sweep(&EnvoyStore, vm, *now) {
+                Ok(sweep) => {
+                    metrics.dedup().purged += sweep.purged;
+                    metrics.cas_retries(sweep.cas_retries);
+                    metrics.dedup_entries(sweep.entries);
+                }
+                Err(e) => {
+                    metrics.store_error();
+                    log(LogLevel::Warn, &format!("dedup sweep: {e}"));
+                }
+            }
+        }
         let totals = match gate.heartbeat(&EnvoyStore, *now) {
             Ok(beat) => {
                 metrics.cas_retries(beat.cas_retries);
@@ -155,6 +183,8 @@ impl RootContext for GateRoot {
         Some(Box::new(GateStream {
             worker,
             ticket: None,
+            reading_body: false,
+            sent: None,
         }))
     }
 }
@@ -162,10 +192,20 @@ impl RootContext for GateRoot {
 struct GateStream {
     worker: Rc<RefCell<Worker>>,
     ticket: Option<Ticket>,
+    /// Headers are held until the body is read and checked for a duplicate.
+    reading_body: bool,
+    /// This request's entry in the dedup table, completed when it ends.
+    sent: Option<Pending>,
+}
+
+/// A 429 to send for a duplicate.
+struct Duplicate {
+    retry_after_s: u32,
+    body: String,
 }
 
 impl GateStream {
-    fn admit(&mut self) -> Result<(), Rejection> {
+    fn admit(&mut self) -> Result<RequestClass, Rejection> {
         let websocket = self
             .get_http_request_header("upgrade")
             .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
@@ -174,6 +214,7 @@ impl GateStream {
             gate,
             metrics,
             now_ms,
+            ..
         } = &mut *worker;
         let policy = gate.policy();
         let class = classify(&policy.internal, &policy.priority, &mut StreamFacts);
@@ -195,7 +236,7 @@ impl GateStream {
                     metrics.internal_inflight(1);
                 }
                 self.ticket = Some(ticket);
-                Ok(())
+                Ok(class)
             }
             Decision::Reject(rejection) => {
                 metrics.rejected(class, websocket);
@@ -204,15 +245,107 @@ impl GateStream {
         }
     }
 
+    /// Whether to hold the headers and read the body for dedup.
+    fn wants_body(&self, class: RequestClass, end_of_stream: bool) -> bool {
+        let mut worker = self.worker.borrow_mut();
+        let Some(dedup) = &worker.dedup else {
+            return false;
+        };
+        if end_of_stream || class == RequestClass::Internal {
+            return false;
+        }
+        let length = self
+            .get_http_request_header("content-length")
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if length.is_some_and(|n| !dedup.fits(n)) {
+            worker.metrics.dedup().too_large += 1;
+            return false;
+        }
+        true
+    }
+
+    /// Checks a whole body: `Err` is the 429 for a duplicate. Anything that
+    /// goes wrong lets the request pass.
+    fn check(&mut self, body: &[u8]) -> Result<(), Duplicate> {
+        let mut worker = self.worker.borrow_mut();
+        let Worker {
+            gate,
+            dedup,
+            metrics,
+            ..
+        } = &mut *worker;
+        let (Some(dedup), Some(vm)) = (dedup.as_ref(), gate.vm()) else {
+            metrics.dedup().skipped += 1;
+            return Ok(());
+        };
+        let Ok(keyed) = dedup.key(body, &mut StreamFacts) else {
+            metrics.dedup().skipped += 1;
+            return Ok(());
+        };
+        let checked = match dedup.check(&EnvoyStore, &keyed, vm, now_ms()) {
+            Ok(checked) => checked,
+            Err(e) => {
+                metrics.store_error();
+                log(
+                    LogLevel::Warn,
+                    &format!("dedup check passed a request: {e}"),
+                );
+                return Ok(());
+            }
+        };
+        metrics.cas_retries(checked.cas_retries);
+        let counts = metrics.dedup();
+        counts.purged += checked.purged;
+        match checked.verdict {
+            Verdict::Send(pending) => {
+                counts.tracked += 1;
+                self.sent = Some(pending);
+                Ok(())
+            }
+            Verdict::TableFull => {
+                counts.table_full += 1;
+                Ok(())
+            }
+            Verdict::Duplicate {
+                retry_after_s,
+                body,
+            } => {
+                counts.duplicates_rejected += 1;
+                Err(Duplicate {
+                    retry_after_s,
+                    body,
+                })
+            }
+        }
+    }
+
     fn release(&mut self) {
+        let mut worker = self.worker.borrow_mut();
+        let Worker {
+            gate,
+            dedup,
+            metrics,
+            ..
+        } = &mut *worker;
+        if let (Some(pending), Some(dedup)) = (self.sent.take(), dedup.as_ref()) {
+            match dedup.complete(&EnvoyStore, pending, now_ms()) {
+                Ok((purged, retries)) => {
+                    metrics.dedup().purged += purged;
+                    metrics.cas_retries(retries);
+                }
+                Err(e) => {
+                    metrics.store_error();
+                    log(LogLevel::Warn, &format!("dedup completion: {e}"));
+                }
+            }
+        }
         let Some(ticket) = self.ticket.take() else {
             return;
         };
-        let mut worker = self.worker.borrow_mut();
         if ticket.slot.is_none() {
-            worker.metrics.internal_inflight(-1);
+            metrics.internal_inflight(-1);
         }
-        worker.gate.release(ticket);
+        gate.release(ticket);
     }
 }
 
@@ -224,9 +357,13 @@ impl Context for GateStream {
 }
 
 impl HttpContext for GateStream {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         match self.admit() {
-            Ok(()) => Action::Continue,
+            Ok(class) if self.wants_body(class, end_of_stream) => {
+                self.reading_body = true;
+                Action::Pause
+            }
+            Ok(_) => Action::Continue,
             Err(rejection) => {
                 stakegate_glue::reject(
                     Rejection::STATUS,
@@ -236,6 +373,56 @@ impl HttpContext for GateStream {
                 );
                 Action::Pause
             }
+        }
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.body_ended_by_trailers();
+        Action::Continue
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.reading_body {
+            return Action::Continue;
+        }
+        let fits = self
+            .worker
+            .borrow()
+            .dedup
+            .as_ref()
+            .is_some_and(|d| d.fits(body_size as u64));
+        if !fits {
+            // Too large to check: it goes on as it is, with what was held.
+            self.reading_body = false;
+            self.worker.borrow_mut().metrics.dedup().too_large += 1;
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.reading_body = false;
+        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
+        match self.check(&body) {
+            Ok(()) => Action::Continue,
+            Err(duplicate) => {
+                stakegate_glue::reject(
+                    DUPLICATE_STATUS,
+                    duplicate.retry_after_s,
+                    &[],
+                    &duplicate.body,
+                );
+                Action::Pause
+            }
+        }
+    }
+}
+
+impl GateStream {
+    /// Trailers end a body without `end_of_stream` on its last chunk: it
+    /// goes on unchecked rather than wait for an end that will not come.
+    fn body_ended_by_trailers(&mut self) {
+        if std::mem::take(&mut self.reading_body) {
+            self.worker.borrow_mut().metrics.dedup().skipped += 1;
         }
     }
 }

@@ -22,6 +22,32 @@ struct Pending {
     cas_retries: u64,
     store_errors: u64,
     expired_slots: u64,
+    dedup: DedupCounts,
+}
+
+/// Retry-storm protection's counts (all zero while it is off).
+#[derive(Default)]
+pub struct DedupCounts {
+    /// Requests recorded in the table and sent.
+    pub tracked: u64,
+    pub duplicates_rejected: u64,
+    /// Passed unchecked: not JSON-RPC, or a method not deduplicated.
+    pub skipped: u64,
+    /// Passed unchecked: body over `maxBodyBytes`.
+    pub too_large: u64,
+    /// Passed unrecorded: the key's page was full.
+    pub table_full: u64,
+    pub purged: u64,
+}
+
+struct DedupIds {
+    tracked: u32,
+    duplicates_rejected: u32,
+    skipped: u32,
+    too_large: u32,
+    table_full: u32,
+    purged: u32,
+    entries: u32,
 }
 
 pub struct GateMetrics {
@@ -33,6 +59,7 @@ pub struct GateMetrics {
     cas_retries: u32,
     store_errors: u32,
     expired_slots: u32,
+    dedup: DedupIds,
     pending: Pending,
 }
 
@@ -63,6 +90,18 @@ impl GateMetrics {
             cas_retries: define(MetricType::Counter, "stakegate.gate.cas_retries")?,
             store_errors: define(MetricType::Counter, "stakegate.gate.store_errors")?,
             expired_slots: define(MetricType::Counter, "stakegate.gate.expired_slots")?,
+            dedup: DedupIds {
+                tracked: define(MetricType::Counter, "stakegate.gate.dedup.tracked")?,
+                duplicates_rejected: define(
+                    MetricType::Counter,
+                    "stakegate.gate.dedup.duplicates_rejected",
+                )?,
+                skipped: define(MetricType::Counter, "stakegate.gate.dedup.skipped")?,
+                too_large: define(MetricType::Counter, "stakegate.gate.dedup.too_large")?,
+                table_full: define(MetricType::Counter, "stakegate.gate.dedup.table_full")?,
+                purged: define(MetricType::Counter, "stakegate.gate.dedup.purged")?,
+                entries: define(MetricType::Gauge, "stakegate.gate.dedup.entries")?,
+            },
             pending: Pending::default(),
         })
     }
@@ -94,6 +133,16 @@ impl GateMetrics {
         self.pending.expired_slots += n;
     }
 
+    /// Dedup's counts, to bump.
+    pub fn dedup(&mut self) -> &mut DedupCounts {
+        &mut self.pending.dedup
+    }
+
+    /// Sets the dedup table's entry count, from this heartbeat's sweep.
+    pub fn dedup_entries(&mut self, entries: u64) {
+        set(self.dedup.entries, entries);
+    }
+
     /// Hands the pending counts to Envoy and sets the gauges from `totals`,
     /// the shared slot counts as of this heartbeat.
     pub fn flush(&mut self, totals: Option<Totals>) {
@@ -110,6 +159,13 @@ impl GateMetrics {
         add(self.cas_retries, pending.cas_retries);
         add(self.store_errors, pending.store_errors);
         add(self.expired_slots, pending.expired_slots);
+        let (ids, counts) = (&self.dedup, &pending.dedup);
+        add(ids.tracked, counts.tracked);
+        add(ids.duplicates_rejected, counts.duplicates_rejected);
+        add(ids.skipped, counts.skipped);
+        add(ids.too_large, counts.too_large);
+        add(ids.table_full, counts.table_full);
+        add(ids.purged, counts.purged);
         if let Some(totals) = totals {
             set(
                 self.inflight[index(RequestClass::Default)],

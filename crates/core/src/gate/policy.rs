@@ -2,6 +2,7 @@
 //! validated runtime values. The format is documented in
 //! `policies/admission-gate.md`.
 
+use crate::dedup::policy::{DedupDoc, DedupPolicy};
 use crate::gate::class::{Cidr, Matcher, MetadataScope};
 use crate::gate::shards::Limits;
 use crate::policy_error::{parse_json, PolicyError};
@@ -23,6 +24,8 @@ struct Document {
     retry_after_max_s: u32,
     #[serde(default)]
     classes: Classes,
+    /// Retry-storm protection; absent means off.
+    dedup: Option<DedupDoc>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -81,6 +84,7 @@ pub struct GatePolicy {
     pub retry_after_max_s: u32,
     pub internal: Vec<Matcher>,
     pub priority: Vec<Matcher>,
+    pub dedup: Option<DedupPolicy>,
 }
 
 impl GatePolicy {
@@ -154,6 +158,7 @@ impl GatePolicy {
             retry_after_max_s: doc.retry_after_max_s,
             internal: compile_matchers("classes.internal", doc.classes.internal)?,
             priority: compile_matchers("classes.priority", doc.classes.priority)?,
+            dedup: doc.dedup.map(DedupPolicy::compile).transpose()?,
         })
     }
 }
@@ -231,6 +236,7 @@ mod tests {
                 retry_after_max_s: 30,
                 internal: vec![],
                 priority: vec![],
+                dedup: None,
             }
         );
     }

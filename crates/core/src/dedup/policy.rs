@@ -1,0 +1,187 @@
+//! The `dedup` section of the admission gate's policy (documented in
+//! `policies/admission-gate.md`). Present means enabled.
+
+use crate::policy_error::PolicyError;
+use serde::Deserialize;
+use std::collections::BTreeSet;
+
+use super::table::ENTRIES_PER_PAGE;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct DedupDoc {
+    #[serde(default = "default_window_ms")]
+    window_ms: u64,
+    #[serde(default = "default_max_body_bytes")]
+    max_body_bytes: u64,
+    #[serde(default = "default_max_entries")]
+    max_entries: u64,
+    #[serde(default)]
+    scope: Scope,
+    #[serde(default = "default_api_key_header")]
+    api_key_header: String,
+    methods: Option<Vec<String>>,
+    #[serde(default)]
+    exclude: Vec<String>,
+    global_methods: Option<Vec<String>>,
+}
+
+fn default_window_ms() -> u64 {
+    1000
+}
+fn default_max_body_bytes() -> u64 {
+    64 * 1024
+}
+fn default_max_entries() -> u64 {
+    4096
+}
+fn default_api_key_header() -> String {
+    "x-api-key".into()
+}
+
+/// Whose requests can be duplicates of each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Scope {
+    /// Only the same client's: by API key (hashed) if it sends one, else
+    /// by its address.
+    #[default]
+    Client,
+    /// Anyone's.
+    Global,
+}
+
+/// Methods whose answer depends only on their params and the chain, so a
+/// retry within the window wants what the original is already fetching.
+/// Methods that are polled for a changing answer with no params
+/// (`eth_blockNumber`, `eth_gasPrice`, `eth_syncing`, filters) are left
+/// out: a poll faster than the window would be refused.
+pub const READ_ONLY_METHODS: &[&str] = &[
+    "eth_call",
+    "eth_estimateGas",
+    "eth_getBalance",
+    "eth_getBlockByHash",
+    "eth_getBlockByNumber",
+    "eth_getBlockReceipts",
+    "eth_getCode",
+    "eth_getLogs",
+    "eth_getProof",
+    "eth_getStorageAt",
+    "eth_getTransactionByHash",
+    "eth_getTransactionCount",
+    "eth_getTransactionReceipt",
+    "debug_traceCall",
+    "debug_traceTransaction",
+    "trace_block",
+    "trace_transaction",
+];
+
+/// The same signed transaction is a duplicate whoever sends it.
+pub const GLOBAL_METHODS: &[&str] = &["eth_sendRawTransaction"];
+
+/// Larger bodies would have Envoy's default buffer limit (1 MiB) answer
+/// 413 while the gate waits for the end of the body.
+pub const MAX_BODY_BYTES_LIMIT: u64 = 1024 * 1024;
+pub const MAX_WINDOW_MS: u64 = 600_000;
+pub const MAX_ENTRIES_LIMIT: u64 = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DedupPolicy {
+    pub window_ms: u64,
+    pub max_body_bytes: u64,
+    /// Shared-data pages of `ENTRIES_PER_PAGE` entries.
+    pub pages: u32,
+    pub scope: Scope,
+    pub api_key_header: String,
+    pub methods: BTreeSet<String>,
+    pub global_methods: BTreeSet<String>,
+}
+
+impl DedupPolicy {
+    pub(crate) fn compile(doc: DedupDoc) -> Result<Self, PolicyError> {
+        let range = |field: &str, value: u64, min: u64, max: u64| {
+            if (min..=max).contains(&value) {
+                Ok(value)
+            } else {
+                Err(PolicyError::new(
+                    &format!("dedup.{field}"),
+                    format!("must be between {min} and {max}; got {value}"),
+                ))
+            }
+        };
+        let window_ms = range("windowMs", doc.window_ms, 1, MAX_WINDOW_MS)?;
+        let max_body_bytes = range("maxBodyBytes", doc.max_body_bytes, 2, MAX_BODY_BYTES_LIMIT)?;
+        let max_entries = range(
+            "maxEntries",
+            doc.max_entries,
+            ENTRIES_PER_PAGE as u64,
+            MAX_ENTRIES_LIMIT,
+        )?;
+        let header = &doc.api_key_header;
+        if header.is_empty()
+            || header
+                .bytes()
+                .any(|b| b.is_ascii_uppercase() || b == b' ' || b == b':')
+        {
+            return Err(PolicyError::new(
+                "dedup.apiKeyHeader",
+                format!("must be a lower-case header name; got {header:?}"),
+            ));
+        }
+        let names = |field: &str, list: Vec<String>| -> Result<BTreeSet<String>, PolicyError> {
+            list.into_iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    if m.is_empty() || m.contains(['"', '\\']) {
+                        Err(PolicyError::new(
+                            &format!("dedup.{field}[{i}]"),
+                            format!("must be a method name; got {m:?}"),
+                        ))
+                    } else {
+                        Ok(m)
+                    }
+                })
+                .collect()
+        };
+        let defaults = |list: &[&str]| list.iter().map(|m| m.to_string()).collect();
+        let global_methods = names(
+            "globalMethods",
+            doc.global_methods
+                .unwrap_or_else(|| defaults(GLOBAL_METHODS)),
+        )?;
+        let mut methods = names(
+            "methods",
+            doc.methods.unwrap_or_else(|| {
+                READ_ONLY_METHODS
+                    .iter()
+                    .chain(GLOBAL_METHODS)
+                    .map(|m| m.to_string())
+                    .collect()
+            }),
+        )?;
+        for m in names("exclude", doc.exclude)? {
+            methods.remove(&m);
+        }
+        if methods.is_empty() {
+            return Err(PolicyError::new(
+                "dedup.methods",
+                "no method is left to deduplicate; remove the dedup section to turn it off"
+                    .to_string(),
+            ));
+        }
+        Ok(Self {
+            window_ms,
+            max_body_bytes,
+            pages: max_entries.div_ceil(ENTRIES_PER_PAGE as u64) as u32,
+            scope: doc.scope,
+            api_key_header: doc.api_key_header,
+            methods,
+            global_methods,
+        })
+    }
+
+    /// Entries the table holds at most.
+    pub fn max_entries(&self) -> u64 {
+        u64::from(self.pages) * ENTRIES_PER_PAGE as u64
+    }
+}

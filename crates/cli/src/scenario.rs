@@ -106,6 +106,13 @@ struct ClientDoc {
     /// addresses starting at `source`.
     #[serde(default = "default_replicas")]
     replicas: u32,
+    /// After a timeout, 429 or 503, the same request again at once, up to
+    /// this many times.
+    #[serde(default)]
+    retries: u32,
+    /// Every request with params of its own, so retries can be told apart.
+    #[serde(default)]
+    unique_params: bool,
 }
 
 fn default_replicas() -> u32 {
@@ -164,6 +171,8 @@ pub struct Client {
     pub latency: Duration,
     pub source: String,
     pub timeout: Duration,
+    pub retries: u32,
+    pub unique_params: bool,
 }
 
 fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration> {
@@ -249,6 +258,8 @@ impl Scenario {
                 mix,
                 stake: c.stake,
                 api_key: c.api_key,
+                retries: c.retries,
+                unique_params: c.unique_params,
             };
             match c.replicas {
                 0 => bail!("clients[{i}].replicas: must be at least 1"),

@@ -14,12 +14,13 @@
 //! earlier ones.
 
 use crate::scenario::{Client, Scenario};
-use crate::summary::{BaselineSummary, NodeSummary, Summary};
+use crate::summary::{BaselineSummary, NodeSummary, Summary, Upstream};
 use anyhow::Context;
 use rpc_node::chain::Chain;
 use stakegate_core::baseline::{BaselineQos, Mechanism};
 use stakegate_host::{Host, LocalReply, Reply, Request, RequestId};
 use stakegate_loadgen::report::{ClientHeader, Outcome, Recorder};
+use stakegate_loadgen::run::{params_for, unique_params};
 use stakegate_loadgen::Report;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -37,6 +38,10 @@ pub struct SimArgs {
     /// the same traffic: agave-ema-legacy or agave-threshold (SEEDS.md part 1).
     #[arg(long = "baseline", value_parser = ["agave-ema-legacy", "agave-threshold"])]
     pub baselines: Vec<String>,
+    /// Runs the same traffic with no filters in the way: what the node
+    /// faces unprotected.
+    #[arg(long)]
+    pub no_filters: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -45,6 +50,14 @@ enum Event {
     Arrive {
         client: usize,
         n: u64,
+    },
+    /// Attempt `attempt` (0 first, then retries) of that request, for the
+    /// method at `method` in the client's mix.
+    Attempt {
+        client: usize,
+        n: u64,
+        attempt: u32,
+        method: usize,
     },
     /// A request finished on the node.
     Served {
@@ -71,6 +84,9 @@ enum Job {
 
 struct InFlight {
     client: usize,
+    n: u64,
+    attempt: u32,
+    method: usize,
     arrived: u64,
     cost: Duration,
     ids: Vec<RequestId>,
@@ -91,6 +107,10 @@ struct VirtualNode {
     /// RPC requests inside the node, waiting or being served.
     inflight: u64,
     inflight_max: u64,
+    /// Requests that reached the node, and the distinct ones
+    /// (client, request number): retries of one request are not distinct.
+    requests: u64,
+    unique: std::collections::HashSet<(usize, u64)>,
     chain: Chain,
     /// Maps virtual time onto `Instant`s, which `Chain` speaks.
     origin: Instant,
@@ -137,6 +157,8 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         queue_max: 0,
         inflight: 0,
         inflight_max: 0,
+        requests: 0,
+        unique: std::collections::HashSet::new(),
         chain: Chain::new(
             node_config
                 .block_interval
@@ -185,8 +207,26 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     admitted[client] += u64::from(model.offer(now, client, spec.stake));
                 }
                 let method = pickers[client].pick();
-                let cost = node_config.costs.cost(&method).unwrap_or_default();
-                let request = request(spec, &method, n);
+                events.push(Reverse((
+                    now,
+                    Event::Attempt {
+                        client,
+                        n,
+                        attempt: 0,
+                        method,
+                    },
+                )));
+            }
+            Event::Attempt {
+                client,
+                n,
+                attempt,
+                method,
+            } => {
+                let spec = &scenario.clients[client];
+                let (name, cost) = (&spec.mix[method].0, Duration::ZERO);
+                let cost = node_config.costs.cost(name).unwrap_or(cost);
+                let request = request(spec, client, name, n, attempt);
                 let worker = next_worker % scenario.workers;
                 next_worker += 1;
                 match through_filters(&mut hosts, worker, &request)? {
@@ -199,11 +239,25 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                             spec.latency,
                             false,
                         );
+                        if matches!(reply.status, 429 | 503) && attempt < spec.retries {
+                            events.push(Reverse((
+                                now,
+                                Event::Attempt {
+                                    client,
+                                    n,
+                                    attempt: attempt + 1,
+                                    method,
+                                },
+                            )));
+                        }
                     }
                     Ok(ids) => {
                         let job = requests.len();
                         requests.push(Some(InFlight {
                             client,
+                            n,
+                            attempt,
+                            method,
                             arrived: now,
                             cost,
                             ids,
@@ -215,6 +269,8 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                         node.queue_max = node.queue_max.max(node.rpc_waiting);
                         node.inflight += 1;
                         node.inflight_max = node.inflight_max.max(node.inflight);
+                        node.requests += 1;
+                        node.unique.insert((client, n));
                         events.push(Reverse((
                             now + spec.timeout.as_nanos() as u64,
                             Event::GiveUp { job },
@@ -231,6 +287,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     host.abort(id)?;
                 }
                 let (client, started) = (waiting.client, waiting.started);
+                let (n, attempt, method) = (waiting.n, waiting.attempt, waiting.method);
                 if !started {
                     // It leaves the queue; dispatch skips its entry.
                     node.rpc_waiting -= 1;
@@ -238,8 +295,25 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     requests[job] = None;
                 }
                 let second = (now / 1_000_000_000) as usize;
-                let timeout = scenario.clients[client].timeout;
-                recorders[client].record(second, Outcome::Timeout, timeout, timeout, false);
+                let spec = &scenario.clients[client];
+                recorders[client].record(
+                    second,
+                    Outcome::Timeout,
+                    spec.timeout,
+                    spec.timeout,
+                    false,
+                );
+                if attempt < spec.retries {
+                    events.push(Reverse((
+                        now,
+                        Event::Attempt {
+                            client,
+                            n,
+                            attempt: attempt + 1,
+                            method,
+                        },
+                    )));
+                }
             }
             Event::Served { job } => {
                 let Some(done) = requests.get_mut(job).and_then(Option::take) else {
@@ -303,6 +377,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         queue_max: node.queue_max,
         inflight_max: node.inflight_max,
         blocks_executed: node.chain.head(),
+        upstream: Some(Upstream::new(node.requests, node.unique.len() as u64)),
     };
     let mut summary = Summary::from_report(
         &scenario.name,
@@ -393,8 +468,16 @@ fn through_filters(
     Ok(Ok(ids))
 }
 
-fn request(client: &Client, method: &str, n: u64) -> Request {
-    let body = format!(r#"{{"jsonrpc":"2.0","id":{n},"method":"{method}","params":[]}}"#);
+/// The request the loadgen would send: the same params, and ids that
+/// differ between attempts.
+fn request(client: &Client, index: usize, method: &str, n: u64, attempt: u32) -> Request {
+    let params = if client.unique_params {
+        unique_params(method, index as u64, n)
+    } else {
+        params_for(method).to_string()
+    };
+    let id = n * 1000 + u64::from(attempt);
+    let body = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#);
     let mut request = Request::json_rpc(&body).property(
         &["source", "address"],
         format!("{}:40000", client.source).as_bytes(),
@@ -441,7 +524,8 @@ fn report(scenario: &Scenario, recorders: &[Recorder], scheduled: &[u64]) -> Rep
 
 /// Deterministic weighted method choice (a per-client LCG).
 struct Picker {
-    cumulative: Vec<(f64, String)>,
+    /// Cumulative weight and index into the client's mix.
+    cumulative: Vec<(f64, usize)>,
     state: u64,
 }
 
@@ -452,9 +536,10 @@ impl Picker {
         let cumulative = client
             .mix
             .iter()
-            .map(|(m, w)| {
+            .enumerate()
+            .map(|(i, (_, w))| {
                 sum += w / total;
-                (sum, m.clone())
+                (sum, i)
             })
             .collect();
         Self {
@@ -465,7 +550,7 @@ impl Picker {
         }
     }
 
-    fn pick(&mut self) -> String {
+    fn pick(&mut self) -> usize {
         self.state = self
             .state
             .wrapping_mul(6364136223846793005)
@@ -475,8 +560,7 @@ impl Picker {
             .iter()
             .find(|(upto, _)| x < *upto)
             .or(self.cumulative.last())
-            .map(|(_, m)| m.clone())
-            .unwrap_or_default()
+            .map_or(0, |(_, i)| *i)
     }
 }
 
@@ -524,6 +608,12 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
             "node: tip lag max {:.0} ms, tip lost {}, queue max {}, blocks {}\n",
             node.tip_lag_max_ms, node.tip_lost, node.queue_max, node.blocks_executed
         );
+        if let Some(up) = &node.upstream {
+            out += &format!(
+                "upstream: {} requests, {} unique, amplification {:.3}\n",
+                up.requests, up.unique_requests, up.amplification
+            );
+        }
     }
     out += &format!("max share error: {:.1} pp\n", summary.max_share_error_pp);
     let seconds: Vec<String> = summary
@@ -555,7 +645,11 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
 }
 
 pub fn run(args: &SimArgs) -> anyhow::Result<()> {
-    let scenario = Scenario::load(&args.scenario)?;
+    let mut scenario = Scenario::load(&args.scenario)?;
+    if args.no_filters {
+        scenario.filters.clear();
+        scenario.name += " (no filters)";
+    }
     let baselines: Vec<Mechanism> = args
         .baselines
         .iter()

@@ -38,6 +38,34 @@ pub struct NodeSummary {
     pub queue_max: u64,
     pub inflight_max: u64,
     pub blocks_executed: u64,
+    /// What reached the node, when it counts it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
+}
+
+/// Requests that reached the node, against the distinct requests among
+/// them (same method and params, whatever the id).
+#[derive(Debug, Clone, Serialize)]
+pub struct Upstream {
+    pub requests: u64,
+    pub unique_requests: u64,
+    /// `requests / unique_requests`: 1.0 when no request reached the node
+    /// twice.
+    pub amplification: f64,
+}
+
+impl Upstream {
+    pub fn new(requests: u64, unique_requests: u64) -> Self {
+        Self {
+            requests,
+            unique_requests,
+            amplification: if unique_requests == 0 {
+                1.0
+            } else {
+                round(requests as f64 / unique_requests as f64)
+            },
+        }
+    }
 }
 
 impl NodeSummary {
@@ -49,6 +77,9 @@ impl NodeSummary {
             queue_max: metrics["queue_max"].as_u64().unwrap_or(0),
             inflight_max: metrics["inflight_max"].as_u64().unwrap_or(0),
             blocks_executed: metrics["head"].as_u64().unwrap_or(0),
+            upstream: metrics["requests"].as_u64().map(|requests| {
+                Upstream::new(requests, metrics["unique_requests"].as_u64().unwrap_or(0))
+            }),
         }
     }
 }

@@ -10,8 +10,12 @@ fn scenarios() -> PathBuf {
 }
 
 fn sim(scenario: &Path, json: bool) -> String {
+    sim_with(scenario, json, &[])
+}
+
+fn sim_with(scenario: &Path, json: bool, args: &[&str]) -> String {
     let mut command = Command::new(env!("CARGO_BIN_EXE_stakegate"));
-    command.arg("sim").arg(scenario);
+    command.arg("sim").arg(scenario).args(args);
     if json {
         command.arg("--json");
     }
@@ -78,6 +82,28 @@ fn without_the_gate_the_simulated_node_loses_the_tip() {
     assert!(
         summary["status_counts"]["timeout"].as_u64().unwrap() > 0,
         "clients gave up"
+    );
+}
+
+#[test]
+fn dedup_sends_each_retried_request_upstream_once() {
+    let scenario = scenarios().join("retry-storm.toml");
+    let with: Value = serde_json::from_str(&sim(&scenario, true)).unwrap();
+    let without: Value =
+        serde_json::from_str(&sim_with(&scenario, true, &["--no-filters"])).unwrap();
+    let (up, bare) = (&with["node"]["upstream"], &without["node"]["upstream"]);
+    // 4 clients x 5 rps x 30 s, every one retried three times.
+    assert_eq!(up["unique_requests"], 600);
+    assert!(up["amplification"].as_f64().unwrap() <= 1.05, "{up}");
+    assert!(with["status_counts"]["429"].as_u64().unwrap() >= 3 * 600 - 10);
+    assert!(bare["amplification"].as_f64().unwrap() >= 3.9, "{bare}");
+    assert_eq!(with["node"]["tip_lost"], false);
+    let lag = |s: &Value| s["node"]["tip_lag_max_ms"].as_f64().unwrap();
+    assert!(
+        lag(&with) <= 200.0 && lag(&without) > 5.0 * lag(&with),
+        "{} vs {}",
+        lag(&with),
+        lag(&without)
     );
 }
 

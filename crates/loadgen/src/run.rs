@@ -137,7 +137,12 @@ impl Sender {
             }
             sent += 1;
             inflight.fetch_add(1, Ordering::Relaxed);
-            let request = self.request(i, picker.pick(&mut rng));
+            let method = picker.pick(&mut rng);
+            let params = if self.client.unique_params {
+                unique_params(method, self.seed, i)
+            } else {
+                params_for(method).to_string()
+            };
             let (http, recorder, inflight) = (
                 self.http[i as usize % self.http.len()].clone(),
                 recorder.clone(),
@@ -147,15 +152,24 @@ impl Sender {
                 self.timeout,
                 due.duration_since(self.start).as_secs() as usize,
             );
+            let retries = self.client.retries;
+            let attempts: Vec<Request<Full<Bytes>>> = (0..=retries)
+                .map(|attempt| self.request(i, attempt, method, &params))
+                .collect();
             requests.spawn(async move {
-                let sent_at = Instant::now();
-                let (outcome, rpc_error) = send(&http, request, timeout).await;
-                let answered = Instant::now();
-                inflight.fetch_sub(1, Ordering::Relaxed);
-                if let Ok(mut recorder) = recorder.lock() {
-                    let (latency, service) = (answered - due, answered - sent_at);
-                    recorder.record(second, outcome, latency, service, rpc_error);
+                for request in attempts {
+                    let sent_at = Instant::now();
+                    let (outcome, rpc_error) = send(&http, request, timeout).await;
+                    let answered = Instant::now();
+                    if let Ok(mut recorder) = recorder.lock() {
+                        let (latency, service) = (answered - due, answered - sent_at);
+                        recorder.record(second, outcome, latency, service, rpc_error);
+                    }
+                    if !matches!(outcome, Outcome::Timeout | Outcome::Status(429 | 503)) {
+                        break;
+                    }
                 }
+                inflight.fetch_sub(1, Ordering::Relaxed);
             });
         }
         let scheduled = sent + skipped;
@@ -181,11 +195,11 @@ impl Sender {
         (recorder.finish(header), recorder)
     }
 
-    fn request(&self, id: u64, method: &str) -> Request<Full<Bytes>> {
-        let body = format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{}}}"#,
-            params_for(method)
-        );
+    /// Attempt `attempt` of request `i` (a retry takes a new id).
+    fn request(&self, i: u64, attempt: u32, method: &str, params: &str) -> Request<Full<Bytes>> {
+        let id = i * 1000 + u64::from(attempt);
+        let body =
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#);
         let mut request = Request::new(Full::new(Bytes::from(body)));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.target.clone();
@@ -243,6 +257,17 @@ pub fn params_for(method: &str) -> &'static str {
         "eth_getProof" => r#"["0x00000000219ab540356cbb839cbe05303d7705fa",[],"latest"]"#,
         "eth_getLogs" => r#"[{"fromBlock":"latest","toBlock":"latest"}]"#,
         _ => "[]",
+    }
+}
+
+/// Params of request `i` of client `client` that no other request has: a
+/// nonce in eth_call's data, or a first param for other methods.
+pub fn unique_params(method: &str, client: u64, i: u64) -> String {
+    match method {
+        "eth_call" => format!(
+            r#"[{{"to":"0x00000000219ab540356cbb839cbe05303d7705fa","data":"0x70a08231{client:032x}{i:032x}"}},"latest"]"#
+        ),
+        _ => format!(r#"["0x{client:x}{i:016x}","latest"]"#),
     }
 }
 

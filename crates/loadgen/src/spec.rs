@@ -31,6 +31,15 @@ pub struct ClientSpec {
     /// Sends here instead of the run's target (e.g. an internal listener).
     #[serde(default)]
     pub target: Option<String>,
+    /// After a timeout, a 429 or a 503, sends the same request again at
+    /// once (with a new id), up to this many times: a retry storm.
+    #[serde(default)]
+    pub retries: u32,
+    /// Each request gets params of its own (a nonce), so the node can tell
+    /// retries from new requests. Otherwise a method always has the same
+    /// params.
+    #[serde(default)]
+    pub unique_params: bool,
 }
 
 fn default_key_header() -> String {
@@ -55,6 +64,8 @@ impl ClientSpec {
             mix: default_mix(),
             concurrency: default_concurrency(),
             target: None,
+            retries: 0,
+            unique_params: false,
         }
     }
 
@@ -83,7 +94,7 @@ impl ClientSpec {
 }
 
 /// Parses the command-line form:
-/// `id=alice,rate=500,key=secret,header=x-api-key,mix=eth_call:8+eth_blockNumber:2,concurrency=256`.
+/// `id=alice,rate=500,key=secret,header=x-api-key,mix=eth_call:8+eth_blockNumber:2,concurrency=256,retries=3,unique=true`.
 impl FromStr for ClientSpec {
     type Err = anyhow::Error;
 
@@ -109,8 +120,18 @@ impl FromStr for ClientSpec {
                 }
                 "mix" => spec.mix = parse_mix(value).with_context(|| format!("client {text:?}"))?,
                 "target" => spec.target = Some(value.into()),
+                "retries" => {
+                    spec.retries = value
+                        .parse()
+                        .with_context(|| format!("client {text:?}: retries {value:?}"))?
+                }
+                "unique" => {
+                    spec.unique_params = value
+                        .parse()
+                        .with_context(|| format!("client {text:?}: unique {value:?} (true or false)"))?
+                }
                 other => bail!(
-                    "client {text:?}: unknown field {other:?} (known: id, rate, key, header, mix, concurrency, target)"
+                    "client {text:?}: unknown field {other:?} (known: id, rate, key, header, mix, concurrency, target, retries, unique)"
                 ),
             }
         }

@@ -6,7 +6,8 @@ use crate::rpc::{self, Body, Call};
 use crate::slots::ReadSlots;
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -29,6 +30,7 @@ pub struct Node {
     chain: Mutex<Chain>,
     served: Mutex<BTreeMap<String, u64>>,
     errors: Mutex<BTreeMap<i64, u64>>,
+    requests: Requests,
     inflight: AtomicU64,
     inflight_max: AtomicU64,
     websockets: AtomicU64,
@@ -52,8 +54,41 @@ pub struct Metrics {
     pub read_slots_in_use: u32,
     pub served: BTreeMap<String, u64>,
     pub errors: BTreeMap<i64, u64>,
+    /// HTTP request bodies received that parsed as JSON-RPC.
+    pub requests: u64,
+    /// How many of them were distinct (method and params, whatever the
+    /// id); `requests / unique_requests` is the retry amplification.
+    pub unique_requests: u64,
     pub rss_bytes: u64,
     pub uptime_ms: u64,
+}
+
+/// Bodies received, and the distinct ones by fingerprint. Fingerprints
+/// stop being added at `MAX_FINGERPRINTS` (memory stays bounded; the unique
+/// count is then a lower bound).
+#[derive(Debug, Default)]
+struct Requests {
+    total: AtomicU64,
+    seen: Mutex<HashSet<u64>>,
+}
+
+const MAX_FINGERPRINTS: usize = 4_000_000;
+
+/// What makes two bodies the same request: each call's method and params,
+/// not its id.
+fn fingerprint(body: &Body) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    let calls = match body {
+        Body::Single(call) => std::slice::from_ref(call),
+        Body::Batch(calls) => calls.as_slice(),
+    };
+    for call in calls {
+        match call {
+            Call::Request { method, params, .. } => (method, params.to_string()).hash(&mut hasher),
+            Call::Invalid { reason, .. } => reason.hash(&mut hasher),
+        }
+    }
+    hasher.finish()
 }
 
 /// Counts one open WebSocket for as long as it lives.
@@ -98,6 +133,7 @@ impl Node {
             chain: Mutex::new(Chain::new(lost_after)),
             served: Mutex::new(BTreeMap::new()),
             errors: Mutex::new(BTreeMap::new()),
+            requests: Requests::default(),
             inflight: AtomicU64::new(0),
             inflight_max: AtomicU64::new(0),
             websockets: AtomicU64::new(0),
@@ -115,7 +151,15 @@ impl Node {
     /// notifications were sent).
     pub async fn handle(&self, body: &[u8]) -> Option<Value> {
         let _inflight = InFlight::enter(self);
-        match rpc::parse(body) {
+        let parsed = rpc::parse(body);
+        if let Ok(body) = &parsed {
+            self.requests.total.fetch_add(1, Ordering::Relaxed);
+            let mut seen = lock(&self.requests.seen);
+            if seen.len() < MAX_FINGERPRINTS {
+                seen.insert(fingerprint(body));
+            }
+        }
+        match parsed {
             Err(error) => {
                 self.count_error(&error);
                 Some(error)
@@ -232,6 +276,8 @@ impl Node {
             read_slots_in_use: self.slots.in_use(),
             served: lock(&self.served).clone(),
             errors: lock(&self.errors).clone(),
+            requests: self.requests.total.load(Ordering::Relaxed),
+            unique_requests: lock(&self.requests.seen).len() as u64,
             rss_bytes: rss_bytes(),
             uptime_ms: now.duration_since(self.started).as_millis() as u64,
         }
@@ -246,6 +292,8 @@ impl Node {
             .store(self.inflight.load(Ordering::Relaxed), Ordering::Relaxed);
         lock(&self.served).clear();
         lock(&self.errors).clear();
+        self.requests.total.store(0, Ordering::Relaxed);
+        lock(&self.requests.seen).clear();
     }
 }
 
@@ -322,5 +370,23 @@ mod tests {
         let response = node.handle(b"\xff\x00not json").await.unwrap();
         assert_eq!(response["error"]["code"], -32700);
         assert_eq!(node.metrics().errors[&-32700], 1);
+    }
+
+    #[tokio::test]
+    async fn retries_count_as_requests_but_not_as_unique_ones() {
+        let node = node(4);
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[{"data":"0x1"}]}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"eth_call","params":[{"data":"0x1"}]}"#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"eth_call","params":[{"data":"0x2"}]}"#,
+            r#"{"jsonrpc":"2.0","id":4,"method":"eth_getBalance","params":[{"data":"0x2"}]}"#,
+            "not json",
+        ] {
+            node.handle(body.as_bytes()).await;
+        }
+        let metrics = node.metrics();
+        assert_eq!((metrics.requests, metrics.unique_requests), (4, 3));
+        node.reset();
+        assert_eq!(node.metrics().unique_requests, 0);
     }
 }

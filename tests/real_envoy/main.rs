@@ -7,4 +7,5 @@ mod deploy;
 mod failure_mode;
 mod foundation;
 mod loadgen;
+mod retry_storm;
 mod stake_qos;

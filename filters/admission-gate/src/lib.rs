@@ -8,8 +8,8 @@
 //!   the config, so the previous one keeps serving.
 //! - `on_http_request_headers` classifies the request and admits it or sends
 //!   the 503, before any body byte is read.
-//! - With `dedup` in the policy, an admitted request's headers are held
-//!   until its body has been read (up to `maxBodyBytes`; a larger body
+//! - With `dedup` in the policy, an admitted request's body is held
+//!   until it has been read whole (up to `maxBodyBytes`; a larger body
 //!   goes on unchecked, never cut). `on_http_request_body` then refuses a
 //!   duplicate with 429, or records the request and lets it go upstream.
 //!   Internal traffic is never checked.
@@ -24,7 +24,7 @@ mod metrics;
 use metrics::GateMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use stakegate_core::dedup::{Dedup, Pending, Verdict, DUPLICATE_STATUS};
+use stakegate_core::dedup::{client_name, Dedup, Pending, Verdict, DUPLICATE_STATUS};
 use stakegate_core::gate::class::{classify, RequestClass};
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::{Admission, Decision, InflightGate, Rejection, Ticket};
@@ -184,6 +184,7 @@ impl RootContext for GateRoot {
             worker,
             ticket: None,
             reading_body: false,
+            client: String::new(),
             sent: None,
         }))
     }
@@ -192,8 +193,10 @@ impl RootContext for GateRoot {
 struct GateStream {
     worker: Rc<RefCell<Worker>>,
     ticket: Option<Ticket>,
-    /// Headers are held until the body is read and checked for a duplicate.
+    /// The body is held until it is whole and checked for a duplicate.
     reading_body: bool,
+    /// The sender's name for dedup's `client` scope, read with the headers.
+    client: String,
     /// This request's entry in the dedup table, completed when it ends.
     sent: Option<Pending>,
 }
@@ -246,8 +249,9 @@ impl GateStream {
     }
 
     /// Whether to hold the headers and read the body for dedup.
-    fn wants_body(&self, class: RequestClass, end_of_stream: bool) -> bool {
-        let mut worker = self.worker.borrow_mut();
+    fn wants_body(&mut self, class: RequestClass, end_of_stream: bool) -> bool {
+        let worker = self.worker.clone();
+        let mut worker = worker.borrow_mut();
         let Some(dedup) = &worker.dedup else {
             return false;
         };
@@ -261,6 +265,7 @@ impl GateStream {
             worker.metrics.dedup().too_large += 1;
             return false;
         }
+        self.client = client_name(dedup.policy(), &mut StreamFacts);
         true
     }
 
@@ -278,7 +283,7 @@ impl GateStream {
             metrics.dedup().skipped += 1;
             return Ok(());
         };
-        let Ok(keyed) = dedup.key(body, &mut StreamFacts) else {
+        let Ok(keyed) = dedup.key(body, &self.client) else {
             metrics.dedup().skipped += 1;
             return Ok(());
         };
@@ -359,11 +364,16 @@ impl Context for GateStream {
 impl HttpContext for GateStream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         match self.admit() {
-            Ok(class) if self.wants_body(class, end_of_stream) => {
-                self.reading_body = true;
-                Action::Pause
+            Ok(class) => {
+                // Headers cannot be held while the body is read: Envoy turns
+                // a paused header phase into StopAllIteration, and the body
+                // never reaches the filter (proxy-wasm spec issue #63). So
+                // the headers go on, the body is held, and a duplicate's
+                // upstream stream is reset before any body byte is sent: the
+                // node never receives the request.
+                self.reading_body = self.wants_body(class, end_of_stream);
+                Action::Continue
             }
-            Ok(_) => Action::Continue,
             Err(rejection) => {
                 stakegate_glue::reject(
                     Rejection::STATUS,

@@ -178,9 +178,10 @@ impl Dedup {
         content_length <= self.policy.max_body_bytes
     }
 
-    /// The key of a request body, or why it has none. The client's name
-    /// (for `client` scope) comes from `facts`.
-    pub fn key(&self, body: &[u8], facts: &mut impl RequestFacts) -> Result<Keyed, Skip> {
+    /// The key of a request body, or why it has none. `client` is the
+    /// sender's name for `client` scope (`client_name`, read with the
+    /// headers: Envoy serves no headers during the body phase).
+    pub fn key(&self, body: &[u8], client: &str) -> Result<Keyed, Skip> {
         let parsed = Body::parse(body).map_err(Skip::Body)?;
         let calls = parsed.calls().ok_or(Skip::Body(Unkeyed::NotJsonRpc))?;
         let policy = &self.policy;
@@ -191,11 +192,7 @@ impl Dedup {
             || calls
                 .iter()
                 .all(|c| policy.global_methods.contains(c.method));
-        let scope = if global {
-            "global".to_string()
-        } else {
-            client_name(policy, facts)
-        };
+        let scope = if global { "global" } else { client };
         let id = match calls.as_slice() {
             [call] if !parsed.is_batch() => call
                 .id
@@ -204,7 +201,7 @@ impl Dedup {
             _ => None,
         };
         Ok(Keyed {
-            key: parsed.key(&scope),
+            key: parsed.key(scope),
             id,
         })
     }
@@ -353,7 +350,7 @@ impl Dedup {
 /// one, else its address. (The key need not be known to the gate: a client
 /// that sends someone else's key shares only that key's dedup scope, which
 /// requires knowing the key.)
-fn client_name(policy: &DedupPolicy, facts: &mut impl RequestFacts) -> String {
+pub fn client_name(policy: &DedupPolicy, facts: &mut impl RequestFacts) -> String {
     if let Some(key) = facts.header(&policy.api_key_header) {
         return format!("key:{}", sha256_hex(key.as_bytes()));
     }
@@ -408,8 +405,12 @@ mod tests {
         format!(r#"{{"jsonrpc":"2.0","id":7,"method":"eth_call","params":[{params}]}}"#)
     }
 
-    fn keyed(dedup: &Dedup, body: &str, mut client: Client) -> Keyed {
-        dedup.key(body.as_bytes(), &mut client).unwrap()
+    fn name(dedup: &Dedup, mut client: Client) -> String {
+        client_name(dedup.policy(), &mut client)
+    }
+
+    fn keyed(dedup: &Dedup, body: &str, client: Client) -> Keyed {
+        dedup.key(body.as_bytes(), &name(dedup, client)).unwrap()
     }
 
     fn verdict(d: &Dedup, store: &MemoryStore, keyed: &Keyed, vm: u32, now: u64) -> Verdict {
@@ -558,22 +559,21 @@ mod tests {
         // Not deduplicated by default: polled methods.
         let poll = r#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}"#;
         assert_eq!(
-            d.key(poll.as_bytes(), &mut other_ip("192.0.2.1")),
+            d.key(poll.as_bytes(), &name(&d, other_ip("192.0.2.1"))),
             Err(Skip::Method)
         );
         // Client scope: by key when sent, else by address.
         let body = call("1");
         assert_eq!(
             keyed(&d, &body, with_key("k1")).key,
-            Dedup::key(
+            keyed(
                 &d,
-                body.as_bytes(),
-                &mut Client {
+                &body,
+                Client {
                     ip: "192.0.2.200",
                     key: Some("k1")
                 }
             )
-            .unwrap()
             .key
         );
         assert_ne!(
@@ -601,14 +601,14 @@ mod tests {
         assert_eq!(
             d.key(
                 format!("[{body},{poll}]").as_bytes(),
-                &mut other_ip("192.0.2.1")
+                &name(&d, other_ip("192.0.2.1"))
             ),
             Err(Skip::Method)
         );
         // Lists: exclude, and global scope for everything.
         let d = dedup(r#"{"exclude": ["eth_call"], "scope": "global"}"#);
         assert_eq!(
-            d.key(body.as_bytes(), &mut other_ip("192.0.2.1")),
+            d.key(body.as_bytes(), &name(&d, other_ip("192.0.2.1"))),
             Err(Skip::Method)
         );
         let logs = r#"{"method":"eth_getLogs","params":[{}]}"#;

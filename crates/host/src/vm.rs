@@ -249,9 +249,13 @@ impl Vm {
                 (context as i32, headers as i32, i32::from(body_len == 0)),
             )
             .map_err(|e| self.fail(e, "proxy_on_request_headers"))?;
-        // As in Envoy, the body arrives whether or not the headers paused
-        // (a filter that pauses its headers does so to read the body).
-        let action = if body_len > 0 && self.local_reply(context).is_none() {
+        // As in Envoy, paused headers stop the body too (proxy-wasm maps a
+        // paused header phase to StopAllIteration): the body reaches the
+        // filter only after headers that continued.
+        let action = if action == abi::ACTION_CONTINUE
+            && body_len > 0
+            && self.local_reply(context).is_none()
+        {
             self.state_mut().current = context;
             self.exports
                 .request_body
@@ -263,7 +267,7 @@ impl Vm {
         let reply = self.local_reply(context);
         if reply.is_none() && action != abi::ACTION_CONTINUE {
             bail!(
-                "the filter paused request {context} after its whole request and never resumed it \
+                "the filter paused request {context} and nothing can resume it \
                  (in Envoy the request would hang until its timeout)"
             );
         }

@@ -75,6 +75,18 @@ enum Event {
     },
 }
 
+impl Event {
+    /// The next attempt of a request whose attempt `attempt` failed.
+    fn retry(client: usize, n: u64, attempt: u32, method: usize) -> Self {
+        Event::Attempt {
+            client,
+            n,
+            attempt: attempt + 1,
+            method,
+        }
+    }
+}
+
 /// What waits for, or holds, the node's read slots.
 #[derive(Debug, Clone, Copy)]
 enum Job {
@@ -240,15 +252,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                             false,
                         );
                         if matches!(reply.status, 429 | 503) && attempt < spec.retries {
-                            events.push(Reverse((
-                                now,
-                                Event::Attempt {
-                                    client,
-                                    n,
-                                    attempt: attempt + 1,
-                                    method,
-                                },
-                            )));
+                            events.push(Reverse((now, Event::retry(client, n, attempt, method))));
                         }
                     }
                     Ok(ids) => {
@@ -304,15 +308,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     false,
                 );
                 if attempt < spec.retries {
-                    events.push(Reverse((
-                        now,
-                        Event::Attempt {
-                            client,
-                            n,
-                            attempt: attempt + 1,
-                            method,
-                        },
-                    )));
+                    events.push(Reverse((now, Event::retry(client, n, attempt, method))));
                 }
             }
             Event::Served { job } => {

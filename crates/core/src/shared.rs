@@ -151,6 +151,52 @@ pub fn update_from<T, R: Record>(
     Err((StoreError::Contended, MAX_ATTEMPTS))
 }
 
+/// The layout every page of entries shares: version `u8`, entry count
+/// `u16`, then `entry_len`-byte entries.
+pub struct PageLayout {
+    /// Named in errors, e.g. "QoS".
+    pub what: &'static str,
+    pub version: u8,
+    pub entry_len: usize,
+    pub max_entries: usize,
+}
+
+impl PageLayout {
+    pub const HEADER_LEN: usize = 3;
+
+    /// The entries' bytes, one chunk each, after checking the version and
+    /// the length. Empty bytes (an absent key) are an empty page.
+    pub fn entries<'a>(&self, bytes: &'a [u8]) -> Result<std::slice::ChunksExact<'a, u8>, String> {
+        let what = self.what;
+        if bytes.is_empty() {
+            return Ok([].chunks_exact(self.entry_len));
+        }
+        if bytes[0] != self.version {
+            return Err(format!(
+                "shared {what} page has layout version {}, this module reads {}",
+                bytes[0], self.version
+            ));
+        }
+        let count = bytes.get(1..Self::HEADER_LEN).map_or(usize::MAX, |b| {
+            usize::from(u16::from_le_bytes([b[0], b[1]]))
+        });
+        let expected = Self::HEADER_LEN.saturating_add(count.saturating_mul(self.entry_len));
+        if count > self.max_entries || bytes.len() != expected {
+            return Err(format!(
+                "shared {what} page is {} bytes, expected {expected} for {count} entries",
+                bytes.len()
+            ));
+        }
+        Ok(bytes[Self::HEADER_LEN..].chunks_exact(self.entry_len))
+    }
+
+    /// The header for `count` entries.
+    pub fn header(&self, count: usize) -> [u8; Self::HEADER_LEN] {
+        let count = (count as u16).to_le_bytes();
+        [self.version, count[0], count[1]]
+    }
+}
+
 /// Reads little-endian fixed-width fields off a slice whose length the
 /// decoder checked (past the end it reads zeros).
 pub struct Reader<'a>(pub &'a [u8]);

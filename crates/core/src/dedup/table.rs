@@ -9,12 +9,18 @@
 //! (0 while in flight), `owner` u32 (the gate VM's shard id).
 
 use crate::dedup::key::{Key, KEY_LEN};
-use crate::shared::{Reader, Record};
+use crate::shared::{PageLayout, Reader, Record};
 
 pub const LAYOUT_VERSION: u8 = 1;
 pub const ENTRIES_PER_PAGE: usize = 64;
 pub const ENTRY_LEN: usize = KEY_LEN + 8 + 8 + 4;
-const HEADER_LEN: usize = 3;
+const HEADER_LEN: usize = PageLayout::HEADER_LEN;
+const LAYOUT: PageLayout = PageLayout {
+    what: "dedup",
+    version: LAYOUT_VERSION,
+    entry_len: ENTRY_LEN,
+    max_entries: ENTRIES_PER_PAGE,
+};
 
 /// One request sent upstream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,27 +53,8 @@ pub fn page_of(key: &Key, pages: u32) -> u32 {
 
 impl Record for Page {
     fn decode(bytes: &[u8]) -> Result<Self, String> {
-        if bytes.is_empty() {
-            return Ok(Self::default());
-        }
-        if bytes[0] != LAYOUT_VERSION {
-            return Err(format!(
-                "shared dedup page has layout version {}, this module reads {LAYOUT_VERSION}",
-                bytes[0]
-            ));
-        }
-        let count = bytes.get(1..HEADER_LEN).map_or(usize::MAX, |b| {
-            usize::from(u16::from_le_bytes([b[0], b[1]]))
-        });
-        let expected = HEADER_LEN.saturating_add(count.saturating_mul(ENTRY_LEN));
-        if count > ENTRIES_PER_PAGE || bytes.len() != expected {
-            return Err(format!(
-                "shared dedup page is {} bytes, expected {expected} for {count} entries",
-                bytes.len()
-            ));
-        }
-        let entries = bytes[HEADER_LEN..]
-            .chunks_exact(ENTRY_LEN)
+        let entries = LAYOUT
+            .entries(bytes)?
             .map(|chunk| {
                 let mut key = [0; KEY_LEN];
                 key.copy_from_slice(&chunk[..KEY_LEN]);
@@ -85,8 +72,7 @@ impl Record for Page {
 
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEADER_LEN + self.entries.len() * ENTRY_LEN);
-        out.push(LAYOUT_VERSION);
-        out.extend_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        out.extend_from_slice(&LAYOUT.header(self.entries.len()));
         for e in &self.entries {
             out.extend_from_slice(&e.key);
             out.extend_from_slice(&e.start_ms.to_le_bytes());

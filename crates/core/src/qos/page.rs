@@ -13,12 +13,18 @@
 //! Layout (little-endian): version `u8`, entry count `u16`, then
 //! `ENTRY_LEN`-byte entries.
 
-use crate::shared::{Reader, Record};
+use crate::shared::{PageLayout, Reader, Record};
 
 pub const LAYOUT_VERSION: u8 = 1;
 pub const ENTRIES_PER_PAGE: usize = 64;
 pub const ENTRY_LEN: usize = 72;
-const HEADER_LEN: usize = 3;
+const HEADER_LEN: usize = PageLayout::HEADER_LEN;
+const LAYOUT: PageLayout = PageLayout {
+    what: "QoS",
+    version: LAYOUT_VERSION,
+    entry_len: ENTRY_LEN,
+    max_entries: ENTRIES_PER_PAGE,
+};
 
 /// Tokens are kept in thousandths, so shares of a few tokens per round
 /// split by stake without rounding away anyone's fraction.
@@ -89,27 +95,8 @@ impl Page {
 
 impl Record for Page {
     fn decode(bytes: &[u8]) -> Result<Self, String> {
-        if bytes.is_empty() {
-            return Ok(Self::default());
-        }
-        if bytes[0] != LAYOUT_VERSION {
-            return Err(format!(
-                "shared QoS page has layout version {}, this module reads {LAYOUT_VERSION}",
-                bytes[0]
-            ));
-        }
-        let count = bytes.get(1..HEADER_LEN).map_or(usize::MAX, |b| {
-            usize::from(u16::from_le_bytes([b[0], b[1]]))
-        });
-        let expected = HEADER_LEN.saturating_add(count.saturating_mul(ENTRY_LEN));
-        if count > ENTRIES_PER_PAGE || bytes.len() != expected {
-            return Err(format!(
-                "shared QoS page is {} bytes, expected {expected} for {count} entries",
-                bytes.len()
-            ));
-        }
-        let entries = bytes[HEADER_LEN..]
-            .chunks_exact(ENTRY_LEN)
+        let entries = LAYOUT
+            .entries(bytes)?
             .map(|chunk| {
                 let mut r = Reader(chunk);
                 Entry {
@@ -135,8 +122,7 @@ impl Record for Page {
 
     fn encode(&self) -> Vec<u8> {
         let mut out = vec![0; HEADER_LEN + self.entries.len() * ENTRY_LEN];
-        out[0] = LAYOUT_VERSION;
-        out[1..HEADER_LEN].copy_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        out[..HEADER_LEN].copy_from_slice(&LAYOUT.header(self.entries.len()));
         for (e, chunk) in self
             .entries
             .iter()

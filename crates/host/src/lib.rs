@@ -190,24 +190,15 @@ impl Host {
                 current: ROOT_CONTEXT,
                 tick_period_ms: 0,
                 streams: HashMap::new(),
+                retired_roots: Vec::new(),
                 plugin_properties,
                 random_state: 0x9e37_79b9_7f4a_7c15 ^ index as u64,
             };
             let mut vm = Vm::new(&engine, &module, &linker, state)?;
             if !vm.start()? {
-                let said: Vec<String> = logs
-                    .borrow()
-                    .iter()
-                    .filter(|l| l.vm == name && matches!(l.level, "error" | "critical"))
-                    .map(|l| l.message.clone())
-                    .collect();
                 bail!(
                     "the module refused its configuration{}",
-                    if said.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", said.join("; "))
-                    }
+                    said(&logs.borrow(), &name, 0)
                 );
             }
             vms.push(vm);
@@ -241,6 +232,31 @@ impl Host {
             Some(None) => bail!("worker {worker} was removed"),
             None => bail!("there is no worker {worker} (the host has {count})"),
         }
+    }
+
+    /// Swaps in a new policy for the same module, on every VM (main first),
+    /// as Envoy does with an ECDS update: new streams use it, streams in
+    /// flight finish under the old one. Fails with the module's reason if
+    /// the main VM refuses it, and then nothing changes.
+    pub fn reconfigure(&mut self, plugin_config: &[u8]) -> anyhow::Result<()> {
+        let root = self.next_context;
+        self.next_context += 1;
+        let from = self.logs.borrow().len();
+        if !self.main.configure_new_root(root, plugin_config)? {
+            bail!(
+                "the module refused the new configuration{}",
+                said(&self.logs.borrow(), "main", from)
+            );
+        }
+        for vm in self.workers.iter_mut().flatten() {
+            if !vm.configure_new_root(root, plugin_config)? {
+                bail!(
+                    "worker {} refused a configuration the main VM took",
+                    vm.state().name
+                );
+            }
+        }
+        Ok(())
     }
 
     /// Runs a request through `worker`'s VM.
@@ -367,5 +383,20 @@ impl Host {
 
     pub fn logs(&self) -> Vec<LogLine> {
         self.logs.borrow().clone()
+    }
+}
+
+/// What VM `vm` logged at error level or above from `logs[from..]`, as
+/// ": a; b" (empty when it said nothing).
+fn said(logs: &[LogLine], vm: &str, from: usize) -> String {
+    let said: Vec<&str> = logs[from..]
+        .iter()
+        .filter(|l| l.vm == vm && matches!(l.level, "error" | "critical"))
+        .map(|l| l.message.as_str())
+        .collect();
+    if said.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", said.join("; "))
     }
 }

@@ -28,6 +28,8 @@ pub struct Stream {
     /// Property path (parts joined by NUL, as the ABI sends them) → value.
     pub properties: HashMap<Vec<u8>, Vec<u8>>,
     pub local_reply: Option<LocalReply>,
+    /// The root context (plugin) the stream was created under.
+    pub root: u32,
 }
 
 pub struct VmState {
@@ -41,6 +43,9 @@ pub struct VmState {
     pub current: u32,
     pub tick_period_ms: u32,
     pub streams: HashMap<u32, Stream>,
+    /// Root contexts replaced by a new configuration, deleted once their
+    /// last stream ends.
+    pub retired_roots: Vec<u32>,
     /// Properties set on the plugin (root context).
     pub plugin_properties: HashMap<Vec<u8>, Vec<u8>>,
     pub random_state: u64,
@@ -221,6 +226,66 @@ impl Vm {
         Ok(configured != 0)
     }
 
+    /// A new plugin configuration on this VM, as Envoy applies a changed
+    /// filter config whose module is unchanged: a new root context
+    /// `root_id`, configured with `plugin_config`, serves the streams that
+    /// start from now on, while streams already in flight finish on theirs.
+    /// `Ok(false)` means the module refused the configuration; the old root
+    /// context then keeps serving.
+    pub fn configure_new_root(
+        &mut self,
+        root_id: u32,
+        plugin_config: &[u8],
+    ) -> anyhow::Result<bool> {
+        let old_config =
+            std::mem::replace(&mut self.state_mut().plugin_config, plugin_config.to_vec());
+        self.state_mut().current = root_id;
+        self.exports
+            .context_create
+            .call(&mut self.store, (root_id as i32, 0))
+            .map_err(|e| self.fail(e, "proxy_on_context_create (root)"))?;
+        let configured = self
+            .exports
+            .configure
+            .call(
+                &mut self.store,
+                (root_id as i32, plugin_config.len() as i32),
+            )
+            .map_err(|e| self.fail(e, "proxy_on_configure"))?;
+        if configured == 0 {
+            self.state_mut().plugin_config = old_config;
+            return Ok(false);
+        }
+        let old_root = std::mem::replace(&mut self.state_mut().root_id, root_id);
+        self.state_mut().retired_roots.push(old_root);
+        self.delete_idle_roots()?;
+        Ok(true)
+    }
+
+    /// Deletes every retired root context with no stream left (done, then
+    /// delete), as Envoy deletes a replaced plugin after its last stream.
+    fn delete_idle_roots(&mut self) -> anyhow::Result<()> {
+        let state = self.state();
+        let (idle, busy): (Vec<u32>, Vec<u32>) = state
+            .retired_roots
+            .iter()
+            .copied()
+            .partition(|root| !state.streams.values().any(|s| s.root == *root));
+        self.state_mut().retired_roots = busy;
+        for root in idle {
+            self.state_mut().current = root;
+            self.exports
+                .done
+                .call(&mut self.store, root as i32)
+                .map_err(|e| self.fail(e, "proxy_on_done (root)"))?;
+            self.exports
+                .delete
+                .call(&mut self.store, root as i32)
+                .map_err(|e| self.fail(e, "proxy_on_delete (root)"))?;
+        }
+        Ok(())
+    }
+
     pub fn tick(&mut self) -> anyhow::Result<()> {
         let root = self.state().root_id;
         self.state_mut().current = root;
@@ -235,7 +300,9 @@ impl Vm {
     pub fn request(&mut self, context: u32, stream: Stream) -> anyhow::Result<Option<LocalReply>> {
         let root = self.state().root_id;
         let (headers, body_len) = (stream.request_headers.len(), stream.request_body.len());
-        self.state_mut().streams.insert(context, stream);
+        self.state_mut()
+            .streams
+            .insert(context, Stream { root, ..stream });
         self.state_mut().current = context;
         self.exports
             .context_create
@@ -313,6 +380,6 @@ impl Vm {
             .call(&mut self.store, context as i32)
             .map_err(|e| self.fail(e, "proxy_on_delete"))?;
         self.state_mut().streams.remove(&context);
-        Ok(())
+        self.delete_idle_roots()
     }
 }

@@ -167,3 +167,31 @@ fn a_bad_policy_is_refused_with_the_modules_reason() {
         "the module refused its configuration: stakegate admission-gate: policy rejected: maxInflight: must be > 0, or -1 for pass-through; got 0"
     );
 }
+
+#[test]
+fn a_new_policy_serves_new_requests_and_in_flight_ones_finish_under_the_old() {
+    let mut host = gate(r#"{"maxInflight": 2}"#, 2);
+    let first: Vec<RequestId> = (0..2).filter_map(|i| send(&mut host, i % 2)).collect();
+    assert_eq!(first.len(), 2);
+    assert!(send(&mut host, 0).is_none(), "the old limit holds");
+
+    let err = host
+        .reconfigure(br#"{"maxInflight": "many"}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("maxInflight"), "{err}");
+    assert!(
+        send(&mut host, 1).is_none(),
+        "a refused policy changes nothing"
+    );
+
+    host.reconfigure(br#"{"maxInflight": 3}"#).unwrap();
+    let second = send(&mut host, 1).expect("the new limit admits a third");
+    assert!(send(&mut host, 0).is_none(), "and no fourth");
+    for id in first.into_iter().chain([second]) {
+        host.finish(id, 200, Duration::from_millis(5)).unwrap();
+    }
+    host.advance(Duration::from_secs(1)).unwrap();
+    assert_eq!(host.metric("stakegate.gate.inflight.default"), 0);
+    assert_eq!(host.metric("stakegate.gate.admitted.default"), 3);
+}

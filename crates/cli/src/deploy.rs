@@ -315,25 +315,29 @@ fn print(action: &str, filter: &str, d: &Deployment) {
 }
 
 pub fn deploy(args: &DeployArgs) -> anyhow::Result<()> {
-    let live = Live::new(&args.target)?;
-    let module = std::fs::read(&args.module)
-        .with_context(|| format!("reading {}", args.module.display()))?;
     let policy = std::fs::read_to_string(&args.policy)
         .with_context(|| format!("reading {}", args.policy.display()))?;
-    check(&module, policy.as_bytes()).with_context(|| {
-        format!(
-            "refused before touching Envoy: {} with {}",
-            args.module.display(),
-            args.policy.display()
-        )
-    })?;
-    let sha256 = sha256_hex(&module);
-    live.store_module(&module, &sha256)?;
+    let deployment = deploy_policy(&args.target, &args.module, &policy)
+        .with_context(|| format!("{} with {}", args.module.display(), args.policy.display()))?;
+    print("deployed", &args.target.filter, &deployment);
+    Ok(())
+}
+
+/// A deploy of `module` with the policy text `policy`, as `stakegate
+/// deploy` does it, returning what was applied (scenario runs swap
+/// policies under load this way).
+pub fn deploy_policy(target: &Target, module: &Path, policy: &str) -> anyhow::Result<Deployment> {
+    let live = Live::new(target)?;
+    let module_bytes =
+        std::fs::read(module).with_context(|| format!("reading {}", module.display()))?;
+    check(&module_bytes, policy.as_bytes()).context("refused before touching Envoy")?;
+    let sha256 = sha256_hex(&module_bytes);
+    live.store_module(&module_bytes, &sha256)?;
     let mut history = live.history()?;
-    let deployment = apply(&live, &args.target, &history, &sha256, &policy)?;
-    print("deployed", &live.filter, &deployment);
-    history.deployments.push(deployment);
-    live.save(&history)
+    let deployment = apply(&live, target, &history, &sha256, policy)?;
+    history.deployments.push(deployment.clone());
+    live.save(&history)?;
+    Ok(deployment)
 }
 
 pub fn rollback(args: &RollbackArgs) -> anyhow::Result<()> {

@@ -29,9 +29,18 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run a scenario through the compiled filters in virtual time.
     Sim(sim::SimArgs),
+    /// Real runs of scenario files.
+    #[command(subcommand)]
+    Scenario(ScenarioCommand),
     /// Measurements against a real Envoy.
     #[command(subcommand)]
     Bench(Bench),
+}
+
+#[derive(Debug, Subcommand)]
+enum ScenarioCommand {
+    /// Run a scenario for real: rpc-node, Envoy with its policies, and its clients; writes summary.json, timeline.csv and plots.
+    Run(scenario::run::RunArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -60,6 +69,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Deploy(args) => deploy::deploy(&args),
         Command::Rollback(args) => deploy::rollback(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Scenario(ScenarioCommand::Run(args)) => scenario::run::run(&args),
         Command::Bench(Bench::GateOverhead(args)) => bench::gate_overhead(&args),
         Command::Bench(Bench::QosRefill(args)) => bench::qos_refill(&args),
     }

@@ -73,6 +73,10 @@ enum Event {
     NodeChange {
         index: usize,
     },
+    /// `gateway.swaps[index]` is applied.
+    Swap {
+        index: usize,
+    },
 }
 
 impl Event {
@@ -193,6 +197,9 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
     events.push(Reverse((block_ns, Event::BlockArrives)));
     for (index, (at, _)) in node_config.changes.iter().enumerate() {
         events.push(Reverse((at.as_nanos() as u64, Event::NodeChange { index })));
+    }
+    for (index, swap) in scenario.swaps.iter().enumerate() {
+        events.push(Reverse((swap.at.as_nanos() as u64, Event::Swap { index })));
     }
     let mut next_worker = 0;
     let mut pickers: Vec<Picker> = scenario
@@ -346,6 +353,12 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 node.free += i64::from(slots) - i64::from(node.slots);
                 node.slots = slots;
             }
+            Event::Swap { index } => {
+                let swap = &scenario.swaps[index];
+                hosts[swap.filter]
+                    .reconfigure(swap.policy.as_bytes())
+                    .with_context(|| format!("gateway.swaps[{index}] at {:?}", swap.at))?;
+            }
             Event::BlockExecuted => {
                 node.free += i64::from(node.sync_slots);
                 node.chain.block_executed(node.at(now));
@@ -374,6 +387,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         inflight_max: node.inflight_max,
         blocks_executed: node.chain.head(),
         upstream: Some(Upstream::new(node.requests, node.unique.len() as u64)),
+        timeline: Vec::new(),
     };
     let mut summary = Summary::from_report(
         &scenario.name,
@@ -644,6 +658,7 @@ pub fn run(args: &SimArgs) -> anyhow::Result<()> {
     let mut scenario = Scenario::load(&args.scenario)?;
     if args.no_filters {
         scenario.filters.clear();
+        scenario.swaps.clear();
         scenario.name += " (no filters)";
     }
     let baselines: Vec<Mechanism> = args

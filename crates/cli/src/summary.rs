@@ -41,6 +41,31 @@ pub struct NodeSummary {
     /// What reached the node, when it counts it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<Upstream>,
+    /// Per second of a real run, sampled from the node.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<NodeSecond>,
+}
+
+/// The node during one second of a run: the largest values sampled.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NodeSecond {
+    pub tip_lag_ms: f64,
+    pub queue_depth: u64,
+}
+
+/// A policy swapped in during a run, and how it went.
+#[derive(Debug, Clone, Serialize)]
+pub struct SwapResult {
+    /// When it was applied, in seconds into the run.
+    pub at_s: f64,
+    pub filter: String,
+    /// The ECDS version Envoy confirmed, or the error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub apply_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// Requests that reached the node, against the distinct requests among
@@ -80,6 +105,7 @@ impl NodeSummary {
             upstream: metrics["requests"].as_u64().map(|requests| {
                 Upstream::new(requests, metrics["unique_requests"].as_u64().unwrap_or(0))
             }),
+            timeline: Vec::new(),
         }
     }
 }
@@ -106,6 +132,9 @@ pub struct Summary {
     /// traffic (`stakegate sim --baseline`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub baselines: Vec<BaselineSummary>,
+    /// Policies swapped in during the run (`gateway.swaps`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub swaps: Vec<SwapResult>,
 }
 
 /// Another mechanism's admissions for the same arrivals.
@@ -237,6 +266,7 @@ impl Summary {
             clients,
             node,
             baselines: Vec::new(),
+            swaps: Vec::new(),
         }
     }
 }
@@ -246,7 +276,7 @@ pub fn write(dir: &std::path::Path, summary: &impl Serialize) -> anyhow::Result<
     std::fs::create_dir_all(dir)?;
     let path = dir.join("summary.json");
     std::fs::write(&path, serde_json::to_string_pretty(summary)?)?;
-    println!("summary written to {}", path.display());
+    eprintln!("summary written to {}", path.display());
     Ok(())
 }
 

@@ -61,13 +61,15 @@ pub async fn run(spec: &RunSpec) -> anyhow::Result<Report> {
             client: client.clone(),
             api_key,
             http: (0..if spec.http2 { spec.connections } else { 1 })
-                .map(|_| http_client(spec.http2, client.concurrency))
+                .map(|_| http_client(spec.http2, client))
                 .collect(),
             target: uri(client.target.as_deref().unwrap_or(&spec.target))?,
             start,
             duration: spec.duration,
             max_requests: spec.max_requests,
-            timeout: spec.timeout,
+            timeout: client
+                .timeout_ms
+                .map_or(spec.timeout, Duration::from_millis),
             seed: index as u64,
         };
         senders.spawn(async move { (index, sender.run().await) });
@@ -88,12 +90,13 @@ pub async fn run(spec: &RunSpec) -> anyhow::Result<Report> {
     })
 }
 
-fn http_client(http2: bool, concurrency: usize) -> HttpClient {
+fn http_client(http2: bool, client: &ClientSpec) -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
+    connector.set_local_address(client.source);
     Client::builder(TokioExecutor::new())
         .http2_only(http2)
-        .pool_max_idle_per_host(concurrency)
+        .pool_max_idle_per_host(client.concurrency)
         .build(connector)
 }
 

@@ -40,6 +40,14 @@ pub struct ClientSpec {
     /// params.
     #[serde(default)]
     pub unique_params: bool,
+    /// The local address its connections come from (default: the kernel's
+    /// choice). Any 127.x.y.z works on Linux without configuration, so
+    /// clients on one machine can still be told apart by address.
+    #[serde(default)]
+    pub source: Option<std::net::IpAddr>,
+    /// This client's own request timeout, instead of the run's.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
 }
 
 fn default_key_header() -> String {
@@ -66,6 +74,8 @@ impl ClientSpec {
             target: None,
             retries: 0,
             unique_params: false,
+            source: None,
+            timeout_ms: None,
         }
     }
 
@@ -94,7 +104,7 @@ impl ClientSpec {
 }
 
 /// Parses the command-line form:
-/// `id=alice,rate=500,key=secret,header=x-api-key,mix=eth_call:8+eth_blockNumber:2,concurrency=256,retries=3,unique=true`.
+/// `id=alice,rate=500,key=secret,header=x-api-key,mix=eth_call:8+eth_blockNumber:2,concurrency=256,retries=3,unique=true,source=127.0.0.2`.
 impl FromStr for ClientSpec {
     type Err = anyhow::Error;
 
@@ -130,8 +140,15 @@ impl FromStr for ClientSpec {
                         .parse()
                         .with_context(|| format!("client {text:?}: unique {value:?} (true or false)"))?
                 }
+                "source" => {
+                    spec.source = Some(
+                        value
+                            .parse()
+                            .with_context(|| format!("client {text:?}: source {value:?}"))?,
+                    )
+                }
                 other => bail!(
-                    "client {text:?}: unknown field {other:?} (known: id, rate, key, header, mix, concurrency, target, retries, unique)"
+                    "client {text:?}: unknown field {other:?} (known: id, rate, key, header, mix, concurrency, target, retries, unique, source)"
                 ),
             }
         }

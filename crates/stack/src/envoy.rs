@@ -40,7 +40,8 @@ impl EnvoyBuilder {
         };
         Self {
             template,
-            vars: BTreeMap::new(),
+            // Listeners stay on loopback unless a run says otherwise.
+            vars: BTreeMap::from([("LISTEN_ADDRESS".to_string(), "127.0.0.1".to_string())]),
             concurrency: 2,
             extra_args: Vec::new(),
             filters: Vec::new(),

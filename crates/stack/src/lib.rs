@@ -7,6 +7,7 @@
 //! failing test).
 
 pub mod admin;
+pub mod delay;
 pub mod ecds;
 pub mod envoy;
 pub mod http;
@@ -15,6 +16,7 @@ pub mod paths;
 pub mod process;
 pub mod rpc_node;
 
+pub use delay::DelayRelay;
 pub use ecds::FilterConfig;
 pub use envoy::{Envoy, EnvoyBuilder};
 pub use rpc_node::RpcNode;

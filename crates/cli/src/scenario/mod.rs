@@ -1,6 +1,9 @@
-//! Scenario files: one TOML format for simulated runs (`stakegate sim`) and,
-//! later, real ones (`stakegate scenario run`). Documented in
+//! Scenario files: one TOML format for simulated runs (`stakegate sim`) and
+//! real ones (`stakegate scenario run`, in [`run`]). Documented in
 //! `scenarios/README.md`.
+
+mod plot;
+pub mod run;
 
 use anyhow::{bail, Context};
 use rpc_node::costs::CostTable;
@@ -28,6 +31,19 @@ struct GatewayDoc {
     workers: Option<usize>,
     #[serde(default)]
     filters: Vec<FilterDoc>,
+    /// Policies swapped in during the run.
+    #[serde(default)]
+    swaps: Vec<SwapDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SwapDoc {
+    at: String,
+    /// Which filter of the chain: `admission-gate` or `stake-qos`.
+    filter: String,
+    policy: Option<String>,
+    policy_inline: Option<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -137,8 +153,18 @@ pub struct Scenario {
     pub duration: Duration,
     pub workers: usize,
     pub filters: Vec<Filter>,
+    /// In time order.
+    pub swaps: Vec<Swap>,
     pub node: Node,
     pub clients: Vec<Client>,
+}
+
+/// A new policy for `filters[filter]` at `at` into the run.
+#[derive(Debug, Clone)]
+pub struct Swap {
+    pub at: Duration,
+    pub filter: usize,
+    pub policy: String,
 }
 
 #[derive(Debug, Clone)]
@@ -194,13 +220,30 @@ impl Scenario {
         if duration.is_zero() || duration > Duration::from_secs(3600) {
             bail!("duration: must be between 0 and 1h");
         }
-        let filters = doc
+        let filters: Vec<Filter> = doc
             .gateway
             .filters
             .into_iter()
             .enumerate()
             .map(|(i, f)| filter(i, f, dir))
             .collect::<anyhow::Result<_>>()?;
+        let mut swaps = Vec::new();
+        for (i, swap) in doc.gateway.swaps.into_iter().enumerate() {
+            let field = format!("gateway.swaps[{i}]");
+            let at = parse_duration(&format!("{field}.at"), &swap.at)?;
+            if at >= duration {
+                bail!("{field}.at: must be within the run's duration");
+            }
+            let Some(filter) = filters.iter().position(|f| f.name == swap.filter) else {
+                bail!(
+                    "{field}.filter: {:?} is not in gateway.filters",
+                    swap.filter
+                );
+            };
+            let policy = policy_text(&field, swap.policy, swap.policy_inline, dir)?;
+            swaps.push(Swap { at, filter, policy });
+        }
+        swaps.sort_by_key(|s| s.at);
         let node = &doc.node;
         if node.read_slots == 0 || node.sync_slots == 0 || node.sync_slots > node.read_slots {
             bail!("node: read_slots must be >= 1 and sync_slots between 1 and read_slots");
@@ -288,6 +331,7 @@ impl Scenario {
             duration,
             workers: doc.gateway.workers.unwrap_or(2).max(1),
             filters,
+            swaps,
             node,
             clients,
         })
@@ -324,17 +368,31 @@ fn filter(i: usize, doc: FilterDoc, dir: &Path) -> anyhow::Result<Filter> {
         None => stakegate_stack::paths::wasm_module(&doc.filter.replace('-', "_"))
             .with_context(|| format!("gateway.filters[{i}]: filter {:?}", doc.filter))?,
     };
-    let policy = match (doc.policy, doc.policy_inline) {
-        (Some(path), None) => std::fs::read_to_string(dir.join(&path))
-            .with_context(|| format!("gateway.filters[{i}].policy: reading {path}"))?,
-        (None, Some(table)) => serde_json::to_string(&table)?,
-        _ => bail!("gateway.filters[{i}]: give exactly one of policy (a file) or policy_inline"),
-    };
     Ok(Filter {
         name: doc.filter,
         module,
-        policy,
+        policy: policy_text(
+            &format!("gateway.filters[{i}]"),
+            doc.policy,
+            doc.policy_inline,
+            dir,
+        )?,
     })
+}
+
+/// A policy given as a file (relative to `dir`) or inline, as JSON text.
+fn policy_text(
+    field: &str,
+    path: Option<String>,
+    inline: Option<toml::Table>,
+    dir: &Path,
+) -> anyhow::Result<String> {
+    match (path, inline) {
+        (Some(path), None) => std::fs::read_to_string(dir.join(&path))
+            .with_context(|| format!("{field}.policy: reading {path}")),
+        (None, Some(table)) => Ok(serde_json::to_string(&table)?),
+        _ => bail!("{field}: give exactly one of policy (a file) or policy_inline"),
+    }
 }
 
 #[cfg(test)]

@@ -18,9 +18,13 @@
 //! round due claims it by CAS on the state record, so one VM refills per
 //! round. The round closes `k` intervals (normally 1) and distributes
 //! `F = capacity × interval × k` tokens (k at most 5): each entry gets
-//! `F × eff / Σeff`, with `eff = stake × consumed / allocated`, clamped to
+//! `F × eff / Σeff`, with `eff = stake × arrivals / allocated`, clamped to
 //! `[1, stake]`: an idle identity's share decays toward 0 and flows to the
 //! active ones, and comes back in one round when it is active again.
+//! (The source counts the tokens consumed, its streams waiting for the next
+//! refill; a gateway refuses instead, so a refused request is demand too.
+//! Counting only admitted ones undercounts a client whose share is a
+//! fraction of a token per round, and its share leaks to the others.)
 //! Buckets are capped at `max(2 × share, 2F × stake / Σstake)`, about two
 //! rounds. A round is two passes over the pages: one that reads them to sum
 //! `eff` and stake, one that refills the pages it read by CAS (re-reading
@@ -224,13 +228,6 @@ impl StakeQos {
                 entry.tokens -= MILLI;
                 None
             };
-            // A request refused for concurrency still shows demand for the
-            // share (only the in-flight count was full), so it counts in
-            // `consumed`, which predicts demand; otherwise a client whose
-            // requests queue upstream would see its share flow away.
-            if refused != Some(Reason::Rate) {
-                entry.consumed = entry.consumed.saturating_add(1);
-            }
             if refused.is_none() {
                 entry.inflight = entry.inflight.saturating_add(1);
             }
@@ -467,14 +464,14 @@ pub fn concurrency_allowance(floor: u32, headroom: f64, share_rps: f64, latency_
     (bdp.ceil().min(f64::from(u32::MAX)) as u32).max(floor)
 }
 
-/// `stake × consumed / allocated`, clamped to `[1, stake]`; a new identity
+/// `stake × arrivals / allocated`, clamped to `[1, stake]`; a new identity
 /// (nothing allocated yet) counts its full stake.
 fn effective_stake(e: &Entry) -> f64 {
     let stake = e.stake.max(1) as f64;
     if e.allocated == 0 {
         return stake;
     }
-    let used = f64::from(e.consumed) * MILLI as f64 / e.allocated as f64;
+    let used = f64::from(e.arrivals) * MILLI as f64 / e.allocated as f64;
     larger(1.0, stake * smaller(used, 1.0))
 }
 
@@ -566,7 +563,6 @@ fn refill_page(page: &mut Page, round: &Round) -> Sums {
         sums.finished.latency_ms += u64::from(e.latency_sum_ms);
         sums.finished.overloads += u64::from(e.overloads);
         e.allocated = share as u64;
-        e.consumed = 0;
         e.arrivals = 0;
         e.completions = 0;
         e.latency_sum_ms = 0;

@@ -40,10 +40,8 @@ pub struct Entry {
     /// Milli-tokens the last round allocated.
     pub allocated: u64,
     pub last_seen_ms: u64,
-    /// Requests admitted (or refused only for concurrency) since the last
-    /// round: the demand `eff` is predicted from.
-    pub consumed: u32,
-    /// Requests admitted or rejected since the last round (the load).
+    /// Requests admitted or refused since the last round: the load, and
+    /// the demand `eff` is predicted from.
     pub arrivals: u32,
     pub inflight: u32,
     /// EWMA of request latency, start to response end, in µs.
@@ -105,8 +103,10 @@ impl Record for Page {
                     tokens: r.u64() as i64,
                     allocated: r.u64(),
                     last_seen_ms: r.u64(),
-                    consumed: r.u32(),
-                    arrivals: r.u32(),
+                    arrivals: {
+                        let _demand = r.u32();
+                        r.u32()
+                    },
                     inflight: r.u32(),
                     latency_us: r.u32(),
                     completions: r.u32(),
@@ -136,8 +136,11 @@ impl Record for Page {
             {
                 field.copy_from_slice(&v.to_le_bytes());
             }
+            // The first slot is the demand that older modules of this layout
+            // read (their admitted count). It holds arrivals, so that such a
+            // module serving beside this one during a swap predicts alike.
             for (v, field) in [
-                e.consumed,
+                e.arrivals,
                 e.arrivals,
                 e.inflight,
                 e.latency_us,

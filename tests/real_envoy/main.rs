@@ -8,4 +8,5 @@ mod failure_mode;
 mod foundation;
 mod loadgen;
 mod retry_storm;
+mod scenario_run;
 mod stake_qos;

@@ -35,12 +35,16 @@ enum Command {
     /// Measurements against a real Envoy.
     #[command(subcommand)]
     Bench(Bench),
+    /// Exit 0 when URL answers 200 (the compose stack's healthcheck).
+    Probe { url: String },
 }
 
 #[derive(Debug, Subcommand)]
 enum ScenarioCommand {
     /// Run a scenario for real: rpc-node, Envoy with its policies, and its clients; writes summary.json, timeline.csv and plots.
     Run(scenario::run::RunArgs),
+    /// Write the docker-compose stack's files for a scenario into a shared directory.
+    Stack(scenario::stack::StackArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -70,6 +74,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Rollback(args) => deploy::rollback(&args),
         Command::Sim(args) => sim::run(&args),
         Command::Scenario(ScenarioCommand::Run(args)) => scenario::run::run(&args),
+        Command::Scenario(ScenarioCommand::Stack(args)) => scenario::stack::write(&args),
+        Command::Probe { url } => scenario::stack::probe(&url),
         Command::Bench(Bench::GateOverhead(args)) => bench::gate_overhead(&args),
         Command::Bench(Bench::QosRefill(args)) => bench::qos_refill(&args),
     }

@@ -14,7 +14,7 @@
 //! earlier ones.
 
 use crate::scenario::{Client, Scenario};
-use crate::summary::{BaselineSummary, NodeSummary, Summary, Upstream};
+use crate::summary::{BaselineSummary, NodeSummary, Summary, SwapResult, Upstream};
 use anyhow::Context;
 use rpc_node::chain::Chain;
 use stakegate_core::baseline::{BaselineQos, Mechanism};
@@ -202,6 +202,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         events.push(Reverse((swap.at.as_nanos() as u64, Event::Swap { index })));
     }
     let mut next_worker = 0;
+    let mut swapped = Vec::new();
     let mut pickers: Vec<Picker> = scenario
         .clients
         .iter()
@@ -358,6 +359,13 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 hosts[swap.filter]
                     .reconfigure(swap.policy.as_bytes())
                     .with_context(|| format!("gateway.swaps[{index}] at {:?}", swap.at))?;
+                swapped.push(SwapResult {
+                    at_s: swap.at.as_secs_f64(),
+                    filter: scenario.filters[swap.filter].name.clone(),
+                    version: None,
+                    apply_ms: None,
+                    error: None,
+                });
             }
             Event::BlockExecuted => {
                 node.free += i64::from(node.sync_slots);
@@ -397,6 +405,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         Some(node),
     );
     summary.mode = "sim";
+    summary.swaps = swapped;
     summary.baselines = baselines
         .iter()
         .zip(models)
@@ -632,6 +641,9 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
         .map(u64::to_string)
         .collect();
     out += &format!("admitted by second: {}\n", seconds.join(" "));
+    for swap in &summary.swaps {
+        out += &format!("{swap}\n");
+    }
     for baseline in &summary.baselines {
         out += &format!(
             "\nbaseline {}: would admit {:.0} rps, max share error {:.1} pp\n",

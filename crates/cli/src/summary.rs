@@ -79,6 +79,19 @@ pub struct Upstream {
     pub amplification: f64,
 }
 
+impl std::fmt::Display for SwapResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "swap of {} at {:.1} s", self.filter, self.at_s)?;
+        match (&self.error, self.version, self.apply_ms) {
+            (Some(error), ..) => write!(f, ": FAILED: {error}"),
+            (None, Some(version), Some(ms)) => {
+                write!(f, ": version {version}, applied by Envoy in {ms} ms")
+            }
+            _ => write!(f, ": applied"),
+        }
+    }
+}
+
 impl Upstream {
     pub fn new(requests: u64, unique_requests: u64) -> Self {
         Self {

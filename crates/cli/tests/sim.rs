@@ -152,7 +152,19 @@ fn baselines_show_what_agaves_mechanisms_would_admit() {
         admitted(0),
         admitted(1)
     );
-    assert!(admitted(1) <= capacity * 1.05);
+    // At this scale (400 rps) Agave's per-client floor, U + 1 per 100 ms,
+    // outweighs every stake share, so both give everyone about the same:
+    // far from stake, where stakegate's shares follow it, and more than
+    // capacity in all.
+    let ours = summary["max_share_error_pp"].as_f64().unwrap();
+    for baseline in baselines {
+        let theirs = baseline["max_share_error_pp"].as_f64().unwrap();
+        assert!(
+            theirs > ours + 10.0,
+            "baseline {theirs} pp, stakegate {ours} pp"
+        );
+        assert!(baseline["admitted_rps"].as_f64().unwrap() > capacity);
+    }
     for baseline in baselines {
         let unstaked = &baseline["clients"][0];
         assert_eq!(unstaked["id"], "unstaked");
@@ -190,7 +202,7 @@ fn stake_qos_shares_follow_stake_and_fill_capacity() {
 #[test]
 fn stake_qos_throttles_nobody_below_the_threshold() {
     let summary: Value =
-        serde_json::from_str(&sim(&scenarios().join("qos-below-threshold.toml"), true)).unwrap();
+        serde_json::from_str(&sim(&scenarios().join("idle-no-throttle.toml"), true)).unwrap();
     assert_eq!(summary["clients"].as_array().unwrap().len(), 200);
     assert_eq!(summary["status_counts"]["429"], 0);
     assert_eq!(summary["admitted_rps"], summary["offered_rps"]);
@@ -212,7 +224,7 @@ fn stake_qos_gives_idle_budget_to_the_active() {
 #[test]
 fn stake_qos_lets_a_slow_client_reach_its_share() {
     let summary: Value =
-        serde_json::from_str(&sim(&scenarios().join("qos-latency-fairness.toml"), true)).unwrap();
+        serde_json::from_str(&sim(&scenarios().join("latency-fairness.toml"), true)).unwrap();
     let ratio = admitted(&summary, "slow") / admitted(&summary, "fast");
     assert!(ratio >= 0.9, "slow/fast admitted ratio {ratio}");
 }

@@ -67,8 +67,26 @@ impl Args {
     }
 }
 
+/// The command line, with `--args-file PATH` replaced by the file's
+/// whitespace-separated arguments (for images with no shell, such as the
+/// compose stack's, where another container writes the node's arguments).
+fn command_line() -> anyhow::Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut args = std::env::args();
+    while let Some(arg) = args.next() {
+        if arg == "--args-file" {
+            let path = args.next().context("--args-file needs a path")?;
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+            out.extend(text.split_whitespace().map(str::to_string));
+        } else {
+            out.push(arg);
+        }
+    }
+    Ok(out)
+}
+
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let args = Args::parse_from(command_line()?);
     let config = args.config()?;
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = args.threads {

@@ -41,7 +41,10 @@ impl EnvoyBuilder {
         Self {
             template,
             // Listeners stay on loopback unless a run says otherwise.
-            vars: BTreeMap::from([("LISTEN_ADDRESS".to_string(), "127.0.0.1".to_string())]),
+            vars: ["LISTEN_ADDRESS", "ADMIN_ADDRESS"]
+                .into_iter()
+                .map(|name| (name.to_string(), "127.0.0.1".to_string()))
+                .collect(),
             concurrency: 2,
             extra_args: Vec::new(),
             filters: Vec::new(),

@@ -59,20 +59,29 @@ pub fn envoy_binary() -> anyhow::Result<PathBuf> {
     )
 }
 
-/// A host tool built by `make build` (`rpc-node`, `loadgen`, `stakegate`).
+/// A directory from `$var`, else `default` (images set these, having no
+/// `target/`).
+fn dir_from(var: &str, default: impl FnOnce() -> PathBuf) -> PathBuf {
+    std::env::var_os(var).map_or_else(default, PathBuf::from)
+}
+
+/// A host tool built by `make build` (`rpc-node`, `loadgen`, `stakegate`),
+/// or in `$STAKEGATE_TOOLS`.
 pub fn tool(name: &str) -> anyhow::Result<PathBuf> {
-    let bin = target_dir().join("tools").join(name);
+    let bin = dir_from("STAKEGATE_TOOLS", || target_dir().join("tools")).join(name);
     if !bin.is_file() {
         bail!("{} is missing: run `make build`", bin.display());
     }
     Ok(bin)
 }
 
-/// A filter module built by `make build` (`admission_gate`, `stake_qos`).
+/// A filter module built by `make build` (`admission_gate`, `stake_qos`),
+/// or in `$STAKEGATE_MODULES`.
 pub fn wasm_module(name: &str) -> anyhow::Result<PathBuf> {
-    let module = target_dir()
-        .join("wasm32-wasip1/release")
-        .join(format!("{name}.wasm"));
+    let module = dir_from("STAKEGATE_MODULES", || {
+        target_dir().join("wasm32-wasip1/release")
+    })
+    .join(format!("{name}.wasm"));
     if !module.is_file() {
         bail!("{} is missing: run `make build`", module.display());
     }

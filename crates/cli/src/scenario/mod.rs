@@ -4,6 +4,7 @@
 
 mod plot;
 pub mod run;
+pub mod stack;
 
 use anyhow::{bail, Context};
 use rpc_node::costs::CostTable;
@@ -29,6 +30,8 @@ struct ScenarioDoc {
 #[serde(deny_unknown_fields)]
 struct GatewayDoc {
     workers: Option<usize>,
+    /// What the policies give out, when less than what the node serves.
+    capacity_rps: Option<f64>,
     #[serde(default)]
     filters: Vec<FilterDoc>,
     /// Policies swapped in during the run.
@@ -55,6 +58,8 @@ struct FilterDoc {
     policy: Option<String>,
     /// Or the policy inline, as a TOML table.
     policy_inline: Option<toml::Table>,
+    /// Top-level fields set over the policy file's.
+    policy_overrides: Option<toml::Table>,
     /// A module other than the built one.
     module: Option<String>,
 }
@@ -152,6 +157,8 @@ pub struct Scenario {
     pub description: String,
     pub duration: Duration,
     pub workers: usize,
+    /// `gateway.capacity_rps`: what the policies give out, if set.
+    pub gateway_capacity_rps: Option<f64>,
     pub filters: Vec<Filter>,
     /// In time order.
     pub swaps: Vec<Swap>,
@@ -205,6 +212,18 @@ fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration> {
     humantime::parse_duration(text).with_context(|| format!("{field}: bad duration {text:?}"))
 }
 
+/// A scenario file from the command line: a path, or the name of one
+/// under `scenarios/` (`tip-flood`).
+pub fn resolve(arg: &str) -> PathBuf {
+    let path = Path::new(arg);
+    if path.exists() || arg.contains('/') {
+        return path.to_path_buf();
+    }
+    stakegate_stack::paths::project_root()
+        .join("scenarios")
+        .join(format!("{}.toml", arg.trim_end_matches(".toml")))
+}
+
 impl Scenario {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text =
@@ -217,6 +236,10 @@ impl Scenario {
     pub fn parse(text: &str, dir: &Path) -> anyhow::Result<Self> {
         let doc: ScenarioDoc = toml::from_str(text)?;
         let duration = parse_duration("duration", &doc.duration)?;
+        let gateway_capacity_rps = doc.gateway.capacity_rps;
+        if gateway_capacity_rps.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+            bail!("gateway.capacity_rps: must be positive");
+        }
         if duration.is_zero() || duration > Duration::from_secs(3600) {
             bail!("duration: must be between 0 and 1h");
         }
@@ -330,6 +353,7 @@ impl Scenario {
             description: doc.description,
             duration,
             workers: doc.gateway.workers.unwrap_or(2).max(1),
+            gateway_capacity_rps,
             filters,
             swaps,
             node,
@@ -337,9 +361,13 @@ impl Scenario {
         })
     }
 
-    /// Requests per second the node serves with every read slot busy, for
-    /// the scenario's overall method mix (weighted by client rates).
+    /// `gateway.capacity_rps` if set, else requests per second the node
+    /// serves with every read slot busy, for the scenario's overall method
+    /// mix (weighted by client rates).
     pub fn capacity_rps(&self) -> f64 {
+        if let Some(capacity) = self.gateway_capacity_rps {
+            return capacity;
+        }
         let (mut weight, mut cost) = (0.0, 0.0);
         for client in &self.clients {
             let total: f64 = client.mix.iter().map(|(_, w)| w).sum();
@@ -368,15 +396,24 @@ fn filter(i: usize, doc: FilterDoc, dir: &Path) -> anyhow::Result<Filter> {
         None => stakegate_stack::paths::wasm_module(&doc.filter.replace('-', "_"))
             .with_context(|| format!("gateway.filters[{i}]: filter {:?}", doc.filter))?,
     };
+    let field = format!("gateway.filters[{i}]");
+    let mut policy = policy_text(&field, doc.policy, doc.policy_inline, dir)?;
+    if let Some(overrides) = doc.policy_overrides {
+        let mut value: serde_json::Value = serde_json::from_str(&policy).with_context(|| {
+            format!("{field}.policy: not JSON, so policy_overrides cannot apply")
+        })?;
+        let object = value
+            .as_object_mut()
+            .with_context(|| format!("{field}.policy: not a JSON object"))?;
+        for (key, over) in overrides {
+            object.insert(key, serde_json::to_value(over)?);
+        }
+        policy = value.to_string();
+    }
     Ok(Filter {
         name: doc.filter,
         module,
-        policy: policy_text(
-            &format!("gateway.filters[{i}]"),
-            doc.policy,
-            doc.policy_inline,
-            dir,
-        )?,
+        policy,
     })
 }
 

@@ -2,7 +2,7 @@
 //!
 //! rpc-node with the scenario's `[node]`, Envoy with its filter chain
 //! (through `envoy-config/` and file-based ECDS) and one load generator
-//! process for every client. While the load runs, the node is sampled four
+//! process for all its clients. While the load runs, the node is sampled ten
 //! times a second (progress on stderr, and the node's side of the
 //! timeline), and `gateway.swaps` are deployed as `stakegate deploy` does
 //! it. Clients with a `latency` reach Envoy through a relay that delays
@@ -13,12 +13,14 @@
 //! Results go to `--out` (default `results/<name>`): summary.json (the
 //! PRODUCT.md format, `mode: "real"`), timeline.csv and three PNG plots.
 
+use super::stack::Stack;
 use super::{plot, Scenario};
-use crate::deploy::{self, Target};
+use crate::deploy;
 use crate::summary::{NodeSecond, NodeSummary, Summary, SwapResult};
 use anyhow::{bail, Context};
 use stakegate_loadgen::{ClientSpec, Report, RunSpec};
-use stakegate_stack::{loadgen, DelayRelay, Envoy, EnvoyBuilder, FilterConfig, RpcNode};
+use stakegate_stack::{loadgen, DelayRelay};
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
@@ -29,8 +31,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
-    /// The scenario file.
-    pub scenario: PathBuf,
+    /// The scenario file, or the name of one under scenarios/ (tip-flood).
+    pub scenario: String,
     /// Print the JSON summary on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -44,17 +46,22 @@ pub struct RunArgs {
     /// Envoy worker threads (default: the scenario's gateway.workers).
     #[arg(long)]
     pub concurrency: Option<u32>,
+    /// Run on the compose stack this file describes (written by
+    /// `stakegate scenario stack`) instead of starting one.
+    #[arg(long)]
+    pub stack: Option<PathBuf>,
     /// Run for this long instead of the scenario's duration (swaps past it
     /// are dropped).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
 }
 
-/// How often the node is sampled during the run.
-const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+/// How often the node is sampled during the run (a block holds the tip
+/// back for about block_exec, 100 ms by default).
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let mut scenario = Scenario::load(&args.scenario)?;
+    let mut scenario = Scenario::load(&super::resolve(&args.scenario))?;
     if args.no_filters {
         scenario.filters.clear();
         scenario.swaps.clear();
@@ -71,7 +78,30 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         .out
         .clone()
         .unwrap_or_else(|| Path::new("results").join(&scenario.name));
-    let summary = execute(&scenario, args.concurrency)?;
+    let stack = match &args.stack {
+        Some(path) => {
+            say(&format!("using the compose stack of {}", path.display()));
+            Stack::attach(path, &scenario)?
+        }
+        None => {
+            say(&format!(
+                "starting rpc-node ({} read slots) and Envoy with {}",
+                scenario.node.read_slots,
+                if scenario.filters.is_empty() {
+                    "no filter".to_string()
+                } else {
+                    scenario
+                        .filters
+                        .iter()
+                        .map(|f| f.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ));
+            Stack::start(&scenario, args.concurrency)?
+        }
+    };
+    let summary = execute(&scenario, &stack)?;
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     crate::summary::write(&out, &summary)?;
     let csv = out.join("timeline.csv");
@@ -84,9 +114,6 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print!("{}", crate::sim::table(&scenario, &summary));
-        for swap in &summary.swaps {
-            println!("{}", swap_line(swap));
-        }
     }
     Ok(())
 }
@@ -96,32 +123,9 @@ fn say(what: &str) {
 }
 
 /// Starts the stack, runs the load, and summarises.
-fn execute(scenario: &Scenario, concurrency: Option<u32>) -> anyhow::Result<Summary> {
-    say(&format!(
-        "starting rpc-node ({} read slots) and Envoy with {}",
-        scenario.node.read_slots,
-        if scenario.filters.is_empty() {
-            "no filter".to_string()
-        } else {
-            scenario
-                .filters
-                .iter()
-                .map(|f| f.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    ));
-    let node = RpcNode::start(&node_args(scenario))?;
-    let mut builder = EnvoyBuilder::new(template(scenario)?)
-        .var("RPC_NODE_HOST", node.addr().ip())
-        .var("RPC_NODE_PORT", node.addr().port())
-        .concurrency(concurrency.unwrap_or(scenario.workers as u32));
-    for filter in &scenario.filters {
-        builder = builder.filter(filter_config(&filter.name, &filter.module, &filter.policy));
-    }
-    let envoy = builder.start()?;
-    let (spec, _relays) = run_spec(scenario, &envoy)?;
-    node.reset_metrics()?;
+fn execute(scenario: &Scenario, stack: &Stack) -> anyhow::Result<Summary> {
+    let (spec, _relays) = run_spec(scenario, stack)?;
+    stack.reset_node()?;
 
     say(&format!(
         "{} clients, {:.0} rps offered for {:?}",
@@ -132,8 +136,8 @@ fn execute(scenario: &Scenario, concurrency: Option<u32>) -> anyhow::Result<Summ
     let done = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let (report, samples, swaps) = std::thread::scope(|s| {
-        let sampler = s.spawn(|| sample(&node, started, scenario.duration, &done));
-        let swapper = s.spawn(|| swap(scenario, &envoy, started, &done));
+        let sampler = s.spawn(|| sample(stack, started, scenario.duration, &done));
+        let swapper = s.spawn(|| swap(scenario, stack, started, &done));
         let report = loadgen::run(&spec);
         done.store(true, Ordering::Relaxed);
         let samples = sampler.join().expect("the sampler does not panic");
@@ -141,7 +145,7 @@ fn execute(scenario: &Scenario, concurrency: Option<u32>) -> anyhow::Result<Summ
         (report, samples, swaps)
     });
     let report = report?;
-    let mut node_summary = NodeSummary::from_metrics(&node.metrics()?);
+    let mut node_summary = NodeSummary::from_metrics(&stack.node_metrics()?);
     node_summary.timeline = samples;
     if !scenario.clients.iter().any(|c| c.unique_params) {
         // The node tells requests apart by params: without unique params
@@ -158,73 +162,26 @@ fn execute(scenario: &Scenario, concurrency: Option<u32>) -> anyhow::Result<Summ
     Ok(summary)
 }
 
-fn node_args(scenario: &Scenario) -> Vec<String> {
-    let node = &scenario.node;
-    let mut args = vec![
-        "--read-slots".to_string(),
-        node.read_slots.to_string(),
-        "--sync-slots".into(),
-        node.sync_slots.to_string(),
-        "--block-interval".into(),
-        format!("{}ms", node.block_interval.as_millis()),
-        "--block-exec".into(),
-        format!("{}ms", node.block_exec.as_millis()),
-        "--tip-lost-after".into(),
-        node.tip_lost_after.to_string(),
-    ];
-    for (method, cost) in node.costs.methods() {
-        args.push("--cost".into());
-        args.push(format!("{method}={}us", cost.as_micros()));
-    }
-    args
-}
-
-/// The gateway config for the scenario's filter chain.
-fn template(scenario: &Scenario) -> anyhow::Result<&'static str> {
-    let names: Vec<&str> = scenario.filters.iter().map(|f| f.name.as_str()).collect();
-    Ok(match names.as_slice() {
-        [] => "passthrough.yaml",
-        ["admission-gate"] => "gate.yaml",
-        ["stake-qos"] => "qos.yaml",
-        _ => bail!(
-            "gateway.filters: real runs have Envoy configs for one filter (admission-gate or stake-qos) or none, not {names:?}"
-        ),
-    })
-}
-
-fn filter_config(name: &str, module: &Path, policy: &str) -> FilterConfig {
-    if name == "stake-qos" {
-        FilterConfig::stake_qos(module, policy)
-    } else {
-        FilterConfig::admission_gate(module, policy)
-    }
-}
-
 /// The load: every client at its rate, from its address, with its timeout,
 /// and the delay relays of clients with a latency (they serve while kept).
-fn run_spec(scenario: &Scenario, envoy: &Envoy) -> anyhow::Result<(RunSpec, Vec<DelayRelay>)> {
+fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<DelayRelay>)> {
     let mut relays: BTreeMap<(Duration, bool), DelayRelay> = BTreeMap::new();
     let mut clients = Vec::with_capacity(scenario.clients.len());
     for client in &scenario.clients {
-        let listener = if client.internal {
-            "internal"
-        } else {
-            "public"
-        };
-        let direct = envoy.listener(listener).with_context(|| {
-            format!(
-                "client {}: the gateway has no {listener} listener",
-                client.id
-            )
-        })?;
+        // Without filters (the passthrough config) there is no internal
+        // listener, and no class to tell traffic apart by.
+        let internal = client.internal && !scenario.filters.is_empty();
+        let direct = stack
+            .listener(internal)
+            .with_context(|| format!("client {}", client.id))?;
         let target = if client.latency.is_zero() {
             format!("http://{direct}/")
         } else {
-            let key = (client.latency, client.internal);
-            if !relays.contains_key(&key) {
-                relays.insert(key, DelayRelay::start(direct, client.latency)?);
-            }
-            relays[&key].url()
+            let relay = match relays.entry((client.latency, internal)) {
+                Entry::Occupied(relay) => relay.into_mut(),
+                Entry::Vacant(slot) => slot.insert(DelayRelay::start(direct, client.latency)?),
+            };
+            relay.url()
         };
         clients.push(ClientSpec {
             mix: client.mix.iter().cloned().collect(),
@@ -241,7 +198,7 @@ fn run_spec(scenario: &Scenario, envoy: &Envoy) -> anyhow::Result<(RunSpec, Vec<
     }
     let fastest = clients.iter().map(|c| c.rate).fold(0.0, f64::max);
     let spec = RunSpec {
-        target: envoy.url("public")?,
+        target: format!("http://{}/", stack.listener(false)?),
         duration: scenario.duration,
         max_requests: (fastest * scenario.duration.as_secs_f64()).ceil() as u64,
         timeout: Duration::from_secs(30),
@@ -267,7 +224,7 @@ fn loopback(source: &str) -> anyhow::Result<Option<IpAddr>> {
 /// Samples the node until `done`, printing progress once a second; returns
 /// the largest tip lag and queue depth of each second.
 fn sample(
-    node: &RpcNode,
+    stack: &Stack,
     started: Instant,
     duration: Duration,
     done: &AtomicBool,
@@ -276,7 +233,7 @@ fn sample(
     let mut served_before = 0u64;
     while !done.load(Ordering::Relaxed) {
         std::thread::sleep(SAMPLE_EVERY);
-        let Ok(metrics) = node.metrics() else {
+        let Ok(metrics) = stack.node_metrics() else {
             continue;
         };
         let second = started.elapsed().as_secs() as usize;
@@ -311,7 +268,7 @@ fn sample(
 /// Deploys each of `gateway.swaps` when it is due, until `done`.
 fn swap(
     scenario: &Scenario,
-    envoy: &Envoy,
+    stack: &Stack,
     started: Instant,
     done: &AtomicBool,
 ) -> Vec<SwapResult> {
@@ -324,13 +281,7 @@ fn swap(
             std::thread::sleep(Duration::from_millis(10));
         }
         let filter = &scenario.filters[swap.filter];
-        let target = Target {
-            filter: filter.name.clone(),
-            dir: envoy.ecds_dir().to_path_buf(),
-            admin: envoy.admin_url().to_string(),
-            timeout: Duration::from_secs(10),
-            envoy_log: Some(envoy.log_path().to_path_buf()),
-        };
+        let target = stack.deploy_target(&filter.name);
         let at_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
         let result = deploy::deploy_policy(&target, &filter.module, &swap.policy);
         let line = match &result {
@@ -350,20 +301,6 @@ fn swap(
         });
     }
     results
-}
-
-fn swap_line(swap: &SwapResult) -> String {
-    match (&swap.error, swap.version, swap.apply_ms) {
-        (Some(error), ..) => format!(
-            "swap at {:.1} s of {}: FAILED: {error}",
-            swap.at_s, swap.filter
-        ),
-        (None, Some(version), Some(ms)) => format!(
-            "swap at {:.1} s of {}: version {version}, applied by Envoy in {ms} ms",
-            swap.at_s, swap.filter
-        ),
-        _ => format!("swap at {:.1} s of {}", swap.at_s, swap.filter),
-    }
 }
 
 fn summarise(scenario: &Scenario, report: &Report, node: NodeSummary) -> Summary {

@@ -1,0 +1,288 @@
+//! The stack a scenario runs on: rpc-node and Envoy, either started by the
+//! run (natively) or already up (the docker-compose stack).
+//!
+//! For compose, `stakegate scenario stack FILE --out DIR` writes what the
+//! stack needs for one scenario into a shared volume: Envoy's bootstrap
+//! (rendered from the same `envoy-config/` template a native run uses), the
+//! filters' ECDS files, rpc-node's arguments, this binary (the containers'
+//! healthcheck probe) and `stack.json`, which `scenario run --stack` reads
+//! to find the parts and to check that the stack was made for the same
+//! node and policies.
+
+use super::{Filter, Scenario};
+use crate::deploy::Target;
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use stakegate_stack::{http, Envoy, EnvoyBuilder, FilterConfig, RpcNode};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Ports inside the compose network.
+const NODE_PORT: u16 = 8545;
+const PUBLIC_PORT: u16 = 10000;
+const INTERNAL_PORT: u16 = 10001;
+const ADMIN_PORT: u16 = 9901;
+/// How long `--stack` waits for the compose stack to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `stack.json`: where the compose stack's parts are, and what it runs.
+#[derive(Debug, Serialize, Deserialize)]
+struct StackFile {
+    scenario: String,
+    node_args: Vec<String>,
+    /// `(filter, policy)` in chain order.
+    filters: Vec<(String, String)>,
+    node_url: String,
+    public: String,
+    internal: Option<String>,
+    admin_url: String,
+    ecds_dir: PathBuf,
+}
+
+pub struct Stack {
+    node_url: String,
+    public: SocketAddr,
+    internal: Option<SocketAddr>,
+    admin_url: String,
+    ecds_dir: PathBuf,
+    envoy_log: Option<PathBuf>,
+    /// The processes of a native run (stopped on drop).
+    _processes: Option<(RpcNode, Envoy)>,
+}
+
+impl Stack {
+    /// Starts rpc-node and Envoy for `scenario` on free local ports.
+    pub fn start(scenario: &Scenario, concurrency: Option<u32>) -> anyhow::Result<Self> {
+        let node = RpcNode::start(&node_args(scenario))?;
+        let mut builder = EnvoyBuilder::new(template(scenario)?)
+            .var("RPC_NODE_HOST", node.addr().ip())
+            .var("RPC_NODE_PORT", node.addr().port())
+            .concurrency(concurrency.unwrap_or(scenario.workers as u32));
+        for filter in &scenario.filters {
+            builder = builder.filter(filter_config(filter, &filter.module));
+        }
+        let envoy = builder.start()?;
+        Ok(Self {
+            node_url: format!("http://{}", node.addr()),
+            public: envoy.listener("public")?,
+            internal: envoy.listener("internal").ok(),
+            admin_url: envoy.admin_url().to_string(),
+            ecds_dir: envoy.ecds_dir().to_path_buf(),
+            envoy_log: Some(envoy.log_path().to_path_buf()),
+            _processes: Some((node, envoy)),
+        })
+    }
+
+    /// The compose stack `stack.json` describes, once it is ready, if it
+    /// was made for `scenario`'s node and policies.
+    pub fn attach(path: &Path, scenario: &Scenario) -> anyhow::Result<Self> {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let file: StackFile =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+        let filters: Vec<(String, String)> = scenario
+            .filters
+            .iter()
+            .map(|f| (f.name.clone(), f.policy.clone()))
+            .collect();
+        if file.node_args != node_args(scenario) || file.filters != filters {
+            bail!(
+                "the stack was made for scenario {:?}, whose node or policies differ from {:?}'s; \
+                 make it for this one: SCENARIO={} docker compose up -d --force-recreate",
+                file.scenario,
+                scenario.name,
+                scenario.name
+            );
+        }
+        let resolve = |addr: &str| -> anyhow::Result<SocketAddr> {
+            addr.to_socket_addrs()
+                .with_context(|| format!("resolving {addr}"))?
+                .next()
+                .with_context(|| format!("{addr} has no address"))
+        };
+        let deadline = Instant::now() + READY_TIMEOUT;
+        for url in [
+            format!("{}/health", file.node_url),
+            format!("{}/ready", file.admin_url),
+        ] {
+            while !http::get(&url).is_ok_and(|a| a.status == 200) {
+                if Instant::now() > deadline {
+                    bail!("{url} is not ready after {READY_TIMEOUT:?}");
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        Ok(Self {
+            node_url: file.node_url,
+            public: resolve(&file.public)?,
+            internal: file.internal.as_deref().map(resolve).transpose()?,
+            admin_url: file.admin_url,
+            ecds_dir: file.ecds_dir,
+            envoy_log: None,
+            _processes: None,
+        })
+    }
+
+    /// The node's `/metrics` document.
+    pub fn node_metrics(&self) -> anyhow::Result<serde_json::Value> {
+        http::get(&format!("{}/metrics", self.node_url))?.json()
+    }
+
+    /// Starts a new measurement window on the node.
+    pub fn reset_node(&self) -> anyhow::Result<()> {
+        let answer = http::post(&format!("{}/metrics/reset", self.node_url), &[], "")?;
+        if answer.status != 204 {
+            bail!("rpc-node reset answered {}", answer.status);
+        }
+        Ok(())
+    }
+
+    /// The public listener, or the internal one.
+    pub fn listener(&self, internal: bool) -> anyhow::Result<SocketAddr> {
+        if internal {
+            self.internal
+                .context("the gateway has no internal listener (the admission-gate config has one)")
+        } else {
+            Ok(self.public)
+        }
+    }
+
+    /// Where `stakegate deploy` swaps `filter`.
+    pub fn deploy_target(&self, filter: &str) -> Target {
+        Target {
+            filter: filter.to_string(),
+            dir: self.ecds_dir.clone(),
+            admin: self.admin_url.clone(),
+            timeout: Duration::from_secs(10),
+            envoy_log: self.envoy_log.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct StackArgs {
+    /// The scenario file, or the name of one under scenarios/.
+    pub scenario: String,
+    /// The shared directory (a volume) to write into.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Where the gateway container finds the filter modules.
+    #[arg(long, default_value = "/modules")]
+    pub modules: PathBuf,
+}
+
+/// `stakegate scenario stack`: the compose stack's files for a scenario.
+pub fn write(args: &StackArgs) -> anyhow::Result<()> {
+    let scenario = Scenario::load(&super::resolve(&args.scenario))?;
+    if !scenario.node.changes.is_empty() {
+        bail!("node.changes: only `stakegate sim` changes the node's read slots during a run");
+    }
+    let out = &args.out;
+    let ecds_dir = out.join("ecds");
+    std::fs::create_dir_all(&ecds_dir)
+        .with_context(|| format!("creating {}", ecds_dir.display()))?;
+    let envoy = EnvoyBuilder::new(template(&scenario)?)
+        .var("RPC_NODE_HOST", "rpc-node")
+        .var("RPC_NODE_PORT", NODE_PORT)
+        .var("LISTEN_ADDRESS", "0.0.0.0")
+        .var("ADMIN_ADDRESS", "0.0.0.0")
+        .var("PUBLIC_PORT", PUBLIC_PORT)
+        .var("INTERNAL_PORT", INTERNAL_PORT)
+        .var("ADMIN_PORT", ADMIN_PORT)
+        .var("ECDS_DIR", ecds_dir.display())
+        .render()?;
+    std::fs::write(out.join("envoy.yaml"), envoy)?;
+    for filter in &scenario.filters {
+        let module = args
+            .modules
+            .join(format!("{}.wasm", filter.name.replace('-', "_")));
+        filter_config(filter, &module).write_both(&ecds_dir, "1")?;
+    }
+    let mut node = vec!["--host".to_string(), "0.0.0.0".into(), "--port".into()];
+    node.push(NODE_PORT.to_string());
+    node.extend(node_args(&scenario));
+    std::fs::write(out.join("rpc-node.args"), node.join("\n") + "\n")?;
+    let bin = out.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    // A copy then a rename: a healthcheck may be running the old copy.
+    let me = std::env::current_exe()?;
+    let staged = bin.join(".stakegate.new");
+    std::fs::copy(&me, &staged)
+        .with_context(|| format!("copying {} for the healthchecks", me.display()))?;
+    std::fs::rename(&staged, bin.join("stakegate"))?;
+    let file = StackFile {
+        scenario: scenario.name.clone(),
+        node_args: node_args(&scenario),
+        filters: scenario
+            .filters
+            .iter()
+            .map(|f| (f.name.clone(), f.policy.clone()))
+            .collect(),
+        node_url: format!("http://rpc-node:{NODE_PORT}"),
+        public: format!("gateway:{PUBLIC_PORT}"),
+        internal: (template(&scenario)? == "gate.yaml").then(|| format!("gateway:{INTERNAL_PORT}")),
+        admin_url: format!("http://gateway:{ADMIN_PORT}"),
+        ecds_dir,
+    };
+    std::fs::write(out.join("stack.json"), serde_json::to_string_pretty(&file)?)?;
+    eprintln!(
+        "stack for {} written to {} (envoy.yaml, ecds/, rpc-node.args, stack.json)",
+        scenario.name,
+        out.display()
+    );
+    Ok(())
+}
+
+/// rpc-node's arguments for the scenario's `[node]`.
+fn node_args(scenario: &Scenario) -> Vec<String> {
+    let node = &scenario.node;
+    let mut args = vec![
+        "--read-slots".to_string(),
+        node.read_slots.to_string(),
+        "--sync-slots".into(),
+        node.sync_slots.to_string(),
+        "--block-interval".into(),
+        format!("{}ms", node.block_interval.as_millis()),
+        "--block-exec".into(),
+        format!("{}ms", node.block_exec.as_millis()),
+        "--tip-lost-after".into(),
+        node.tip_lost_after.to_string(),
+    ];
+    for (method, cost) in node.costs.methods() {
+        args.push("--cost".into());
+        args.push(format!("{method}={}us", cost.as_micros()));
+    }
+    args
+}
+
+/// The gateway config for the scenario's filter chain.
+fn template(scenario: &Scenario) -> anyhow::Result<&'static str> {
+    let names: Vec<&str> = scenario.filters.iter().map(|f| f.name.as_str()).collect();
+    Ok(match names.as_slice() {
+        [] => "passthrough.yaml",
+        ["admission-gate"] => "gate.yaml",
+        ["stake-qos"] => "qos.yaml",
+        _ => bail!(
+            "gateway.filters: real runs have Envoy configs for one filter (admission-gate or stake-qos) or none, not {names:?}"
+        ),
+    })
+}
+
+fn filter_config(filter: &Filter, module: &Path) -> FilterConfig {
+    if filter.name == "stake-qos" {
+        FilterConfig::stake_qos(module, &filter.policy)
+    } else {
+        FilterConfig::admission_gate(module, &filter.policy)
+    }
+}
+
+/// `stakegate probe URL`: exit 0 when `URL` answers 200 (the containers'
+/// healthcheck; they have no shell or curl).
+pub fn probe(url: &str) -> anyhow::Result<()> {
+    let answer = http::get(url)?;
+    if answer.status != 200 {
+        bail!("{url} answered {}", answer.status);
+    }
+    Ok(())
+}

@@ -1,0 +1,91 @@
+//! `stakegate scenario run` end to end: the shipped scenario files, run for
+//! real (shortened), and what the run writes.
+
+use serde_json::Value;
+use stakegate_stack::paths;
+use std::path::Path;
+
+/// Runs `stakegate scenario run NAME --json` for `duration` into `out` and
+/// returns the summary it printed.
+fn scenario_run(name: &str, duration: &str, out: &Path) -> Value {
+    let output = std::process::Command::new(paths::tool("stakegate").unwrap())
+        .args(["scenario", "run", name, "--json", "--duration", duration])
+        .arg("--out")
+        .arg(out)
+        .current_dir(paths::project_root())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    eprintln!("{stderr}");
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn client<'a>(summary: &'a Value, id: &str) -> &'a Value {
+    summary["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == id)
+        .unwrap()
+}
+
+#[test]
+fn policies_swap_under_load_without_a_failed_request() {
+    let out = tempfile::tempdir().unwrap();
+    // Two of the scenario's swaps fall within 8 s (at 3 s and 6 s).
+    let summary = scenario_run("hot-swap-under-load", "8s", out.path());
+    assert_eq!(summary["mode"], "real");
+    let swaps = summary["swaps"].as_array().unwrap();
+    assert_eq!(swaps.len(), 2, "{swaps:?}");
+    for swap in swaps {
+        assert!(swap["error"].is_null(), "{swap}");
+        assert!(swap["version"].as_u64().unwrap() >= 2, "{swap}");
+    }
+    let status = summary["status_counts"].as_object().unwrap();
+    let answered = status["200"].as_u64().unwrap();
+    let all: u64 = status.values().map(|n| n.as_u64().unwrap()).sum();
+    assert!(answered >= 6000, "{status:?}");
+    assert_eq!(answered, all, "every request answered 200: {status:?}");
+    assert_eq!(summary["node"]["upstream"]["amplification"], 1.0);
+
+    // What the run wrote beside the summary.
+    let dir = out.path();
+    let written: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(written["status_counts"], summary["status_counts"]);
+    let csv = std::fs::read_to_string(dir.join("timeline.csv")).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some("second,client,admitted,rejected,failed,tip_lag_ms,node_queue")
+    );
+    let admitted: u64 = lines
+        .map(|line| line.split(',').nth(2).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(
+        admitted, answered,
+        "the timeline holds every admitted request"
+    );
+    for plot in ["admitted.png", "tip_lag.png", "shares.png"] {
+        let bytes = std::fs::read(dir.join(plot)).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"), "{plot} is a PNG");
+        assert!(bytes.len() > 5_000, "{plot} has something drawn");
+    }
+}
+
+#[test]
+fn a_client_150_ms_away_with_150_ms_requests_reaches_its_share() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = scenario_run("latency-fairness", "6s", out.path());
+    let rate = |id: &str| client(&summary, id)["admitted_rps"].as_f64().unwrap();
+    let (fast, slow) = (rate("fast"), rate("slow"));
+    assert!(fast > 50.0, "the fast client was served: {fast}");
+    assert!(slow / fast >= 0.9, "slow {slow} vs fast {fast} rps");
+    // The relay's round trip shows in what the slow client saw: at least
+    // 150 ms of path plus 150 ms of service.
+    let p50 = client(&summary, "slow")["latency_ms"]["p50"]
+        .as_f64()
+        .unwrap();
+    assert!(p50 >= 300.0, "slow p50 {p50} ms");
+}

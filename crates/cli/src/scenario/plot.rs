@@ -131,6 +131,19 @@ fn admitted(summary: &Summary, path: &Path) -> anyhow::Result<()> {
             .label(format!("node capacity {capacity:.0} rps"))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.mix(0.4)));
     }
+    // Each policy swap, where it was deployed (a failed one in red).
+    for (i, swap) in summary.swaps.iter().enumerate() {
+        let color = if swap.error.is_some() { RED } else { BLUE }.mix(0.5);
+        let series = chart.draw_series(LineSeries::new(
+            [(swap.at_s, 0.0), (swap.at_s, top)],
+            color.stroke_width(1),
+        ))?;
+        if i == 0 {
+            series
+                .label("policy swap")
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
+        }
+    }
     for (i, (name, counts)) in lines.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart

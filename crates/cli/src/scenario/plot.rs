@@ -7,6 +7,8 @@
 
 use crate::summary::Summary;
 use anyhow::{bail, Context};
+use plotters::coord::types::RangedCoordf64;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::{register_font, FontStyle};
 use std::collections::BTreeMap;
@@ -157,6 +159,16 @@ fn admitted(summary: &Summary, path: &Path) -> anyhow::Result<()> {
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2)));
     }
+    legend_and_save(&mut chart, &root)
+}
+
+type Chart<'a> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Draws the chart's legend, top right, and writes the file.
+fn legend_and_save(
+    chart: &mut Chart<'_>,
+    root: &DrawingArea<BitMapBackend<'_>, Shift>,
+) -> anyhow::Result<()> {
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
@@ -272,12 +284,5 @@ fn shares(summary: &Summary, path: &Path) -> anyhow::Result<()> {
             .label("stake share")
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], grey.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK.mix(0.3))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()?;
-    root.present()?;
-    Ok(())
+    legend_and_save(&mut chart, &root)
 }

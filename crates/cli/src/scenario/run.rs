@@ -26,7 +26,6 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -122,7 +121,8 @@ fn say(what: &str) {
     eprintln!("[scenario] {what}");
 }
 
-/// Starts the stack, runs the load, and summarises.
+/// Runs the load on the stack, with the sampler and the swaps beside it,
+/// and summarises.
 fn execute(scenario: &Scenario, stack: &Stack) -> anyhow::Result<Summary> {
     let (spec, _relays) = run_spec(scenario, stack)?;
     stack.reset_node()?;
@@ -133,7 +133,7 @@ fn execute(scenario: &Scenario, stack: &Stack) -> anyhow::Result<Summary> {
         scenario.clients.iter().map(|c| c.rate).sum::<f64>(),
         scenario.duration
     ));
-    let done = Arc::new(AtomicBool::new(false));
+    let done = AtomicBool::new(false);
     let started = Instant::now();
     let (report, samples, swaps) = std::thread::scope(|s| {
         let sampler = s.spawn(|| sample(stack, started, scenario.duration, &done));

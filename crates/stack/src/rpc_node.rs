@@ -77,19 +77,30 @@ impl RpcNode {
 
     /// The node's `/metrics` document.
     pub fn metrics(&self) -> anyhow::Result<serde_json::Value> {
-        http::get(&format!("http://{}/metrics", self.addr))?.json()
+        metrics(&format!("http://{}", self.addr))
     }
 
     /// Starts a new measurement window on the node.
     pub fn reset_metrics(&self) -> anyhow::Result<()> {
-        let answer = http::post(&format!("http://{}/metrics/reset", self.addr), &[], "")?;
-        if answer.status != 204 {
-            bail!("rpc-node reset answered {}", answer.status);
-        }
-        Ok(())
+        reset_metrics(&format!("http://{}", self.addr))
     }
 
     pub fn log(&self) -> String {
         self.process.log()
     }
+}
+
+/// The `/metrics` document of the rpc-node at `base` (`http://host:port`),
+/// one this harness started or not.
+pub fn metrics(base: &str) -> anyhow::Result<serde_json::Value> {
+    http::get(&format!("{base}/metrics"))?.json()
+}
+
+/// Starts a new measurement window on the rpc-node at `base`.
+pub fn reset_metrics(base: &str) -> anyhow::Result<()> {
+    let answer = http::post(&format!("{base}/metrics/reset"), &[], "")?;
+    if answer.status != 204 {
+        bail!("rpc-node reset answered {}", answer.status);
+    }
+    Ok(())
 }

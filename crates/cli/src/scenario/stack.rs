@@ -13,7 +13,7 @@ use super::{Filter, Scenario};
 use crate::deploy::Target;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
-use stakegate_stack::{http, Envoy, EnvoyBuilder, FilterConfig, RpcNode};
+use stakegate_stack::{http, rpc_node, Envoy, EnvoyBuilder, FilterConfig, RpcNode};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -126,16 +126,12 @@ impl Stack {
 
     /// The node's `/metrics` document.
     pub fn node_metrics(&self) -> anyhow::Result<serde_json::Value> {
-        http::get(&format!("{}/metrics", self.node_url))?.json()
+        rpc_node::metrics(&self.node_url)
     }
 
     /// Starts a new measurement window on the node.
     pub fn reset_node(&self) -> anyhow::Result<()> {
-        let answer = http::post(&format!("{}/metrics/reset", self.node_url), &[], "")?;
-        if answer.status != 204 {
-            bail!("rpc-node reset answered {}", answer.status);
-        }
-        Ok(())
+        rpc_node::reset_metrics(&self.node_url)
     }
 
     /// The public listener, or the internal one.
@@ -323,4 +319,43 @@ pub fn probe(url: &str) -> anyhow::Result<()> {
         bail!("{url} answered {}", answer.status);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::move_changed;
+    use std::path::Path;
+
+    fn put(dir: &Path, file: &str, text: &str) {
+        let path = dir.join(file);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+
+    #[test]
+    fn only_changed_files_move_into_place() {
+        let (staging, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        put(out.path(), "ecds/gate.yaml", "v1");
+        put(out.path(), "envoy.yaml", "same");
+        let before = std::fs::metadata(out.path().join("envoy.yaml"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        put(staging.path(), "ecds/gate.yaml", "v2");
+        put(staging.path(), "envoy.yaml", "same");
+        put(staging.path(), "stack.json", "{}");
+
+        assert_eq!(move_changed(staging.path(), out.path()).unwrap(), 2);
+        let read = |file: &str| std::fs::read_to_string(out.path().join(file)).unwrap();
+        assert_eq!(read("ecds/gate.yaml"), "v2");
+        assert_eq!(read("stack.json"), "{}");
+        // The unchanged file is the one that was there, untouched.
+        let after = std::fs::metadata(out.path().join("envoy.yaml"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert_eq!(before, after);
+        assert!(staging.path().join("envoy.yaml").exists());
+        assert_eq!(move_changed(staging.path(), out.path()).unwrap(), 0);
+    }
 }

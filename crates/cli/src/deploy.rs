@@ -10,10 +10,17 @@
 //!   written to a temp file then renamed, so a config never names a
 //!   half-written module;
 //! - `history/<filter>.json`: the deployments still in effect, oldest
-//!   first; the last is what Envoy serves.
+//!   first; the last is what Envoy serves. The first deploy records the
+//!   config it replaces (the one Envoy started with) as deployment 0, so
+//!   `rollback` can return to it;
+//! - `lock`: held (an OS file lock) by the deploy or rollback in progress,
+//!   so two at once take turns instead of both writing version N and one
+//!   being lost.
 //!
-//! A deploy: (1) loads the module with the policy in the offline host, as
-//! `stakegate check` does, and refuses with the module's reason; (2) stores
+//! A deploy: (1) checks the module declares itself the filter being
+//! deployed (its `stakegate.filter` section), loads it with the policy in
+//! the offline host, as `stakegate check` does, and refuses with the
+//! module's reason; (2) stores
 //! the module; (3) stages the new config in the filter's warm-up slot (a
 //! disabled filter beside it in the gateway configs, same vm_id), where V8
 //! compiles a new module while the old one serves, and waits for Envoy;
@@ -36,6 +43,9 @@ use stakegate_stack::admin::Admin;
 use stakegate_stack::ecds::{self, EcdsUpdate, FilterConfig};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How long a deploy waits for one in progress before it gives up.
+const LOCK_WAIT: Duration = Duration::from_secs(120);
 
 /// The filters `--filter` names.
 pub const FILTERS: [&str; 2] = ["admission-gate", "stake-qos"];
@@ -80,6 +90,10 @@ pub struct RollbackArgs {
 /// One deployment in a filter's history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Deployment {
+    /// The config Envoy started with, found in the directory by the first
+    /// deploy (deployment 0).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub startup: bool,
     /// The ECDS `version_info` it was applied under.
     pub version: u64,
     pub module_sha256: String,
@@ -167,6 +181,81 @@ impl Live {
             _ => FilterConfig::stake_qos(module, policy),
         }
     }
+
+    /// Takes the directory's deploy lock, waiting up to `wait` for a deploy
+    /// or rollback in progress to finish.
+    fn lock(&self, wait: Duration) -> anyhow::Result<std::fs::File> {
+        let path = self.state("")?.join("lock");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let started = std::time::Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < wait => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(std::fs::TryLockError::WouldBlock) => bail!(
+                    "another deploy or rollback holds {} (pid {}) and did not finish within {wait:?}; nothing was changed",
+                    path.display(),
+                    std::fs::read_to_string(&path).unwrap_or_default().trim()
+                ),
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(e).with_context(|| format!("locking {}", path.display()))
+                }
+            }
+        }
+        std::fs::write(&path, std::process::id().to_string())?;
+        Ok(file)
+    }
+
+    /// The history; when it is empty, the config now in the directory (the
+    /// one Envoy started with) becomes deployment 0.
+    fn history_from_startup(&self) -> anyhow::Result<History> {
+        let mut history = self.history()?;
+        if !history.deployments.is_empty() {
+            return Ok(history);
+        }
+        let file = self.config(PathBuf::new(), "").file;
+        let Ok(text) = std::fs::read_to_string(self.dir.join(&file)) else {
+            return Ok(history);
+        };
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let config = &doc["resources"][0]["typed_config"]["config"];
+        let module = config["vm_config"]["code"]["local"]["filename"].as_str();
+        let policy = config["configuration"]["value"].as_str();
+        let (Some(module), Some(policy)) = (module, policy) else {
+            eprintln!(
+                "warning: {} is not a config stakegate wrote; rollback cannot return to it",
+                file
+            );
+            return Ok(history);
+        };
+        let bytes = std::fs::read(module).with_context(|| {
+            format!("reading {module}, the module of the startup config {file}")
+        })?;
+        let sha256 = sha256_hex(&bytes);
+        self.store_module(&bytes, &sha256)?;
+        history.deployments.push(Deployment {
+            startup: true,
+            version: doc["version_info"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            module_sha256: sha256,
+            policy_sha256: sha256_hex(policy.as_bytes()),
+            policy: policy.to_string(),
+            applied_at_ms: 0,
+            warm_up_ms: None,
+            apply_ms: 0,
+        });
+        Ok(history)
+    }
 }
 
 /// Writes a temp file beside `path`, then renames it onto `path`.
@@ -233,6 +322,7 @@ fn apply(
     };
     let applied = write_and_confirm(live, target, &admin, &config, version)?;
     Ok(Deployment {
+        startup: false,
         version,
         module_sha256: sha256.to_string(),
         policy_sha256: sha256_hex(policy.as_bytes()),
@@ -330,10 +420,26 @@ pub fn deploy_policy(target: &Target, module: &Path, policy: &str) -> anyhow::Re
     let live = Live::new(target)?;
     let module_bytes =
         std::fs::read(module).with_context(|| format!("reading {}", module.display()))?;
-    check(&module_bytes, policy.as_bytes()).context("refused before touching Envoy")?;
+    match stakegate_host::declared_filter(&module_bytes) {
+        Some(declared) if declared == target.filter => {}
+        declared => bail!(
+            "refused before touching Envoy: the module declares itself {}, not {}",
+            declared.map_or(
+                "no stakegate filter (it has no stakegate.filter section)".into(),
+                |d| format!("the {d} filter")
+            ),
+            target.filter
+        ),
+    }
+    let checked =
+        check(&module_bytes, policy.as_bytes()).context("refused before touching Envoy")?;
+    for warning in &checked.warnings {
+        eprintln!("warning: {warning}");
+    }
     let sha256 = sha256_hex(&module_bytes);
+    let _lock = live.lock(LOCK_WAIT)?;
     live.store_module(&module_bytes, &sha256)?;
-    let mut history = live.history()?;
+    let mut history = live.history_from_startup()?;
     let deployment = apply(&live, target, &history, &sha256, policy)?;
     history.deployments.push(deployment.clone());
     live.save(&history)?;
@@ -342,6 +448,7 @@ pub fn deploy_policy(target: &Target, module: &Path, policy: &str) -> anyhow::Re
 
 pub fn rollback(args: &RollbackArgs) -> anyhow::Result<()> {
     let live = Live::new(&args.target)?;
+    let _lock = live.lock(LOCK_WAIT)?;
     let mut history = live.history()?;
     let [.., previous, current] = history.deployments.as_slice() else {
         bail!(
@@ -353,7 +460,9 @@ pub fn rollback(args: &RollbackArgs) -> anyhow::Result<()> {
     };
     let from = current.version;
     let (sha256, policy) = (previous.module_sha256.clone(), previous.policy.clone());
-    let deployment = apply(&live, &args.target, &history, &sha256, &policy)?;
+    let startup = previous.startup;
+    let mut deployment = apply(&live, &args.target, &history, &sha256, &policy)?;
+    deployment.startup = startup;
     print(
         &format!("rolled back from version {from}:"),
         &live.filter,
@@ -371,6 +480,7 @@ mod tests {
 
     fn deployment(version: u64) -> Deployment {
         Deployment {
+            startup: false,
             version,
             module_sha256: "m".into(),
             policy_sha256: "p".into(),

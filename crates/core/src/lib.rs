@@ -11,12 +11,14 @@
 //! - `baseline`: Agave's stake-weighted QoS as it was (SEEDS.md part 1), for comparison.
 //! - `rejection`: the one error shape every rejection has.
 //! - `shared`: compare-and-swap updates of records in proxy-wasm shared data.
-//! - `policy_error`: policy errors that name the field.
+//! - `websocket`: WebSocket frames read in passing, counted as JSON-RPC messages.
+//! - `validate`: the toolkit policies are checked with (errors name the field).
 
 pub mod baseline;
 pub mod dedup;
 pub mod gate;
-pub mod policy_error;
 pub mod qos;
 pub mod rejection;
 pub mod shared;
+pub mod validate;
+pub mod websocket;

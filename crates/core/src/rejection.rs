@@ -6,6 +6,9 @@
 /// (SEEDS.md part 5, follow-ups).
 pub const LIMIT_EXCEEDED: i32 = -32005;
 
+/// JSON-RPC error code for a request that is not a valid request.
+pub const INVALID_REQUEST: i32 = -32600;
+
 /// Renders `{"jsonrpc":"2.0","id":<id>,"error":{"code":<code>,"message":<message>}}`.
 ///
 /// `id` is the request's id as raw JSON (`7`, `"abc"`), or `None` when it is

@@ -269,6 +269,7 @@ mod tests {
         max_inflight: Some(2),
         reserved: 0,
         max_websocket: None,
+        per_websocket: 1,
     };
 
     /// A store where another writer sneaks in before the first `interleave`

@@ -400,3 +400,45 @@ fn said(logs: &[LogLine], vm: &str, from: usize) -> String {
         format!(": {}", said.join("; "))
     }
 }
+
+/// The filter a module declares itself to be (its `stakegate.filter`
+/// custom section, see `stakegate_glue::declare_filter`), if any.
+pub fn declared_filter(module: &[u8]) -> Option<String> {
+    custom_sections(module)
+        .find(|(name, _)| *name == b"stakegate.filter")
+        .and_then(|(_, contents)| String::from_utf8(contents.to_vec()).ok())
+}
+
+/// A module's custom sections, `(name, contents)`; stops at anything
+/// malformed.
+fn custom_sections(module: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    let mut at = if module.starts_with(b"\0asm") {
+        8
+    } else {
+        module.len()
+    };
+    std::iter::from_fn(move || loop {
+        let id = *module.get(at)?;
+        let (size, len) = leb128(module.get(at + 1..)?)?;
+        let start = at + 1 + len;
+        let payload = module.get(start..start.checked_add(size)?)?;
+        at = start + size;
+        if id == 0 {
+            let (name_len, len) = leb128(payload)?;
+            let name = payload.get(len..len.checked_add(name_len)?)?;
+            return Some((name, &payload[len + name_len..]));
+        }
+    })
+}
+
+/// An unsigned LEB128 number and how many bytes it took.
+fn leb128(bytes: &[u8]) -> Option<(usize, usize)> {
+    let mut value: usize = 0;
+    for (i, &b) in bytes.iter().enumerate().take(5) {
+        value |= usize::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some((value, i + 1));
+        }
+    }
+    None
+}

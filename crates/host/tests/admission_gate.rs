@@ -164,7 +164,7 @@ fn a_bad_policy_is_refused_with_the_modules_reason() {
         .to_string();
     assert_eq!(
         err,
-        "the module refused its configuration: stakegate admission-gate: policy rejected: maxInflight: must be > 0, or -1 for pass-through; got 0"
+        "the module refused its configuration: stakegate admission-gate: policy rejected: maxInflight: must be between 1 and 1000000, or -1 for pass-through; got 0"
     );
 }
 

@@ -50,26 +50,38 @@ async fn websocket(State(node): State<Arc<Node>>, upgrade: WebSocketUpgrade) -> 
         .on_upgrade(move |socket| serve_websocket(node, socket))
 }
 
-/// Each text or binary message is a JSON-RPC body, answered in order.
-async fn serve_websocket(node: Arc<Node>, mut socket: WebSocket) {
+/// Each text or binary message is a JSON-RPC body. Like geth and Erigon,
+/// the node works on a connection's messages concurrently (each takes its
+/// own read slot) and answers each as it completes, so one socket can put
+/// many requests in flight.
+async fn serve_websocket(node: Arc<Node>, socket: WebSocket) {
+    use futures_util::{SinkExt, StreamExt};
     let _open = node.websocket_opened();
-    while let Some(Ok(message)) = socket.recv().await {
+    let (mut sink, mut stream) = socket.split();
+    let (answers, mut outbox) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let writer = tokio::spawn(async move {
+        while let Some(answer) = outbox.recv().await {
+            if sink.send(Message::Text(answer.into())).await.is_err() {
+                break;
+            }
+        }
+    });
+    while let Some(Ok(message)) = stream.next().await {
         let body = match message {
             Message::Text(text) => Bytes::from(text.as_str().to_owned()),
             Message::Binary(bytes) => bytes,
             Message::Close(_) => break,
             Message::Ping(_) | Message::Pong(_) => continue,
         };
-        if let Some(response) = node.handle(&body).await {
-            if socket
-                .send(Message::Text(response.to_string().into()))
-                .await
-                .is_err()
-            {
-                break;
+        let (node, answers) = (node.clone(), answers.clone());
+        tokio::spawn(async move {
+            if let Some(response) = node.handle(&body).await {
+                let _ = answers.send(response.to_string());
             }
-        }
+        });
     }
+    drop(answers);
+    let _ = writer.await;
 }
 
 async fn metrics(State(node): State<Arc<Node>>) -> Response {

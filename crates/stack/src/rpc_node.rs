@@ -19,13 +19,19 @@ pub struct RpcNode {
 impl RpcNode {
     /// Starts `rpc-node --port 0 ARGS…` and waits until it serves.
     pub fn start<S: AsRef<str>>(args: &[S]) -> anyhow::Result<Self> {
+        Self::start_on(0, args)
+    }
+
+    /// Starts `rpc-node --port PORT ARGS…` (0: a free port) and waits until
+    /// it serves; a node restarted on its old port is the same upstream.
+    pub fn start_on<S: AsRef<str>>(port: u16, args: &[S]) -> anyhow::Result<Self> {
         let workdir = tempfile::Builder::new()
             .prefix("stakegate-rpc-node-")
             .tempdir()?;
         let log = workdir.path().join("rpc-node.log");
         let binary = paths::tool("rpc-node")?;
         let mut child = Command::new(&binary)
-            .args(["--port", "0"])
+            .args(["--port", &port.to_string()])
             .args(args.iter().map(AsRef::as_ref))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

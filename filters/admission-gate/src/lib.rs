@@ -1,38 +1,41 @@
 //! admission-gate: the proxy-wasm glue for the RPC admission gate.
 //!
-//! The logic lives in `stakegate_core::gate`; this crate reads what Envoy
-//! gives it and maps decisions to actions:
+//! Every decision is in `stakegate_core::gate::stream`; this crate reads
+//! what Envoy gives it, reports it there, and makes the host calls it is
+//! told to:
 //!
 //! - `on_configure` parses the policy (plugin configuration). A bad policy
 //!   is logged with the field and the reason, and `false` makes Envoy refuse
 //!   the config, so the previous one keeps serving.
-//! - `on_http_request_headers` classifies the request and admits it or sends
-//!   the 503, before any body byte is read.
-//! - With `dedup` in the policy, an admitted request's body is held
-//!   until it has been read whole (up to `maxBodyBytes`; a larger body
-//!   goes on unchecked, never cut). `on_http_request_body` then refuses a
-//!   duplicate with 429, or records the request and lets it go upstream.
-//!   Internal traffic is never checked.
+//! - request headers: admit or refuse (503) before any body byte is read.
+//! - request body: dedup's check (429 for a duplicate), or a WebSocket's
+//!   messages, held while they wait for a slot.
+//! - response: the end of the node's response gives the slot back; a
+//!   WebSocket's answers give their messages' slots back, and held
+//!   WebSockets on this worker retry.
 //! - `on_done` (or, if that never comes, dropping the stream context) gives
-//!   the slot back and completes the request's dedup entry.
-//! - `on_tick` heartbeats this worker's shard, settles any release debt,
-//!   expires shards of workers that vanished, and sweeps expired dedup
-//!   entries.
+//!   back whatever is left.
+//! - `on_tick` is the heartbeat (shard, spares, dedup sweep, metrics) and
+//!   retries held WebSockets.
 
 mod metrics;
 
 use metrics::GateMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
-use stakegate_core::dedup::{client_name, Dedup, Pending, Verdict, DUPLICATE_STATUS};
-use stakegate_core::gate::class::{classify, RequestClass};
 use stakegate_core::gate::policy::GatePolicy;
-use stakegate_core::gate::{Admission, Decision, InflightGate, Rejection, Ticket};
+use stakegate_core::gate::stream::{
+    Body, GateStream, GateWorker, Head, OnBody, OnHeaders, Refusal, Settled, Upgrade,
+};
+use stakegate_core::gate::InflightGate;
 use stakegate_glue::facts::StreamFacts;
+use stakegate_glue::host::{self, BodyOf};
 use stakegate_glue::{now_ms, EnvoyStore};
 use std::cell::RefCell;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 use std::time::Duration;
+
+stakegate_glue::declare_filter!("admission-gate");
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -41,16 +44,63 @@ proxy_wasm::main! {{
     });
 }}
 
-/// This VM's gate and metrics, shared by its root and stream contexts (a VM
-/// is single-threaded).
+/// This VM's gate, metrics and held WebSockets, shared by its root and
+/// stream contexts (a VM is single-threaded).
 struct Worker {
-    gate: InflightGate,
-    /// Retry-storm protection, when the policy has it.
-    dedup: Option<Dedup>,
+    core: GateWorker,
     metrics: GateMetrics,
-    /// The clock as of the last heartbeat. Requests use it instead of a
-    /// hostcall each: shard heartbeats only need tick resolution.
-    now_ms: u64,
+    /// Streams held for a slot, oldest first.
+    held: Vec<(u32, Weak<RefCell<GateStream>>)>,
+}
+
+impl Worker {
+    fn log(&mut self) {
+        for line in self.core.take_log() {
+            log(LogLevel::Warn, &line);
+        }
+    }
+
+    /// Lets held streams retry for slots, oldest first, and resumes those
+    /// that got them (or closes those that never can); `current` is the
+    /// context this runs in.
+    fn wake(&mut self, current: u32) {
+        if self.held.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let mut acted = false;
+        let mut i = 0;
+        while i < self.held.len() {
+            let (id, stream) = &self.held[i];
+            let id = *id;
+            let Some(stream) = stream.upgrade() else {
+                self.held.remove(i);
+                continue;
+            };
+            let Ok(mut stream) = stream.try_borrow_mut() else {
+                i += 1;
+                continue;
+            };
+            match stream.settle(&mut self.core, &EnvoyStore, now) {
+                Settled::ConnectionFull => i += 1,
+                Settled::GateFull => break,
+                settled => {
+                    acted = true;
+                    if host::act_on(id) {
+                        if settled == Settled::Through {
+                            host::resume_request();
+                        } else {
+                            host::close_request();
+                        }
+                    }
+                    self.held.remove(i);
+                }
+            }
+        }
+        if acted {
+            host::act_on(current);
+        }
+    }
 }
 
 struct GateRoot {
@@ -67,10 +117,6 @@ impl GateRoot {
         let policy = GatePolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
         let metrics = GateMetrics::define()?;
         let heartbeat = Duration::from_millis(policy.heartbeat_ms);
-        let dedup = policy
-            .dedup
-            .clone()
-            .map(|d| Dedup::new(d, policy.heartbeat_ms, policy.retry_after_max_s));
         let now_ms = now_ms();
         let mut gate = InflightGate::new(policy, now_ms ^ (u64::from(self.context_id) << 32));
         // Joining now gives this worker its shard before traffic arrives; if
@@ -82,13 +128,11 @@ impl GateRoot {
             );
         }
         self.set_tick_period(heartbeat);
-        let worker = Worker {
-            gate,
-            dedup,
+        self.worker = Some(Rc::new(RefCell::new(Worker {
+            core: GateWorker::new(gate),
             metrics,
-            now_ms,
-        };
-        self.worker = Some(Rc::new(RefCell::new(worker)));
+            held: Vec::new(),
+        })));
         Ok(())
     }
 }
@@ -98,25 +142,13 @@ impl Context for GateRoot {
     /// last stream has ended): spare slots go back now rather than after
     /// the stale-slot TTL, and the last counts reach Envoy.
     fn on_done(&mut self) -> bool {
-        let Some(worker) = &self.worker else {
-            return true;
-        };
-        let mut worker = worker.borrow_mut();
-        let Worker { gate, metrics, .. } = &mut *worker;
-        match gate.leave(&EnvoyStore, now_ms()) {
-            Ok(0) => {}
-            Ok(held) => log(
-                LogLevel::Warn,
-                &format!(
-                    "leaving with {held} slots still held; they expire with the stale-slot TTL"
-                ),
-            ),
-            Err(e) => {
-                metrics.store_error();
-                log(LogLevel::Warn, &format!("leaving the slot table: {e}"));
-            }
+        if let Some(worker) = &self.worker {
+            let mut worker = worker.borrow_mut();
+            worker.core.leave(&EnvoyStore, now_ms());
+            worker.log();
+            let Worker { core, metrics, .. } = &mut *worker;
+            metrics.flush(&mut core.counts, None, None);
         }
-        metrics.flush(None);
         true
     }
 }
@@ -130,316 +162,185 @@ impl RootContext for GateRoot {
     fn on_tick(&mut self) {
         let Some(worker) = &self.worker else { return };
         let mut worker = worker.borrow_mut();
-        let Worker {
-            gate,
-            dedup,
-            metrics,
-            now_ms: now,
-        } = &mut *worker;
-        *now = now_ms();
-        if let (Some(dedup), Some(vm)) = (dedup.as_ref(), gate.vm()) {
-            match dedup.sweep(&EnvoyStore, vm, *now) {
-                Ok(sweep) => {
-                    metrics.dedup().purged += sweep.purged;
-                    metrics.cas_retries(sweep.cas_retries);
-                    metrics.dedup_entries(sweep.entries);
-                }
-                Err(e) => {
-                    metrics.store_error();
-                    log(LogLevel::Warn, &format!("dedup sweep: {e}"));
-                }
-            }
-        }
-        let totals = match gate.heartbeat(&EnvoyStore, *now) {
-            Ok(beat) => {
-                metrics.cas_retries(beat.cas_retries);
-                metrics.expired_slots(beat.expired_slots);
-                if beat.expired_slots > 0 {
-                    log(
-                        LogLevel::Warn,
-                        &format!(
-                            "reclaimed {} slots held by a worker that stopped heartbeating",
-                            beat.expired_slots
-                        ),
-                    );
-                }
-                Some(beat.totals)
-            }
-            Err(e) => {
-                metrics.store_error();
-                log(LogLevel::Warn, &format!("heartbeat: {e}"));
-                None
-            }
-        };
-        metrics.flush(totals);
+        let (totals, entries) = worker.core.tick(&EnvoyStore, now_ms());
+        worker.log();
+        let Worker { core, metrics, .. } = &mut *worker;
+        metrics.flush(&mut core.counts, totals, entries);
+        worker.wake(self.context_id);
     }
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let worker = self.worker.clone()?;
-        Some(Box::new(GateStream {
+        Some(Box::new(GateHttp {
+            context_id,
             worker,
-            ticket: None,
-            reading_body: false,
-            client: String::new(),
-            sent: None,
+            stream: Rc::new(RefCell::new(GateStream::default())),
         }))
     }
 }
 
-struct GateStream {
+struct GateHttp {
+    context_id: u32,
     worker: Rc<RefCell<Worker>>,
-    ticket: Option<Ticket>,
-    /// The body is held until it is whole and checked for a duplicate.
-    reading_body: bool,
-    /// The sender's name for dedup's `client` scope, read with the headers.
-    client: String,
-    /// This request's entry in the dedup table, completed when it ends.
-    sent: Option<Pending>,
+    stream: Rc<RefCell<GateStream>>,
 }
 
-/// A 429 to send for a duplicate.
-struct Duplicate {
-    retry_after_s: u32,
-    body: String,
-}
+/// The body Envoy is handing over, read on demand.
+struct HostBody(BodyOf);
 
-impl GateStream {
-    fn admit(&mut self) -> Result<RequestClass, Rejection> {
-        let websocket = self
-            .get_http_request_header("upgrade")
-            .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-        let mut worker = self.worker.borrow_mut();
-        let Worker {
-            gate,
-            metrics,
-            now_ms,
-            ..
-        } = &mut *worker;
-        let policy = gate.policy();
-        let class = classify(&policy.internal, &policy.priority, &mut StreamFacts);
-        let Admission {
-            decision,
-            cas_retries,
-            store_error,
-            ..
-        } = gate.admit(&EnvoyStore, *now_ms, class, websocket);
-        metrics.cas_retries(cas_retries);
-        if let Some(e) = store_error {
-            metrics.store_error();
-            log(LogLevel::Warn, &format!("admission failed closed: {e}"));
-        }
-        match decision {
-            Decision::Admit(ticket) => {
-                metrics.admitted(class);
-                if ticket.slot.is_none() {
-                    metrics.internal_inflight(1);
-                }
-                self.ticket = Some(ticket);
-                Ok(class)
-            }
-            Decision::Reject(rejection) => {
-                metrics.rejected(class, websocket);
-                Err(rejection)
-            }
-        }
-    }
-
-    /// Whether to hold the headers and read the body for dedup.
-    fn wants_body(&mut self, class: RequestClass, end_of_stream: bool) -> bool {
-        let worker = self.worker.clone();
-        let mut worker = worker.borrow_mut();
-        let Some(dedup) = &worker.dedup else {
-            return false;
-        };
-        if end_of_stream || class == RequestClass::Internal {
-            return false;
-        }
-        let length = self
-            .get_http_request_header("content-length")
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        if length.is_some_and(|n| !dedup.fits(n)) {
-            worker.metrics.dedup().too_large += 1;
-            return false;
-        }
-        self.client = client_name(dedup.policy(), &mut StreamFacts);
-        true
-    }
-
-    /// Checks a whole body: `Err` is the 429 for a duplicate. Anything that
-    /// goes wrong lets the request pass.
-    fn check(&mut self, body: &[u8]) -> Result<(), Duplicate> {
-        let mut worker = self.worker.borrow_mut();
-        let Worker {
-            gate,
-            dedup,
-            metrics,
-            ..
-        } = &mut *worker;
-        let (Some(dedup), Some(vm)) = (dedup.as_ref(), gate.vm()) else {
-            metrics.dedup().skipped += 1;
-            return Ok(());
-        };
-        let Ok(keyed) = dedup.key(body, &self.client) else {
-            metrics.dedup().skipped += 1;
-            return Ok(());
-        };
-        let checked = match dedup.check(&EnvoyStore, &keyed, vm, now_ms()) {
-            Ok(checked) => checked,
-            Err(e) => {
-                metrics.store_error();
-                log(
-                    LogLevel::Warn,
-                    &format!("dedup check passed a request: {e}"),
-                );
-                return Ok(());
-            }
-        };
-        metrics.cas_retries(checked.cas_retries);
-        let counts = metrics.dedup();
-        counts.purged += checked.purged;
-        match checked.verdict {
-            Verdict::Send(pending) => {
-                counts.tracked += 1;
-                self.sent = Some(pending);
-                Ok(())
-            }
-            Verdict::TableFull => {
-                counts.table_full += 1;
-                Ok(())
-            }
-            Verdict::Duplicate {
-                retry_after_s,
-                body,
-            } => {
-                counts.duplicates_rejected += 1;
-                Err(Duplicate {
-                    retry_after_s,
-                    body,
-                })
-            }
-        }
-    }
-
-    fn release(&mut self) {
-        let mut worker = self.worker.borrow_mut();
-        let Worker {
-            gate,
-            dedup,
-            metrics,
-            ..
-        } = &mut *worker;
-        if let (Some(pending), Some(dedup)) = (self.sent.take(), dedup.as_ref()) {
-            match dedup.complete(&EnvoyStore, pending, now_ms()) {
-                Ok((purged, retries)) => {
-                    metrics.dedup().purged += purged;
-                    metrics.cas_retries(retries);
-                }
-                Err(e) => {
-                    metrics.store_error();
-                    log(LogLevel::Warn, &format!("dedup completion: {e}"));
-                }
-            }
-        }
-        let Some(ticket) = self.ticket.take() else {
-            return;
-        };
-        if ticket.slot.is_none() {
-            metrics.internal_inflight(-1);
-        }
-        gate.release(ticket);
+impl Body for HostBody {
+    fn read(&mut self, start: usize, len: usize) -> Vec<u8> {
+        host::body(self.0, start, len)
     }
 }
 
-impl Context for GateStream {
+fn refuse(refusal: &Refusal) -> Action {
+    stakegate_glue::reject(refusal.status, refusal.retry_after_s, &[], &refusal.body);
+    Action::Pause
+}
+
+impl GateHttp {
+    /// Runs `step` on this stream with the worker; when it gave slots back,
+    /// held streams retry.
+    fn with(&mut self, step: impl FnOnce(&mut GateStream, &mut GateWorker, u64) -> bool) {
+        let mut worker = self.worker.borrow_mut();
+        let released = match self.stream.try_borrow_mut() {
+            Ok(mut stream) => step(&mut stream, &mut worker.core, now_ms()),
+            Err(_) => false,
+        };
+        worker.log();
+        if released {
+            worker.wake(self.context_id);
+        }
+    }
+}
+
+impl Context for GateHttp {
     fn on_done(&mut self) -> bool {
-        self.release();
+        self.with(|stream, w, now| {
+            stream.done(w, &EnvoyStore, now);
+            true
+        });
         true
     }
 }
 
-impl HttpContext for GateStream {
+impl HttpContext for GateHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        match self.admit() {
-            Ok(class) => {
-                // Headers cannot be held while the body is read: Envoy turns
-                // a paused header phase into StopAllIteration, and the body
-                // never reaches the filter (proxy-wasm spec issue #63). So
-                // the headers go on, the body is held, and a duplicate's
-                // upstream stream is reset before any body byte is sent: the
-                // node never receives the request.
-                self.reading_body = self.wants_body(class, end_of_stream);
+        let method = host::request_header(":method");
+        let upgrade = match (host::request_header("upgrade"), method.as_deref()) {
+            (_, Some("CONNECT")) => Upgrade::Tunnel,
+            (Some(_), m) if m != Some("GET") => Upgrade::NotGet,
+            (Some(u), _) if u.eq_ignore_ascii_case("websocket") => Upgrade::Websocket,
+            (Some(_), _) => Upgrade::Tunnel,
+            (None, _) => Upgrade::None,
+        };
+        let head = Head {
+            end_of_stream,
+            upgrade,
+            content_length: host::request_header("content-length")
+                .and_then(|v| v.trim().parse().ok()),
+        };
+        let mut worker = self.worker.borrow_mut();
+        let Ok(mut stream) = self.stream.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        let action = stream.headers(
+            &mut worker.core,
+            &EnvoyStore,
+            now_ms(),
+            &mut StreamFacts,
+            head,
+        );
+        worker.log();
+        match action {
+            OnHeaders::Continue => Action::Continue,
+            OnHeaders::ContinueWebsocket => {
+                // No compression, so the messages stay readable.
+                host::remove_request_header("sec-websocket-extensions");
                 Action::Continue
             }
-            Err(rejection) => {
-                stakegate_glue::reject(
-                    Rejection::STATUS,
-                    rejection.retry_after_s,
-                    &[],
-                    &rejection.body,
-                );
+            OnHeaders::Refuse(refusal) => refuse(&refusal),
+        }
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let mut worker = self.worker.borrow_mut();
+        let Ok(mut stream) = self.stream.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        let action = stream.request_body(
+            &mut worker.core,
+            &EnvoyStore,
+            now_ms(),
+            body_size,
+            end_of_stream,
+            &mut HostBody(BodyOf::Request),
+        );
+        worker.log();
+        match action {
+            OnBody::Continue => Action::Continue,
+            OnBody::Hold => {
+                if stream.waiting() && !worker.held.iter().any(|(id, _)| *id == self.context_id) {
+                    worker
+                        .held
+                        .push((self.context_id, Rc::downgrade(&self.stream)));
+                }
                 Action::Pause
             }
+            OnBody::Close => {
+                host::close_request();
+                Action::Pause
+            }
+            OnBody::Refuse(refusal) => refuse(&refusal),
         }
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.body_ended_by_trailers();
+        self.with(|stream, w, _| {
+            stream.request_trailers(w);
+            false
+        });
         Action::Continue
     }
 
-    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if !self.reading_body {
-            return Action::Continue;
-        }
-        let fits = self
-            .worker
-            .borrow()
-            .dedup
-            .as_ref()
-            .is_some_and(|d| d.fits(body_size as u64));
-        if !fits {
-            // Too large to check: it goes on as it is, with what was held.
-            self.reading_body = false;
-            self.worker.borrow_mut().metrics.dedup().too_large += 1;
-            return Action::Continue;
-        }
-        if !end_of_stream {
-            return Action::Pause;
-        }
-        self.reading_body = false;
-        let body = self.get_http_request_body(0, body_size).unwrap_or_default();
-        match self.check(&body) {
-            Ok(()) => Action::Continue,
-            Err(duplicate) => {
-                stakegate_glue::reject(
-                    DUPLICATE_STATUS,
-                    duplicate.retry_after_s,
-                    &[],
-                    &duplicate.body,
-                );
-                Action::Pause
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.with(|stream, w, now| stream.response_headers(w, &EnvoyStore, now, end_of_stream));
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        // Answers give slots back; held streams (this one too) retry.
+        self.with(|stream, w, now| {
+            stream.response_body(
+                w,
+                &EnvoyStore,
+                now,
+                body_size,
+                end_of_stream,
+                &mut HostBody(BodyOf::Response),
+            )
+        });
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.with(|stream, w, now| stream.response_trailers(w, &EnvoyStore, now));
+        Action::Continue
+    }
+}
+
+impl Drop for GateHttp {
+    /// A stream deleted without `on_done` still gives back what it holds.
+    fn drop(&mut self) {
+        if let Ok(mut worker) = self.worker.try_borrow_mut() {
+            if let Ok(mut stream) = self.stream.try_borrow_mut() {
+                stream.done(&mut worker.core, &EnvoyStore, now_ms());
             }
         }
-    }
-}
-
-impl GateStream {
-    /// Trailers end a body without `end_of_stream` on its last chunk: it
-    /// goes on unchecked rather than wait for an end that will not come.
-    fn body_ended_by_trailers(&mut self) {
-        if std::mem::take(&mut self.reading_body) {
-            self.worker.borrow_mut().metrics.dedup().skipped += 1;
-        }
-    }
-}
-
-impl Drop for GateStream {
-    /// A stream deleted without `on_done` still gives its slot back.
-    fn drop(&mut self) {
-        self.release();
     }
 }

@@ -1,9 +1,7 @@
 //! Facts about the current request (class matchers, identities), read from
 //! Envoy only when asked.
 
-use crate::property_string;
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::MapType;
+use crate::{host, property_string};
 use stakegate_core::gate::class::{parse_socket_ip, MetadataScope, RequestFacts};
 use std::net::IpAddr;
 
@@ -16,24 +14,22 @@ impl RequestFacts for StreamFacts {
             MetadataScope::Route => "route_metadata",
         };
         // Envoy serves listener and route metadata under the `xds` attributes.
-        property_string(vec!["xds", root, "filter_metadata", "stakegate", "class"])
+        property_string(&["xds", root, "filter_metadata", "stakegate", "class"])
     }
 
     fn source_ip(&mut self) -> Option<IpAddr> {
-        property_string(vec!["source", "address"]).and_then(|a| parse_socket_ip(&a))
+        property_string(&["source", "address"]).and_then(|a| parse_socket_ip(&a))
     }
 
     fn peer_uri_san(&mut self) -> Option<String> {
-        property_string(vec!["connection", "uri_san_peer_certificate"]).filter(|s| !s.is_empty())
+        property_string(&["connection", "uri_san_peer_certificate"]).filter(|s| !s.is_empty())
     }
 
     fn peer_subject(&mut self) -> Option<String> {
-        property_string(vec!["connection", "subject_peer_certificate"]).filter(|s| !s.is_empty())
+        property_string(&["connection", "subject_peer_certificate"]).filter(|s| !s.is_empty())
     }
 
     fn header(&mut self, name: &str) -> Option<String> {
-        hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+        host::request_header(name)
     }
 }

@@ -3,11 +3,33 @@
 //! `SharedStore`, the clock in milliseconds, properties, and logging.
 
 pub mod facts;
+pub mod host;
 pub mod metrics;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel, Status};
 use stakegate_core::shared::{SharedStore, StoreError, Write};
+
+/// Declares which stakegate filter a module is, in a custom section named
+/// `stakegate.filter` that `stakegate deploy` reads: deploying a module as
+/// the wrong filter (the QoS module into the gate's slot) is refused.
+#[macro_export]
+macro_rules! declare_filter {
+    ($name:literal) => {
+        #[link_section = "stakegate.filter"]
+        #[used]
+        static STAKEGATE_FILTER: [u8; $name.len()] = {
+            let bytes = $name.as_bytes();
+            let mut out = [0u8; $name.len()];
+            let mut i = 0;
+            while i < bytes.len() {
+                out[i] = bytes[i];
+                i += 1;
+            }
+            out
+        };
+    };
+}
 
 /// Envoy's shared data for this plugin's `vm_id`.
 pub struct EnvoyStore;
@@ -41,26 +63,23 @@ pub fn now_us() -> u64 {
 }
 
 /// A property as a UTF-8 string, e.g. `["source", "address"]`.
-pub fn property_string(path: Vec<&str>) -> Option<String> {
-    hostcalls::get_property(path)
-        .ok()
-        .flatten()
-        .and_then(|bytes| String::from_utf8(bytes).ok())
+pub fn property_string(path: &[&str]) -> Option<String> {
+    host::property(path).and_then(|bytes| String::from_utf8(bytes).ok())
 }
 
 /// Answers the request locally with a stakegate rejection, the shape every
-/// filter's refusal has (PRODUCT.md): `status`, `retry-after` in whole
-/// seconds, a JSON content type, any `extra` headers, and the JSON-RPC
-/// error `body`.
+/// filter's refusal has: `status`, `retry-after` in whole seconds (left out
+/// when 0: the request is wrong, not early), a JSON content type, any
+/// `extra` headers, and the JSON-RPC error `body`.
 pub fn reject(status: u32, retry_after_s: u32, extra: &[(&str, &str)], body: &str) {
     let retry_after = retry_after_s.to_string();
-    let mut headers = vec![
-        ("retry-after", retry_after.as_str()),
-        ("content-type", "application/json"),
-    ];
+    let mut headers = vec![("content-type", "application/json")];
+    if retry_after_s > 0 {
+        headers.push(("retry-after", retry_after.as_str()));
+    }
     headers.extend_from_slice(extra);
     // Fails only if the stream is already gone: nothing left to answer.
-    let _ = hostcalls::send_http_response(status, headers, Some(body.as_bytes()));
+    host::send_response(status, &headers, body.as_bytes());
 }
 
 /// Logs with the filter's name in front, so Envoy's log says who spoke.

@@ -28,6 +28,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
+stakegate_glue::declare_filter!("stake-qos");
+
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
@@ -194,9 +196,8 @@ impl HttpContext for QosStream {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        self.upstream_status = self
-            .get_http_response_header(":status")
-            .and_then(|s| s.parse().ok());
+        self.upstream_status =
+            stakegate_glue::host::response_header(":status").and_then(|s| s.parse().ok());
         Action::Continue
     }
 }

@@ -149,10 +149,16 @@ fn plain_string(raw: &[u8]) -> Option<&str> {
     std::str::from_utf8(inner).ok()
 }
 
-/// A request object without its top-level `id`.
+/// A request object without its top-level `id`, but marked by whether it
+/// had one: a notification (no `id`) gets no answer, so it is never the
+/// same request as a call.
 fn write_request(node: &Node<'_>, out: &mut Sha256) {
     match node {
-        Node::Object(members) => write_members(members.iter().filter(|(k, _)| *k != ID), out),
+        Node::Object(members) => {
+            let call = members.iter().any(|(k, _)| *k == ID);
+            out.update(if call { b"c" } else { b"n" });
+            write_members(members.iter().filter(|(k, _)| *k != ID), out)
+        }
         other => write(other, out),
     }
 }
@@ -272,7 +278,8 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// A string token, quotes included, escapes left as written.
+    /// A string token, quotes included, escapes left as written (and
+    /// checked: only JSON's escapes, so a token echoed back stays JSON).
     fn string(&mut self) -> Result<&'a [u8], Unkeyed> {
         let start = self.at;
         if self.bytes.get(start) != Some(&b'"') {
@@ -283,7 +290,18 @@ impl<'a> Parser<'a> {
             match self.bytes.get(i) {
                 None => return Err(Unkeyed::NotJsonRpc),
                 Some(b'"') => break,
-                Some(b'\\') => i += 2,
+                Some(b'\\') => match self.bytes.get(i + 1) {
+                    Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
+                    Some(b'u')
+                        if self
+                            .bytes
+                            .get(i + 2..i + 6)
+                            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)) =>
+                    {
+                        i += 6
+                    }
+                    _ => return Err(Unkeyed::NotJsonRpc),
+                },
                 Some(&b) if b < 0x20 => return Err(Unkeyed::NotJsonRpc),
                 Some(_) => i += 1,
             }
@@ -319,7 +337,12 @@ impl<'a> Parser<'a> {
         if self.bytes.get(self.at) == Some(&b'-') {
             self.at += 1;
         }
-        digits(self)?;
+        // No leading zeros: `0`, or a digit 1-9 then any digits.
+        if self.bytes.get(self.at) == Some(&b'0') {
+            self.at += 1;
+        } else {
+            digits(self)?;
+        }
         if self.bytes.get(self.at) == Some(&b'.') {
             self.at += 1;
             digits(self)?;
@@ -372,6 +395,30 @@ mod tests {
         }
         let body = Body::parse(br#"{"method":"m","params":[]}"#).unwrap();
         assert_ne!(body.key("global"), body.key("client"));
+    }
+
+    #[test]
+    fn a_notification_is_not_the_same_request_as_a_call() {
+        assert_ne!(
+            key(r#"{"jsonrpc":"2.0","method":"eth_call","params":[1]}"#),
+            key(r#"{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[1]}"#)
+        );
+    }
+
+    #[test]
+    fn only_json_escapes_are_read() {
+        for bad in [
+            r#"{"id":"\q","method":"m"}"#,
+            r#"{"id":"\u12","method":"m"}"#,
+            r#"{"id":"\u12zz","method":"m"}"#,
+            r#"{"id":-0222,"method":"m"}"#,
+            r#"{"id":01,"method":"m"}"#,
+        ] {
+            assert!(Body::parse(bad.as_bytes()).is_err(), "{bad}");
+        }
+        assert!(Body::parse(br#"{"id":"\u00e9\n\/","method":"m"}"#).is_ok());
+        assert!(Body::parse(br#"{"id":-0.5e-3,"method":"m"}"#).is_ok());
+        assert!(Body::parse(br#"{"id":0,"method":"m"}"#).is_ok());
     }
 
     #[test]

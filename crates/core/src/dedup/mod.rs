@@ -193,9 +193,12 @@ impl Dedup {
                 .iter()
                 .all(|c| policy.global_methods.contains(c.method));
         let scope = if global { "global" } else { client };
+        // Quoted back in the answer only if any JSON reader can read it
+        // (`1e999` is JSON's grammar, but many parsers refuse it).
         let id = match calls.as_slice() {
             [call] if !parsed.is_batch() => call
                 .id
+                .filter(|raw| serde_json::from_slice::<serde_json::Value>(raw).is_ok())
                 .and_then(|raw| std::str::from_utf8(raw).ok())
                 .map(str::to_string),
             _ => None,

@@ -1,7 +1,7 @@
 //! The `dedup` section of the admission gate's policy (documented in
 //! `policies/admission-gate.md`). Present means enabled.
 
-use crate::policy_error::PolicyError;
+use crate::validate::{ensure, header_name, range, PolicyError, Warning, Warnings};
 use serde::Deserialize;
 use std::collections::BTreeSet;
 
@@ -84,6 +84,8 @@ pub const GLOBAL_METHODS: &[&str] = &["eth_sendRawTransaction"];
 pub const MAX_BODY_BYTES_LIMIT: u64 = 1024 * 1024;
 pub const MAX_WINDOW_MS: u64 = 600_000;
 pub const MAX_ENTRIES_LIMIT: u64 = 1 << 20;
+/// Names in one method list.
+pub const MAX_METHODS: usize = 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DedupPolicy {
@@ -99,47 +101,35 @@ pub struct DedupPolicy {
 
 impl DedupPolicy {
     pub(crate) fn compile(doc: DedupDoc) -> Result<Self, PolicyError> {
-        let range = |field: &str, value: u64, min: u64, max: u64| {
-            if (min..=max).contains(&value) {
-                Ok(value)
-            } else {
-                Err(PolicyError::new(
-                    &format!("dedup.{field}"),
-                    format!("must be between {min} and {max}; got {value}"),
-                ))
-            }
-        };
-        let window_ms = range("windowMs", doc.window_ms, 1, MAX_WINDOW_MS)?;
-        let max_body_bytes = range("maxBodyBytes", doc.max_body_bytes, 2, MAX_BODY_BYTES_LIMIT)?;
+        let window_ms = range("dedup.windowMs", doc.window_ms, 1, MAX_WINDOW_MS)?;
+        let max_body_bytes = range(
+            "dedup.maxBodyBytes",
+            doc.max_body_bytes,
+            2,
+            MAX_BODY_BYTES_LIMIT,
+        )?;
         let max_entries = range(
-            "maxEntries",
+            "dedup.maxEntries",
             doc.max_entries,
             ENTRIES_PER_PAGE as u64,
             MAX_ENTRIES_LIMIT,
         )?;
-        let header = &doc.api_key_header;
-        if header.is_empty()
-            || header
-                .bytes()
-                .any(|b| b.is_ascii_uppercase() || b == b' ' || b == b':')
-        {
-            return Err(PolicyError::new(
-                "dedup.apiKeyHeader",
-                format!("must be a lower-case header name; got {header:?}"),
-            ));
-        }
+        let api_key_header = header_name("dedup.apiKeyHeader", doc.api_key_header)?;
         let names = |field: &str, list: Vec<String>| -> Result<BTreeSet<String>, PolicyError> {
+            ensure(list.len() <= MAX_METHODS, &format!("dedup.{field}"), || {
+                format!("at most {MAX_METHODS} methods; got {}", list.len())
+            })?;
             list.into_iter()
                 .enumerate()
                 .map(|(i, m)| {
-                    if m.is_empty() || m.contains(['"', '\\']) {
-                        Err(PolicyError::new(
-                            &format!("dedup.{field}[{i}]"),
-                            format!("must be a method name; got {m:?}"),
-                        ))
-                    } else {
-                        Ok(m)
-                    }
+                    let method_name = !m.is_empty()
+                        && m.len() <= 128
+                        && m.bytes()
+                            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
+                    ensure(method_name, &format!("dedup.{field}[{i}]"), || {
+                        format!("must be a method name; got {m:?}")
+                    })?;
+                    Ok(m)
                 })
                 .collect()
         };
@@ -162,22 +152,30 @@ impl DedupPolicy {
         for m in names("exclude", doc.exclude)? {
             methods.remove(&m);
         }
-        if methods.is_empty() {
-            return Err(PolicyError::new(
-                "dedup.methods",
-                "no method is left to deduplicate; remove the dedup section to turn it off"
-                    .to_string(),
-            ));
-        }
+        ensure(!methods.is_empty(), "dedup.methods", || {
+            "no method is left to deduplicate; remove the dedup section to turn it off".into()
+        })?;
         Ok(Self {
             window_ms,
             max_body_bytes,
             pages: max_entries.div_ceil(ENTRIES_PER_PAGE as u64) as u32,
             scope: doc.scope,
-            api_key_header: doc.api_key_header,
+            api_key_header,
             methods,
             global_methods,
         })
+    }
+
+    /// Values that are valid but probably a mistake.
+    pub fn warnings(&self) -> Vec<Warning> {
+        let mut w = Warnings::default();
+        w.when(self.window_ms > 10_000, "dedup.windowMs", || {
+            format!(
+                "{} ms: the same read by the same client within it is refused (a balance poll, a receipt wait)",
+                self.window_ms
+            )
+        });
+        w.0
     }
 
     /// Entries the table holds at most.

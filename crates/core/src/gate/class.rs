@@ -24,6 +24,15 @@ impl RequestClass {
         RequestClass::Default,
     ];
 
+    /// Position in `ALL` (metrics arrays are indexed by it).
+    pub fn index(self) -> usize {
+        match self {
+            RequestClass::Internal => 0,
+            RequestClass::Priority => 1,
+            RequestClass::Default => 2,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             RequestClass::Internal => "internal",

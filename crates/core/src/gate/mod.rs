@@ -3,9 +3,12 @@
 //!
 //! - `policy`: the policy document and its validation.
 //! - `class`: internal / priority / default, from facts a client cannot forge.
-//! - `shards`: the shared per-worker slot counts and the admission rule.
-//! - `store`: compare-and-swap updates of that record in shared data.
+//! - `shards`: the shared per-worker slot counts and the admission rule,
+//!   kept in shared data by compare-and-swap (`crate::shared`).
 //! - `drain`: the completion rate and the jittered `retry-after`.
+//! - `stream`: one request's way through the gate (headers, body, response,
+//!   end), WebSocket messages included; the filter glue only makes the host
+//!   calls it asks for.
 //!
 //! **Spare slots.** A released slot is not written back at once: the worker
 //! keeps it (`shards::Spare`) and its next request of the same kind reuses
@@ -26,6 +29,7 @@ pub mod class;
 pub mod drain;
 pub mod policy;
 pub mod shards;
+pub mod stream;
 
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
 use crate::shared::{update, Change, SharedStore, StoreError};
@@ -37,8 +41,10 @@ use shards::{ShardTable, SlotKind, Spare, Totals};
 /// The shared-data key; the layout version is part of it and of the value.
 pub const SHARED_KEY: &str = "stakegate.admission_gate.v1.shards";
 
-/// What an admitted request holds until it ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What an admitted request holds until it ends. Not `Copy`: a slot is
+/// given back by moving its ticket into `InflightGate::release`, once.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a ticket holds a slot until it is released"]
 pub struct Ticket {
     pub class: RequestClass,
     /// `None` for internal traffic, which holds no slot.
@@ -56,14 +62,14 @@ impl Rejection {
     pub const STATUS: u32 = 503;
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Decision {
     Admit(Ticket),
     Reject(Rejection),
 }
 
 /// A decision plus what the filter reports as metrics.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct Admission {
     pub decision: Decision,
     /// Slot totals as written or read; `None` when the store was not used.
@@ -71,6 +77,37 @@ pub struct Admission {
     pub cas_retries: u32,
     /// Set when the shared store failed; the decision is then a rejection.
     pub store_error: Option<StoreError>,
+}
+
+/// The slot a request of `class` takes (internal requests take none, but
+/// have a kind for WebSocket bookkeeping: they are never limited).
+pub fn slot_of(class: RequestClass) -> SlotKind {
+    match class {
+        RequestClass::Priority => SlotKind::Priority,
+        RequestClass::Internal | RequestClass::Default => SlotKind::Default,
+    }
+}
+
+/// The outcome of `InflightGate::take`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Taken {
+    pub ok: bool,
+    /// Slot totals as written or read; `None` when a spare slot served.
+    pub totals: Option<Totals>,
+    pub cas_retries: u32,
+    /// Set when the shared store failed (then `ok` is false: fail closed).
+    pub store_error: Option<StoreError>,
+}
+
+impl Taken {
+    fn failed(cas_retries: u32, e: StoreError) -> Self {
+        Self {
+            ok: false,
+            totals: None,
+            cas_retries,
+            store_error: Some(e),
+        }
+    }
 }
 
 /// What a heartbeat found.
@@ -130,8 +167,9 @@ impl InflightGate {
         Ok(vm)
     }
 
-    /// Decides one request. Internal traffic is admitted without touching
-    /// shared state; everything else takes a slot by CAS or is rejected.
+    /// Decides one request (a WebSocket upgrade takes a connection
+    /// place). Internal traffic is admitted without touching shared state;
+    /// everything else takes a slot by CAS or is rejected.
     pub fn admit(
         &mut self,
         store: &impl SharedStore,
@@ -149,15 +187,47 @@ impl InflightGate {
                 }
             }
             (_, true) => SlotKind::Websocket,
-            (RequestClass::Priority, false) => SlotKind::Priority,
-            (RequestClass::Default, false) => SlotKind::Default,
+            (class, false) => slot_of(class),
         };
-        if self.spare.take(slot) {
-            return Admission {
+        let taken = self.take(store, now_ms, slot);
+        if taken.ok {
+            Admission {
                 decision: Decision::Admit(Ticket {
                     class,
                     slot: Some(slot),
                 }),
+                totals: taken.totals,
+                cas_retries: taken.cas_retries,
+                store_error: None,
+            }
+        } else {
+            self.refuse(
+                slot,
+                taken.totals.unwrap_or_default(),
+                taken.cas_retries,
+                taken.store_error,
+            )
+        }
+    }
+
+    /// Takes one `slot`: a spare one if this VM has it, else one from the
+    /// shared pool by CAS if the limits allow.
+    pub fn take(&mut self, store: &impl SharedStore, now_ms: u64, slot: SlotKind) -> Taken {
+        self.take_n(store, now_ms, slot, 1)
+    }
+
+    /// Takes `n` `slot`s at once, or none: from this VM's spares if it has
+    /// that many, else from the shared pool by one CAS.
+    pub fn take_n(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+        slot: SlotKind,
+        n: u32,
+    ) -> Taken {
+        if self.spare.take_n(slot, n) {
+            return Taken {
+                ok: true,
                 totals: None,
                 cas_retries: 0,
                 store_error: None,
@@ -165,14 +235,14 @@ impl InflightGate {
         }
         let vm = match self.join(store, now_ms) {
             Ok(vm) => vm,
-            Err(e) => return self.refuse(slot, Totals::default(), 0, Some(e)),
+            Err(e) => return Taken::failed(0, e),
         };
         let limits = self.policy.limits;
         let spare = self.spare;
         let result = update(store, SHARED_KEY, |table: &mut ShardTable| {
-            // Spares of other kinds go back to the pool with this write.
+            // Spares go back to the pool with this write.
             table.heartbeat(vm, now_ms, &spare);
-            if table.try_admit(vm, now_ms, slot, &limits) {
+            if table.try_admit_n(vm, now_ms, slot, n, &limits) {
                 Change::Write(true)
             } else if !spare.is_empty() {
                 Change::Write(false)
@@ -184,23 +254,21 @@ impl InflightGate {
             Ok(updated) => {
                 // Any spares were returned by the write (or there were none).
                 self.spare = Spare::default();
-                let totals = updated.table.totals();
-                if updated.value {
-                    Admission {
-                        decision: Decision::Admit(Ticket {
-                            class,
-                            slot: Some(slot),
-                        }),
-                        totals: Some(totals),
-                        cas_retries: updated.retries,
-                        store_error: None,
-                    }
-                } else {
-                    self.refuse(slot, totals, updated.retries, None)
+                Taken {
+                    ok: updated.value,
+                    totals: Some(updated.table.totals()),
+                    cas_retries: updated.retries,
+                    store_error: None,
                 }
             }
-            Err((e, retries)) => self.refuse(slot, Totals::default(), retries, Some(e)),
+            Err((e, retries)) => Taken::failed(retries, e),
         }
+    }
+
+    /// Gives back one `slot` taken with `take`: it becomes spare, for this
+    /// VM's next request or its next heartbeat. Touches no shared data.
+    pub fn give(&mut self, slot: SlotKind) {
+        self.spare.release(slot);
     }
 
     fn refuse(
@@ -237,11 +305,10 @@ impl InflightGate {
         }
     }
 
-    /// Gives back what `ticket` holds: the slot becomes spare, for this
-    /// VM's next request or its next heartbeat. Touches no shared data.
+    /// Gives back what `ticket` holds (see `give`).
     pub fn release(&mut self, ticket: Ticket) {
         if let Some(slot) = ticket.slot {
-            self.spare.release(slot);
+            self.give(slot);
         }
     }
 
@@ -300,7 +367,7 @@ mod tests {
         InflightGate::new(GatePolicy::parse(policy.as_bytes()).unwrap(), seed)
     }
 
-    fn ticket(admission: &Admission) -> Ticket {
+    fn ticket(admission: Admission) -> Ticket {
         match admission.decision {
             Decision::Admit(ticket) => ticket,
             Decision::Reject(_) => panic!("rejected: {admission:?}"),
@@ -354,8 +421,8 @@ mod tests {
         let store = MemoryStore::default();
         let mut a = gate(r#"{"maxInflight": 2}"#, 1);
         let mut b = gate(r#"{"maxInflight": 2}"#, 2);
-        ticket(&a.admit(&store, 0, RequestClass::Default, false));
-        ticket(&b.admit(&store, 0, RequestClass::Default, false));
+        let _held = ticket(a.admit(&store, 0, RequestClass::Default, false));
+        let _held = ticket(b.admit(&store, 0, RequestClass::Default, false));
         assert!(matches!(
             a.admit(&store, 0, RequestClass::Default, false).decision,
             Decision::Reject(_)
@@ -372,7 +439,7 @@ mod tests {
         let store = MemoryStore::default();
         let mut a = gate(r#"{"maxInflight": 1}"#, 1);
         let mut b = gate(r#"{"maxInflight": 1}"#, 2);
-        let first = ticket(&a.admit(&store, 0, RequestClass::Default, false));
+        let first = ticket(a.admit(&store, 0, RequestClass::Default, false));
         a.release(first);
         let (_, cas_before) = store.load(SHARED_KEY).unwrap();
         let reuse = a.admit(&store, 0, RequestClass::Default, false);
@@ -384,7 +451,7 @@ mod tests {
             "no shared write"
         );
 
-        a.release(ticket(&reuse));
+        a.release(ticket(reuse));
         assert!(
             matches!(
                 b.admit(&store, 0, RequestClass::Default, false).decision,
@@ -404,7 +471,7 @@ mod tests {
     fn spares_are_only_reused_by_their_own_kind() {
         let store = MemoryStore::default();
         let mut a = gate(r#"{"maxInflight": 2, "reserved": 1}"#, 1);
-        let priority = ticket(&a.admit(&store, 0, RequestClass::Priority, false));
+        let priority = ticket(a.admit(&store, 0, RequestClass::Priority, false));
         a.release(priority);
         let default = a.admit(&store, 0, RequestClass::Default, false);
         assert!(matches!(default.decision, Decision::Admit(_)));
@@ -428,8 +495,8 @@ mod tests {
         let store = MemoryStore::default();
         let policy = r#"{"maxInflight": 2}"#;
         let (mut old, mut new) = (gate(policy, 1), gate(policy, 2));
-        let done = ticket(&old.admit(&store, 0, RequestClass::Default, false));
-        let open = ticket(&old.admit(&store, 0, RequestClass::Default, false));
+        let done = ticket(old.admit(&store, 0, RequestClass::Default, false));
+        let open = ticket(old.admit(&store, 0, RequestClass::Default, false));
         old.release(done);
         assert!(
             matches!(
@@ -490,7 +557,7 @@ mod tests {
             let store = MemoryStore::default();
             let policy = r#"{"maxInflight": 5, "reserved": 2, "maxWebsocketConnections": 2}"#;
             let mut workers: Vec<InflightGate> = (0..4).map(|i| gate(policy, i + 1)).collect();
-            let mut held: Vec<Vec<Ticket>> = vec![Vec::new(); 4];
+            let mut held: Vec<Vec<Ticket>> = (0..4).map(|_| Vec::new()).collect();
             for op in ops {
                 match op {
                     Op::Admit { worker, class, websocket } => {
@@ -531,8 +598,8 @@ mod tests {
         let policy = r#"{"maxInflight": 2, "heartbeatMs": 100, "staleSlotTtlMs": 1000}"#;
         let mut dead = gate(policy, 1);
         let mut alive = gate(policy, 2);
-        ticket(&dead.admit(&store, 0, RequestClass::Default, false));
-        ticket(&dead.admit(&store, 0, RequestClass::Default, false));
+        let _held = ticket(dead.admit(&store, 0, RequestClass::Default, false));
+        let _held = ticket(dead.admit(&store, 0, RequestClass::Default, false));
         drop(dead); // never heartbeats again
         assert!(matches!(
             alive

@@ -5,7 +5,9 @@
 use crate::dedup::policy::{DedupDoc, DedupPolicy};
 use crate::gate::class::{Cidr, Matcher, MetadataScope};
 use crate::gate::shards::Limits;
-use crate::policy_error::{parse_json, PolicyError};
+use crate::validate::{
+    ensure, header_name, max_len, non_empty, parse_json, range, PolicyError, Warning, Warnings,
+};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -14,8 +16,10 @@ struct Document {
     max_inflight: i64,
     #[serde(default)]
     reserved: u32,
-    #[serde(default = "unlimited")]
+    #[serde(default = "default_max_websocket_connections")]
     max_websocket_connections: i64,
+    #[serde(default = "default_max_inflight_per_websocket")]
+    max_inflight_per_websocket: u32,
     #[serde(default = "default_heartbeat_ms")]
     heartbeat_ms: u64,
     #[serde(default = "default_stale_slot_ttl_ms")]
@@ -27,6 +31,15 @@ struct Document {
     /// Retry-storm protection; absent means off.
     dedup: Option<DedupDoc>,
 }
+
+/// The fields that are lists; an array anywhere else is refused.
+const LISTS: &[&str] = &[
+    "classes.internal",
+    "classes.priority",
+    "dedup.methods",
+    "dedup.exclude",
+    "dedup.globalMethods",
+];
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -55,8 +68,12 @@ struct HeaderDoc {
     value: String,
 }
 
-fn unlimited() -> i64 {
-    -1
+fn default_max_websocket_connections() -> i64 {
+    DEFAULT_MAX_WEBSOCKET_CONNECTIONS.into()
+}
+
+fn default_max_inflight_per_websocket() -> u32 {
+    8
 }
 
 fn default_heartbeat_ms() -> u64 {
@@ -71,7 +88,14 @@ fn default_retry_after_max_s() -> u32 {
     30
 }
 
+pub const DEFAULT_MAX_WEBSOCKET_CONNECTIONS: u32 = 1024;
+pub const MAX_LIMIT: u32 = 1_000_000;
 pub const MIN_HEARTBEAT_MS: u64 = 100;
+pub const MAX_HEARTBEAT_MS: u64 = 60_000;
+pub const MAX_STALE_SLOT_TTL_MS: u64 = 3_600_000;
+pub const MAX_RETRY_AFTER_S: u32 = 3600;
+/// Matchers per class.
+pub const MAX_MATCHERS: usize = 64;
 
 /// The compiled policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,123 +114,164 @@ pub struct GatePolicy {
 impl GatePolicy {
     /// Parses and validates a policy document. Errors name the field.
     pub fn parse(json: &[u8]) -> Result<Self, PolicyError> {
-        let doc: Document = parse_json(json)?;
+        let doc: Document = parse_json(json, LISTS)?;
         let max_inflight = match doc.max_inflight {
             -1 => None,
-            n if n > 0 && n <= i64::from(u32::MAX) => Some(n as u32),
-            n => {
-                return Err(PolicyError::new(
-                    "maxInflight",
-                    format!("must be > 0, or -1 for pass-through; got {n}"),
-                ))
-            }
+            n => Some(
+                u32::try_from(n)
+                    .ok()
+                    .filter(|n| (1..=MAX_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        PolicyError::new(
+                            "maxInflight",
+                            format!("must be between 1 and {MAX_LIMIT}, or -1 for pass-through; got {n}"),
+                        )
+                    })?,
+            ),
         };
-        if let Some(max) = max_inflight {
-            if doc.reserved >= max {
-                return Err(PolicyError::new(
-                    "reserved",
-                    format!(
-                        "must be less than maxInflight ({max}); got {}",
-                        doc.reserved
-                    ),
-                ));
-            }
+        match max_inflight {
+            Some(max) => ensure(doc.reserved < max, "reserved", || {
+                format!(
+                    "must be less than maxInflight ({max}); got {}",
+                    doc.reserved
+                )
+            })?,
+            None => ensure(doc.reserved == 0, "reserved", || {
+                format!(
+                    "has no effect while maxInflight is -1 (pass-through): nothing is limited, so nothing is reserved; got {}",
+                    doc.reserved
+                )
+            })?,
         }
         let max_websocket = match doc.max_websocket_connections {
             -1 => None,
-            n if (0..=i64::from(u32::MAX)).contains(&n) => Some(n as u32),
-            n => {
-                return Err(PolicyError::new(
-                    "maxWebsocketConnections",
-                    format!("must be >= 0, or -1 for unlimited; got {n}"),
-                ))
-            }
+            n => Some(
+                u32::try_from(n)
+                    .ok()
+                    .filter(|n| *n <= MAX_LIMIT)
+                    .ok_or_else(|| {
+                        PolicyError::new(
+                            "maxWebsocketConnections",
+                            format!(
+                                "must be between 0 and {MAX_LIMIT}, or -1 for unlimited; got {n}"
+                            ),
+                        )
+                    })?,
+            ),
         };
-        if doc.heartbeat_ms < MIN_HEARTBEAT_MS {
-            return Err(PolicyError::new(
-                "heartbeatMs",
-                format!(
-                    "must be at least {MIN_HEARTBEAT_MS}; got {}",
-                    doc.heartbeat_ms
-                ),
-            ));
-        }
-        if doc.stale_slot_ttl_ms < 3 * doc.heartbeat_ms {
-            return Err(PolicyError::new(
-                "staleSlotTtlMs",
-                format!(
-                    "must be at least 3 heartbeats ({} ms), or live workers would lose their slots; got {}",
-                    3 * doc.heartbeat_ms,
-                    doc.stale_slot_ttl_ms
-                ),
-            ));
-        }
-        if doc.retry_after_max_s == 0 {
-            return Err(PolicyError::new(
-                "retryAfterMaxS",
-                "must be at least 1".to_string(),
-            ));
-        }
+        let per_websocket = range(
+            "maxInflightPerWebsocket",
+            doc.max_inflight_per_websocket,
+            1,
+            1000,
+        )?;
+        let heartbeat_ms = range(
+            "heartbeatMs",
+            doc.heartbeat_ms,
+            MIN_HEARTBEAT_MS,
+            MAX_HEARTBEAT_MS,
+        )?;
+        // heartbeat_ms is bounded, so three of them cannot overflow.
+        let min_ttl = 3 * heartbeat_ms;
+        ensure(doc.stale_slot_ttl_ms >= min_ttl, "staleSlotTtlMs", || {
+            format!(
+                "must be at least 3 heartbeats ({min_ttl} ms), or live workers would lose their slots; got {}",
+                doc.stale_slot_ttl_ms
+            )
+        })?;
+        let stale_slot_ttl_ms = range(
+            "staleSlotTtlMs",
+            doc.stale_slot_ttl_ms,
+            min_ttl,
+            MAX_STALE_SLOT_TTL_MS,
+        )?;
+        let retry_after_max_s = range(
+            "retryAfterMaxS",
+            doc.retry_after_max_s,
+            1,
+            MAX_RETRY_AFTER_S,
+        )?;
         Ok(Self {
             limits: Limits {
                 max_inflight,
                 reserved: doc.reserved,
                 max_websocket,
+                per_websocket,
             },
-            heartbeat_ms: doc.heartbeat_ms,
-            stale_slot_ttl_ms: doc.stale_slot_ttl_ms,
-            retry_after_max_s: doc.retry_after_max_s,
+            heartbeat_ms,
+            stale_slot_ttl_ms,
+            retry_after_max_s,
             internal: compile_matchers("classes.internal", doc.classes.internal)?,
             priority: compile_matchers("classes.priority", doc.classes.priority)?,
             dedup: doc.dedup.map(DedupPolicy::compile).transpose()?,
         })
     }
+
+    /// Values that are valid but probably a mistake.
+    pub fn warnings(&self) -> Vec<Warning> {
+        let mut w = Warnings::default();
+        let limited = self.limits.max_inflight.is_some();
+        w.when(limited && self.internal.is_empty(), "classes.internal", || {
+            "no matcher: the node's own callers (block sync, the engine API) are refused with everyone else when the node is busy".into()
+        });
+        w.when(
+            limited && !self.priority.is_empty() && self.limits.reserved == 0,
+            "reserved",
+            || {
+                "0 while classes.priority has matchers: priority traffic has no slots of its own"
+                    .into()
+            },
+        );
+        w.when(
+            self.limits.max_websocket.is_none(),
+            "maxWebsocketConnections",
+            || "-1: any number of WebSocket connections may be opened".into(),
+        );
+        w.when(self.stale_slot_ttl_ms > 60_000, "staleSlotTtlMs", || {
+            format!(
+                "{} ms: slots held by a worker that vanished stay counted for over a minute",
+                self.stale_slot_ttl_ms
+            )
+        });
+        w.when(self.retry_after_max_s > 120, "retryAfterMaxS", || {
+            format!(
+                "{} s: rejected clients may be told to wait over two minutes",
+                self.retry_after_max_s
+            )
+        });
+        if let Some(dedup) = &self.dedup {
+            w.0.extend(dedup.warnings());
+        }
+        w.0
+    }
 }
 
 fn compile_matchers(path: &str, docs: Vec<MatcherDoc>) -> Result<Vec<Matcher>, PolicyError> {
+    max_len(path, &docs, MAX_MATCHERS)?;
     docs.into_iter()
         .enumerate()
         .map(|(i, doc)| {
             let field = |name: &str| format!("{path}[{i}].{name}");
-            let non_empty = |name: &str, value: String| {
-                if value.is_empty() {
-                    Err(PolicyError::new(
-                        &field(name),
-                        "must not be empty".to_string(),
-                    ))
-                } else {
-                    Ok(value)
-                }
-            };
             Ok(match doc {
-                MatcherDoc::ListenerMetadata(v) => {
-                    Matcher::Metadata(MetadataScope::Listener, non_empty("listenerMetadata", v)?)
-                }
+                MatcherDoc::ListenerMetadata(v) => Matcher::Metadata(
+                    MetadataScope::Listener,
+                    non_empty(&field("listenerMetadata"), v)?,
+                ),
                 MatcherDoc::RouteMetadata(v) => {
-                    Matcher::Metadata(MetadataScope::Route, non_empty("routeMetadata", v)?)
+                    Matcher::Metadata(MetadataScope::Route, non_empty(&field("routeMetadata"), v)?)
                 }
                 MatcherDoc::SourceCidr(v) => Matcher::SourceCidr(
                     Cidr::parse(&v)
                         .map_err(|reason| PolicyError::new(&field("sourceCidr"), reason))?,
                 ),
-                MatcherDoc::UriSan(v) => Matcher::UriSan(non_empty("uriSan", v)?),
-                MatcherDoc::UriSanPrefix(v) => Matcher::UriSanPrefix(non_empty("uriSanPrefix", v)?),
-                MatcherDoc::StrippedHeader(h) => {
-                    let name = non_empty("strippedHeader.name", h.name)?;
-                    if name
-                        .bytes()
-                        .any(|b| b.is_ascii_uppercase() || b == b' ' || b == b':')
-                    {
-                        return Err(PolicyError::new(
-                            &field("strippedHeader.name"),
-                            format!("must be a lower-case header name; got {name:?}"),
-                        ));
-                    }
-                    Matcher::StrippedHeader {
-                        name,
-                        value: h.value,
-                    }
+                MatcherDoc::UriSan(v) => Matcher::UriSan(non_empty(&field("uriSan"), v)?),
+                MatcherDoc::UriSanPrefix(v) => {
+                    Matcher::UriSanPrefix(non_empty(&field("uriSanPrefix"), v)?)
                 }
+                MatcherDoc::StrippedHeader(h) => Matcher::StrippedHeader {
+                    name: header_name(&field("strippedHeader.name"), h.name)?,
+                    value: h.value,
+                },
             })
         })
         .collect()
@@ -229,7 +294,8 @@ mod tests {
                 limits: Limits {
                     max_inflight: Some(8),
                     reserved: 0,
-                    max_websocket: None
+                    max_websocket: Some(1024),
+                    per_websocket: 8,
                 },
                 heartbeat_ms: 1000,
                 stale_slot_ttl_ms: 10_000,
@@ -243,7 +309,7 @@ mod tests {
 
     #[test]
     fn minus_one_is_pass_through() {
-        let policy = GatePolicy::parse(br#"{"maxInflight": -1, "reserved": 5}"#).unwrap();
+        let policy = GatePolicy::parse(br#"{"maxInflight": -1}"#).unwrap();
         assert_eq!(policy.limits.max_inflight, None);
     }
 
@@ -253,41 +319,99 @@ mod tests {
         let policy = GatePolicy::parse(example.as_bytes()).unwrap();
         assert_eq!(policy.limits.max_inflight, Some(8));
         assert!(!policy.internal.is_empty());
+        assert_eq!(policy.warnings(), vec![]);
     }
 
     #[test]
     fn errors_name_the_field_and_the_reason() {
+        for (json, expected) in [
+            (
+                r#"{"maxInflight": 0}"#,
+                "maxInflight: must be between 1 and 1000000, or -1 for pass-through; got 0",
+            ),
+            (
+                r#"{"maxInflight": -2}"#,
+                "maxInflight: must be between 1 and 1000000, or -1 for pass-through; got -2",
+            ),
+            (
+                r#"{"maxInflight": 4294967296}"#,
+                "maxInflight: must be between 1 and 1000000, or -1 for pass-through; got 4294967296",
+            ),
+            (
+                r#"{"maxInflight": 4, "reserved": 4}"#,
+                "reserved: must be less than maxInflight (4); got 4",
+            ),
+            (
+                r#"{"maxInflight": -1, "reserved": 5}"#,
+                "reserved: has no effect while maxInflight is -1 (pass-through): nothing is limited, so nothing is reserved; got 5",
+            ),
+            (
+                r#"{"maxInflight": 4, "maxWebsocketConnections": -3}"#,
+                "maxWebsocketConnections: must be between 0 and 1000000, or -1 for unlimited; got -3",
+            ),
+            (
+                r#"{"maxInflight": 4, "maxInflightPerWebsocket": 0}"#,
+                "maxInflightPerWebsocket: must be between 1 and 1000; got 0",
+            ),
+            (
+                r#"{"maxInflight": 4, "heartbeatMs": 10}"#,
+                "heartbeatMs: must be between 100 and 60000; got 10",
+            ),
+            (
+                r#"{"maxInflight": 4, "heartbeatMs": 4294967296}"#,
+                "heartbeatMs: must be between 100 and 60000; got 4294967296",
+            ),
+            (
+                r#"{"maxInflight": 4, "heartbeatMs": 1000, "staleSlotTtlMs": 2000}"#,
+                "staleSlotTtlMs: must be at least 3 heartbeats (3000 ms), or live workers would lose their slots; got 2000",
+            ),
+            (
+                r#"{"maxInflight": 4, "staleSlotTtlMs": 18446744073709551615}"#,
+                "staleSlotTtlMs: must be between 3000 and 3600000; got 18446744073709551615",
+            ),
+            (
+                r#"{"maxInflight": 4, "retryAfterMaxS": 0}"#,
+                "retryAfterMaxS: must be between 1 and 3600; got 0",
+            ),
+            (
+                r#"{"maxInflight": 4, "classes": {"internal": [{"sourceCidr": "10.0.0/8"}]}}"#,
+                "classes.internal[0].sourceCidr: invalid address \"10.0.0\"",
+            ),
+            (
+                r#"{"maxInflight": 4, "classes": {"priority": [{"uriSan": "a"}, {"strippedHeader": {"name": "X-Tier", "value": "gold"}}]}}"#,
+                "classes.priority[1].strippedHeader.name: must be a lower-case HTTP header name (letters, digits, -, _ and the like); got \"X-Tier\"",
+            ),
+            (
+                r#"{"maxInflight": 4, "classes": {"priority": [{"strippedHeader": {"name": "x tier(", "value": "gold"}}]}}"#,
+                "classes.priority[0].strippedHeader.name: must be a lower-case HTTP header name",
+            ),
+            (
+                r#"{"maxInflight": 4, "classes": {"internal": [{"uriSan": ""}]}}"#,
+                "classes.internal[0].uriSan: must not be empty",
+            ),
+        ] {
+            let e = error(json);
+            assert!(e.starts_with(expected), "{json}:\n  got      {e}\n  expected {expected}");
+        }
+    }
+
+    #[test]
+    fn only_objects_and_the_documented_lists() {
         assert_eq!(
-            error(r#"{"maxInflight": 0}"#),
-            "maxInflight: must be > 0, or -1 for pass-through; got 0"
+            error(r#"[8, 2]"#),
+            ".: a policy is a JSON object; got an array"
         );
         assert_eq!(
-            error(r#"{"maxInflight": -2}"#),
-            "maxInflight: must be > 0, or -1 for pass-through; got -2"
+            error(r#"{"maxInflight": 8, "classes": [[], []]}"#),
+            "classes: is not a list; got an array (write the object or value itself)"
         );
         assert_eq!(
-            error(r#"{"maxInflight": 4, "reserved": 4}"#),
-            "reserved: must be less than maxInflight (4); got 4"
+            error(r#"{"maxInflight": 8, "dedup": [1000]}"#),
+            "dedup: is not a list; got an array (write the object or value itself)"
         );
         assert_eq!(
-            error(r#"{"maxInflight": 4, "maxWebsocketConnections": -3}"#),
-            "maxWebsocketConnections: must be >= 0, or -1 for unlimited; got -3"
-        );
-        assert_eq!(
-            error(r#"{"maxInflight": 4, "heartbeatMs": 10}"#),
-            "heartbeatMs: must be at least 100; got 10"
-        );
-        assert_eq!(
-            error(r#"{"maxInflight": 4, "heartbeatMs": 1000, "staleSlotTtlMs": 2000}"#),
-            "staleSlotTtlMs: must be at least 3 heartbeats (3000 ms), or live workers would lose their slots; got 2000"
-        );
-        assert_eq!(
-            error(r#"{"maxInflight": 4, "classes": {"internal": [{"sourceCidr": "10.0.0/8"}]}}"#),
-            "classes.internal[0].sourceCidr: invalid address \"10.0.0\""
-        );
-        assert_eq!(
-            error(r#"{"maxInflight": 4, "classes": {"priority": [{"uriSan": "a"}, {"strippedHeader": {"name": "X-Tier", "value": "gold"}}]}}"#),
-            "classes.priority[1].strippedHeader.name: must be a lower-case header name; got \"X-Tier\""
+            error(r#"{"maxInflight": 8, "classes": {"internal": [{"strippedHeader": ["x-a", "b"]}]}}"#),
+            "classes.internal[0].strippedHeader: is not a list; got an array (write the object or value itself)"
         );
     }
 
@@ -322,5 +446,27 @@ mod tests {
             error("{"),
             ".: not valid JSON: EOF while parsing an object at line 1 column 1"
         );
+    }
+
+    #[test]
+    fn suspicious_values_are_warned_about() {
+        let warnings = |json: &str| -> Vec<String> {
+            GatePolicy::parse(json.as_bytes())
+                .unwrap()
+                .warnings()
+                .iter()
+                .map(|w| w.field.clone())
+                .collect()
+        };
+        assert_eq!(warnings(r#"{"maxInflight": 8}"#), ["classes.internal"]);
+        assert_eq!(
+            warnings(
+                r#"{"maxInflight": 8, "maxWebsocketConnections": -1, "retryAfterMaxS": 600,
+                    "classes": {"internal": [{"listenerMetadata": "internal"}],
+                                "priority": [{"uriSan": "a"}]}}"#
+            ),
+            ["reserved", "maxWebsocketConnections", "retryAfterMaxS"]
+        );
+        assert_eq!(warnings(r#"{"maxInflight": -1}"#), Vec::<String>::new());
     }
 }

@@ -102,8 +102,22 @@ pub struct Limits {
     pub max_inflight: Option<u32>,
     /// Slots only priority traffic may take.
     pub reserved: u32,
-    /// `None`: unlimited.
+    /// WebSocket connections; `None`: unlimited.
     pub max_websocket: Option<u32>,
+    /// Messages one WebSocket connection may have in flight at the node;
+    /// each also takes an in-flight slot.
+    pub per_websocket: u32,
+}
+
+impl Limits {
+    /// The most `kind` slots there can ever be (`None`: unlimited).
+    pub fn most(&self, kind: SlotKind) -> Option<u32> {
+        match kind {
+            SlotKind::Default => self.max_inflight.map(|m| m.saturating_sub(self.reserved)),
+            SlotKind::Priority => self.max_inflight,
+            SlotKind::Websocket => self.max_websocket,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -278,21 +292,35 @@ impl ShardTable {
 
     /// Takes one `kind` slot for `vm` if the limits allow it.
     pub fn try_admit(&mut self, vm: u32, now_ms: u64, kind: SlotKind, limits: &Limits) -> bool {
+        self.try_admit_n(vm, now_ms, kind, 1, limits)
+    }
+
+    /// Takes `n` `kind` slots for `vm` if the limits allow all of them, or
+    /// none.
+    pub fn try_admit_n(
+        &mut self,
+        vm: u32,
+        now_ms: u64,
+        kind: SlotKind,
+        n: u32,
+        limits: &Limits,
+    ) -> bool {
         let totals = self.totals();
+        let fits = |held: u32, max: u32| u64::from(held) + u64::from(n) <= u64::from(max);
         let allowed = match kind {
             SlotKind::Default => limits
                 .max_inflight
-                .is_none_or(|max| totals.inflight() < max.saturating_sub(limits.reserved)),
+                .is_none_or(|max| fits(totals.inflight(), max.saturating_sub(limits.reserved))),
             SlotKind::Priority => limits
                 .max_inflight
-                .is_none_or(|max| totals.inflight() < max),
+                .is_none_or(|max| fits(totals.inflight(), max)),
             SlotKind::Websocket => limits
                 .max_websocket
-                .is_none_or(|max| totals.websocket < max),
+                .is_none_or(|max| fits(totals.websocket, max)),
         };
         if allowed {
             let count = self.own(vm, now_ms).held.count_mut(kind);
-            *count = count.saturating_add(1);
+            *count = count.saturating_add(n);
         }
         allowed
     }
@@ -320,9 +348,16 @@ impl Spare {
 
     /// Takes a spare slot of `kind`, if there is one.
     pub fn take(&mut self, kind: SlotKind) -> bool {
+        self.take_n(kind, 1)
+    }
+
+    /// Takes `n` spare slots of `kind`, if there are that many.
+    pub fn take_n(&mut self, kind: SlotKind, n: u32) -> bool {
         let count = self.slots.count_mut(kind);
-        let available = *count > 0;
-        *count = count.saturating_sub(u32::from(available));
+        let available = *count >= n;
+        if available {
+            *count -= n;
+        }
         available
     }
 
@@ -339,6 +374,7 @@ mod tests {
         max_inflight: Some(4),
         reserved: 1,
         max_websocket: Some(1),
+        per_websocket: 1,
     };
 
     #[test]
@@ -431,6 +467,7 @@ mod tests {
             max_inflight: None,
             reserved: 0,
             max_websocket: None,
+            per_websocket: 1,
         };
         let mut table = ShardTable::default();
         let vm = table.join(0);

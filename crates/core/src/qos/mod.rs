@@ -323,7 +323,7 @@ impl StakeQos {
                 return Change::Keep(());
             };
             entry.inflight = entry.inflight.saturating_sub(1);
-            let sample = (latency_ms * 1000).min(u64::from(u32::MAX)) as f64;
+            let sample = latency_ms.saturating_mul(1000).min(u64::from(u32::MAX)) as f64;
             entry.latency_us = if entry.latency_us == 0 {
                 sample as u32
             } else {

@@ -3,7 +3,10 @@
 //! `policies/stake-qos.md`.
 
 use crate::gate::class::Cidr;
-use crate::policy_error::{parse_json, PolicyError};
+use crate::validate::{
+    ensure, finite_range, header_name, max_len, non_empty, parse_json, range, PolicyError, Warning,
+    Warnings,
+};
 use serde::Deserialize;
 use std::collections::HashMap;
 
@@ -267,124 +270,93 @@ pub const TIER_UNSTAKED: usize = 0;
 pub const TIER_STAKED: usize = 1;
 pub const MAX_TIERS: usize = 16;
 pub const MAX_IDENTITIES: u32 = 1_000_000;
+pub const MAX_CAPACITY_RPS: f64 = 10_000_000.0;
+/// A stake above this is a typo (Solana's whole stake is about 4e17 lamports).
+pub const MAX_STAKE: u64 = 1_000_000_000_000_000_000;
+pub const MAX_STAKE_ENTRIES: usize = 100_000;
+/// The refill round's budget: identity pages visited per second. A round
+/// visits every page (`maxIdentities / 64`), `1000 / refillIntervalMs`
+/// times a second; at the cost measured in Envoy (about 11 µs a page, see
+/// `policies/stake-qos.md`), 20,000 visits a second is about a fifth of a
+/// core, and the default (10,000 identities every 20 ms) is 7,850.
+pub const MAX_PAGE_VISITS_PER_S: u64 = 20_000;
 
-fn err(field: &str, reason: impl Into<String>) -> PolicyError {
-    PolicyError::new(field, reason.into())
-}
-
-fn check(ok: bool, field: &str, reason: impl FnOnce() -> String) -> Result<(), PolicyError> {
-    if ok {
-        Ok(())
-    } else {
-        Err(err(field, reason()))
-    }
-}
+/// The fields that are lists; an array anywhere else is refused.
+const LISTS: &[&str] = &["stakes", "identity.order", "identity.trustedProxies"];
 
 impl QosPolicy {
     /// Parses and validates a policy document. Errors name the field.
     pub fn parse(json: &[u8]) -> Result<Self, PolicyError> {
-        let doc: Document = parse_json(json)?;
-        let positive = |v: f64| v.is_finite() && v > 0.0;
-        check(positive(doc.capacity_rps), "capacityRps", || {
-            format!("must be a number > 0; got {}", doc.capacity_rps)
+        let doc: Document = parse_json(json, LISTS)?;
+        let capacity_rps = finite_range("capacityRps", doc.capacity_rps, 1.0, MAX_CAPACITY_RPS)?;
+        let throttle_threshold =
+            finite_range("throttleThreshold", doc.throttle_threshold, 0.01, 1.0)?;
+        let refill_interval_ms = range("refillIntervalMs", doc.refill_interval_ms, 5, 1000)?;
+        let load_smoothing = range("loadSmoothing", doc.load_smoothing, 1, 1000)?;
+        // refill_interval_ms is at most 1000, so this cannot overflow.
+        let min_idle = 10 * refill_interval_ms;
+        ensure(doc.idle_ttl_ms >= min_idle, "idleTtlMs", || {
+            format!(
+                "must be at least 10 refill intervals ({min_idle} ms); got {}",
+                doc.idle_ttl_ms
+            )
         })?;
-        check(
-            doc.throttle_threshold > 0.0 && doc.throttle_threshold <= 1.0,
-            "throttleThreshold",
-            || format!("must be in (0, 1]; got {}", doc.throttle_threshold),
-        )?;
-        check(
-            (5..=1000).contains(&doc.refill_interval_ms),
-            "refillIntervalMs",
-            || format!("must be 5..=1000; got {}", doc.refill_interval_ms),
-        )?;
-        check(
-            (1..=1000).contains(&doc.load_smoothing),
-            "loadSmoothing",
-            || {
-                format!(
-                    "must be 1..=1000 refill intervals; got {}",
-                    doc.load_smoothing
-                )
-            },
-        )?;
-        check(
-            doc.idle_ttl_ms >= 10 * doc.refill_interval_ms,
-            "idleTtlMs",
-            || {
-                format!(
-                    "must be at least 10 refill intervals ({} ms); got {}",
-                    10 * doc.refill_interval_ms,
-                    doc.idle_ttl_ms
-                )
-            },
-        )?;
-        check(
-            (1..=MAX_IDENTITIES).contains(&doc.max_identities),
-            "maxIdentities",
-            || format!("must be 1..={MAX_IDENTITIES}; got {}", doc.max_identities),
-        )?;
-        check(doc.retry_after_max_s > 0, "retryAfterMaxS", || {
-            "must be at least 1".into()
+        let idle_ttl_ms = range("idleTtlMs", doc.idle_ttl_ms, min_idle, 86_400_000)?;
+        let max_identities = range("maxIdentities", doc.max_identities, 1, MAX_IDENTITIES)?;
+        let pages = u64::from(max_identities.div_ceil(crate::qos::page::ENTRIES_PER_PAGE as u32));
+        let visits = pages * 1000 / refill_interval_ms;
+        ensure(visits <= MAX_PAGE_VISITS_PER_S, "maxIdentities", || {
+            format!(
+                "{max_identities} identities ({pages} pages) refilled every {refill_interval_ms} ms \
+                 is {visits} page visits a second, over the budget of {MAX_PAGE_VISITS_PER_S} \
+                 (about a fifth of a core): lower maxIdentities or raise refillIntervalMs"
+            )
         })?;
-        let id = &doc.identity;
-        check(!id.order.is_empty(), "identity.order", || {
+        let initial_tokens = range("initialTokens", doc.initial_tokens, 0, 65_535)?;
+        let retry_after_max_s = range("retryAfterMaxS", doc.retry_after_max_s, 1, 3600)?;
+
+        let id = doc.identity;
+        ensure(!id.order.is_empty(), "identity.order", || {
             "must name at least one source".into()
         })?;
         for (i, source) in id.order.iter().enumerate() {
-            check(
+            ensure(
                 !id.order[..i].contains(source),
                 &format!("identity.order[{i}]"),
                 || format!("{source:?} is listed twice"),
             )?;
         }
-        check(
-            is_header_name(&id.api_key_header),
-            "identity.apiKeyHeader",
-            || {
-                format!(
-                    "must be a lowercase header name; got {:?}",
-                    id.api_key_header
-                )
-            },
-        )?;
-        check(id.unstaked_stake > 0, "identity.unstakedStake", || {
-            "must be at least 1".into()
-        })?;
-        check(
-            (1..=32).contains(&id.group_ipv4_prefix),
-            "identity.groupIpv4Prefix",
-            || format!("must be 1..=32; got {}", id.group_ipv4_prefix),
-        )?;
-        check(
-            (1..=128).contains(&id.group_ipv6_prefix),
-            "identity.groupIpv6Prefix",
-            || format!("must be 1..=128; got {}", id.group_ipv6_prefix),
-        )?;
+        let api_key_header = header_name("identity.apiKeyHeader", id.api_key_header)?;
+        let unstaked_stake = range("identity.unstakedStake", id.unstaked_stake, 1, MAX_STAKE)?;
+        let group_ipv4_prefix = range("identity.groupIpv4Prefix", id.group_ipv4_prefix, 1, 32)?;
+        let group_ipv6_prefix = range("identity.groupIpv6Prefix", id.group_ipv6_prefix, 1, 128)?;
+        max_len("identity.trustedProxies", &id.trusted_proxies, 1024)?;
         let trusted_proxies = id
             .trusted_proxies
             .iter()
             .enumerate()
             .map(|(i, text)| {
-                Cidr::parse(text).map_err(|e| err(&format!("identity.trustedProxies[{i}]"), e))
+                Cidr::parse(text)
+                    .map_err(|e| PolicyError::new(&format!("identity.trustedProxies[{i}]"), e))
             })
             .collect::<Result<Vec<_>, _>>()?;
 
+        max_len("stakes", &doc.stakes, MAX_STAKE_ENTRIES)?;
         let mut tiers = vec!["unstaked".to_string(), "staked".to_string()];
         let mut by_api_key = HashMap::new();
         let mut by_peer = HashMap::new();
-        for (i, s) in doc.stakes.iter().enumerate() {
+        for (i, s) in doc.stakes.into_iter().enumerate() {
             let field = |name: &str| format!("stakes[{i}].{name}");
             let tier = match &s.tier {
                 None => TIER_STAKED,
                 Some(t) => {
-                    check(is_label(t), &field("tier"), || {
+                    ensure(is_label(t), &field("tier"), || {
                         format!("must be 1-32 characters of a-z, 0-9, _ or -; got {t:?}")
                     })?;
                     match tiers.iter().position(|known| known == t) {
                         Some(index) => index,
                         None => {
-                            check(tiers.len() < MAX_TIERS, &field("tier"), || {
+                            ensure(tiers.len() < MAX_TIERS, &field("tier"), || {
                                 format!("at most {} distinct tiers", MAX_TIERS - 2)
                             })?;
                             tiers.push(t.clone());
@@ -394,36 +366,34 @@ impl QosPolicy {
                 }
             };
             let entry = StakeEntry {
-                name: s.name.clone(),
-                stake: s.stake,
+                name: non_empty(&field("name"), s.name)?,
+                stake: range(&field("stake"), s.stake, 0, MAX_STAKE)?,
                 tier,
             };
-            match (&s.api_key_sha256, &s.peer) {
+            match (s.api_key_sha256, s.peer) {
                 (Some(hash), None) => {
                     let hash = hash.to_ascii_lowercase();
-                    check(
+                    ensure(
                         hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
                         &field("apiKeySha256"),
                         || "must be 64 hex digits: the sha256 of the key, never the key".into(),
                     )?;
-                    check(
+                    ensure(
                         by_api_key.insert(hash, entry).is_none(),
                         &field("apiKeySha256"),
                         || "is listed twice".into(),
                     )?;
                 }
                 (None, Some(peer)) => {
-                    check(!peer.is_empty(), &field("peer"), || {
-                        "must not be empty".into()
-                    })?;
-                    check(
-                        by_peer.insert(peer.clone(), entry).is_none(),
+                    let peer = non_empty(&field("peer"), peer)?;
+                    ensure(
+                        by_peer.insert(peer, entry).is_none(),
                         &field("peer"),
                         || "is listed twice".into(),
                     )?;
                 }
                 _ => {
-                    return Err(err(
+                    return Err(PolicyError::new(
                         &format!("stakes[{i}]"),
                         "needs exactly one of apiKeySha256 and peer",
                     ))
@@ -432,103 +402,113 @@ impl QosPolicy {
         }
 
         let c = &doc.concurrency;
-        check(c.floor >= 1, "concurrency.floor", || {
-            "must be at least 1".into()
-        })?;
-        check(
-            c.headroom.is_finite() && (0.0..=10.0).contains(&c.headroom),
-            "concurrency.headroom",
-            || format!("must be in [0, 10]; got {}", c.headroom),
-        )?;
-        check(
-            c.latency_smoothing > 0.0 && c.latency_smoothing <= 1.0,
+        let concurrency_floor = range("concurrency.floor", c.floor, 1, 100_000)?;
+        let headroom = finite_range("concurrency.headroom", c.headroom, 0.0, 10.0)?;
+        let latency_smoothing = finite_range(
             "concurrency.latencySmoothing",
-            || format!("must be in (0, 1]; got {}", c.latency_smoothing),
+            c.latency_smoothing,
+            0.001,
+            1.0,
         )?;
 
         let r = &doc.reactive;
-        let min_capacity_rps = r.min_capacity_rps.unwrap_or(doc.capacity_rps / 20.0);
-        let max_capacity_rps = r.max_capacity_rps.unwrap_or(doc.capacity_rps * 4.0);
-        check(
-            positive(min_capacity_rps),
+        let min_capacity_rps = finite_range(
             "reactive.minCapacityRps",
-            || format!("must be > 0; got {min_capacity_rps}"),
+            r.min_capacity_rps.unwrap_or((capacity_rps / 20.0).max(1.0)),
+            1.0,
+            capacity_rps,
         )?;
-        check(
-            max_capacity_rps >= doc.capacity_rps && doc.capacity_rps >= min_capacity_rps,
+        let max_capacity_rps = finite_range(
             "reactive.maxCapacityRps",
-            || {
-                format!(
-                    "need minCapacityRps ({min_capacity_rps}) <= capacityRps ({}) <= maxCapacityRps ({max_capacity_rps})",
-                    doc.capacity_rps
-                )
-            },
+            r.max_capacity_rps
+                .unwrap_or((capacity_rps * 4.0).min(MAX_CAPACITY_RPS)),
+            capacity_rps,
+            MAX_CAPACITY_RPS,
         )?;
-        check(
-            r.latency_tolerance > 1.0,
+        let latency_tolerance = finite_range(
             "reactive.latencyTolerance",
-            || format!("must be > 1; got {}", r.latency_tolerance),
+            r.latency_tolerance,
+            1.01,
+            100.0,
         )?;
-        check(
-            r.decrease > 0.0 && r.decrease < 1.0,
-            "reactive.decrease",
-            || format!("must be in (0, 1); got {}", r.decrease),
-        )?;
-        check(
-            r.increase_per_second > 0.0 && r.increase_per_second <= 10.0,
+        let decrease = finite_range("reactive.decrease", r.decrease, 0.01, 0.99)?;
+        let increase_per_second = finite_range(
             "reactive.increasePerSecond",
-            || format!("must be in (0, 10]; got {}", r.increase_per_second),
+            r.increase_per_second,
+            0.001,
+            10.0,
         )?;
-        check(
-            r.adjust_interval_ms >= doc.refill_interval_ms,
+        let adjust_interval_ms = range(
             "reactive.adjustIntervalMs",
-            || {
-                format!(
-                    "must be at least refillIntervalMs ({}); got {}",
-                    doc.refill_interval_ms, r.adjust_interval_ms
-                )
-            },
+            r.adjust_interval_ms,
+            refill_interval_ms,
+            60_000,
         )?;
 
         Ok(Self {
             mode: doc.mode,
-            capacity_rps: doc.capacity_rps,
-            throttle_threshold: doc.throttle_threshold,
-            refill_interval_ms: doc.refill_interval_ms,
-            load_smoothing: doc.load_smoothing,
-            order: id.order.clone(),
-            api_key_header: id.api_key_header.clone(),
+            capacity_rps,
+            throttle_threshold,
+            refill_interval_ms,
+            load_smoothing,
+            order: id.order,
+            api_key_header,
             trusted_proxies,
-            unstaked_stake: id.unstaked_stake,
-            group_ipv4_prefix: id.group_ipv4_prefix,
-            group_ipv6_prefix: id.group_ipv6_prefix,
+            unstaked_stake,
+            group_ipv4_prefix,
+            group_ipv6_prefix,
             by_api_key,
             by_peer,
             tiers,
-            concurrency_floor: c.floor,
-            headroom: c.headroom,
-            latency_smoothing: c.latency_smoothing,
-            idle_ttl_ms: doc.idle_ttl_ms,
-            max_identities: doc.max_identities,
-            initial_tokens: doc.initial_tokens,
-            retry_after_max_s: doc.retry_after_max_s,
+            concurrency_floor,
+            headroom,
+            latency_smoothing,
+            idle_ttl_ms,
+            max_identities,
+            initial_tokens,
+            retry_after_max_s,
             reactive: Reactive {
                 min_capacity_rps,
                 max_capacity_rps,
-                latency_tolerance: r.latency_tolerance,
-                decrease: r.decrease,
-                increase_per_second: r.increase_per_second,
-                adjust_interval_ms: r.adjust_interval_ms,
+                latency_tolerance,
+                decrease,
+                increase_per_second,
+                adjust_interval_ms,
             },
         })
     }
-}
 
-fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    /// Values that are valid but probably a mistake.
+    pub fn warnings(&self) -> Vec<Warning> {
+        let mut w = Warnings::default();
+        w.when(self.throttle_threshold < 0.5, "throttleThreshold", || {
+            format!(
+                "{}: clients are throttled while the upstream is less than half busy",
+                self.throttle_threshold
+            )
+        });
+        w.when(self.capacity_rps < 10.0, "capacityRps", || {
+            format!(
+                "{}: under 10 requests a second for the whole gateway",
+                self.capacity_rps
+            )
+        });
+        w.when(self.initial_tokens == 0, "initialTokens", || {
+            "0: a new client cannot send anything until the next refill round".into()
+        });
+        w.when(
+            self.by_api_key.is_empty() && self.by_peer.is_empty(),
+            "stakes",
+            || "empty: every client is unstaked and weighs the same".into(),
+        );
+        w.when(self.idle_ttl_ms < 1000, "idleTtlMs", || {
+            format!(
+                "{} ms: clients that pause for a second lose their place in the table",
+                self.idle_ttl_ms
+            )
+        });
+        w.0
+    }
 }
 
 fn is_label(text: &str) -> bool {
@@ -578,10 +558,21 @@ mod tests {
     fn errors_name_the_field_and_the_reason() {
         let cases = [
             (r#"{}"#, "missing field `capacityRps`"),
-            (r#"{"capacityRps": 0}"#, "capacityRps: must be a number > 0"),
+            (
+                r#"{"capacityRps": 0}"#,
+                "capacityRps: must be between 1 and 10000000; got 0",
+            ),
+            (
+                r#"{"capacityRps": 1e-300}"#,
+                "capacityRps: must be between 1 and 10000000; got 1e-300",
+            ),
+            (
+                r#"{"capacityRps": 1e19}"#,
+                "capacityRps: must be between 1 and 10000000; got 1e19",
+            ),
             (
                 r#"{"capacityRps": 1, "throttleThreshold": 1.5}"#,
-                "throttleThreshold: must be in (0, 1]",
+                "throttleThreshold: must be between 0.01 and 1; got 1.5",
             ),
             (r#"{"capacityRps": 1, "burst": 2}"#, "unknown field `burst`"),
             (
@@ -606,11 +597,35 @@ mod tests {
             ),
             (
                 r#"{"capacityRps": 1, "maxIdentities": 0}"#,
-                "maxIdentities: must be 1..=1000000",
+                "maxIdentities: must be between 1 and 1000000; got 0",
+            ),
+            (
+                r#"{"capacityRps": 100, "maxIdentities": 1000000, "refillIntervalMs": 5}"#,
+                "maxIdentities: 1000000 identities (15625 pages) refilled every 5 ms is 3125000 page visits a second, over the budget of 20000",
             ),
             (
                 r#"{"capacityRps": 1, "reactive": {"decrease": 1.2}}"#,
-                "reactive.decrease: must be in (0, 1)",
+                "reactive.decrease: must be between 0.01 and 0.99; got 1.2",
+            ),
+            (
+                r#"{"capacityRps": 1, "identity": {"apiKeyHeader": "x key"}}"#,
+                "identity.apiKeyHeader: must be a lower-case HTTP header name",
+            ),
+            (
+                r#"[1000]"#,
+                ".: a policy is a JSON object; got an array",
+            ),
+            (
+                r#"{"capacityRps": 1, "concurrency": [4, 0.5, 0.2]}"#,
+                "concurrency: is not a list",
+            ),
+            (
+                r#"{"capacityRps": 1, "stakes": [{"peer": "p", "name": "a", "stake": 1e30}]}"#,
+                "stakes[0].stake: invalid type",
+            ),
+            (
+                r#"{"capacityRps": 1, "stakes": [{"peer": "p", "name": "a", "stake": 2000000000000000000}]}"#,
+                "stakes[0].stake: must be between 0 and 1000000000000000000",
             ),
         ];
         for (json, expected) in cases {

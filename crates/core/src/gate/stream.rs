@@ -1,0 +1,945 @@
+//! One request's way through the admission gate, as plain state: the filter
+//! glue reports what Envoy did (headers, body, response, end) and gets back
+//! what to do. The glue makes the host calls; every decision is here.
+//!
+//! **When a slot is held.** A request takes its slot when its headers reach
+//! the gate and gives it back when the node's response has ended (not when
+//! the client has finished reading it: a slow reader does not hold the
+//! node). The shipped Envoy configs put `envoy.filters.http.buffer` before
+//! the gate on RPC routes, so a request's headers reach the gate only once
+//! its whole body has arrived: a client that uploads slowly, or sends
+//! headers and never a body, holds nothing here, and Envoy's
+//! `request_timeout` ends it. Without that filter a body reaches the gate in
+//! pieces; the gate counts such requests (`bodies_streamed`) and says once
+//! in Envoy's log how to fix the config.
+//!
+//! **Upgraded streams** (WebSocket, CONNECT) are never held for a body and
+//! never deduplicated. A WebSocket takes a connection place
+//! (`maxWebsocketConnections`) for its life, and each of its JSON-RPC
+//! messages that expects an answer takes an in-flight slot like an HTTP
+//! request, given back when the answer passes: HTTP and WebSocket traffic
+//! together never put more than `maxInflight` requests at the node. A
+//! connection has at most `maxInflightPerWebsocket` messages at the node.
+//! A message that finds no slot is not refused (a WebSocket has no status
+//! to refuse it with): the client's stream is held at the gateway until a
+//! slot frees, which is back-pressure on the client's socket. Envoy hands
+//! data over in pieces that may hold several messages, and a piece goes
+//! through whole or not at all, so its messages take their slots together
+//! (see `Websocket::settle`); the per-connection cap is checked before a
+//! piece starts, so a socket can pass it by the messages of one piece. A
+//! piece with more messages than the gate has slots closes the socket.
+//! Internal WebSockets are never held.
+
+use crate::dedup::{client_name, Dedup, Pending, Verdict, DUPLICATE_STATUS};
+use crate::gate::class::{classify, RequestClass, RequestFacts};
+use crate::gate::shards::{SlotKind, Totals};
+use crate::gate::{slot_of, Admission, Decision, Heartbeat, InflightGate, Taken, Ticket};
+use crate::rejection::{json_rpc_error_body, INVALID_REQUEST};
+use crate::shared::SharedStore;
+use crate::websocket::{FrameReader, Side};
+
+/// What the glue knows about a request when its headers arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    pub end_of_stream: bool,
+    pub upgrade: Upgrade,
+    pub content_length: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Upgrade {
+    None,
+    /// `upgrade: websocket`.
+    Websocket,
+    /// CONNECT, or an upgrade to anything else: a tunnel the gate cannot read.
+    Tunnel,
+    /// An upgrade asked by a method other than GET (RFC 6455 4.1): Envoy
+    /// would treat it as a tunnel whose body never ends. Refused with 400.
+    NotGet,
+}
+
+/// A local reply to send instead of forwarding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u32,
+    /// 0 for a request that is wrong rather than early (no `retry-after`).
+    pub retry_after_s: u32,
+    pub body: String,
+}
+
+/// What to do with request headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnHeaders {
+    Continue,
+    /// Continue without `sec-websocket-extensions`, so that no compression
+    /// is negotiated and the gate can read the messages.
+    ContinueWebsocket,
+    Refuse(Refusal),
+}
+
+/// What to do with a piece of request body (or WebSocket data).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OnBody {
+    Continue,
+    /// Hold it (and what follows) at the gateway.
+    Hold,
+    /// Close the stream: its data can never go through.
+    Close,
+    Refuse(Refusal),
+}
+
+/// Reads the body piece Envoy is handing over.
+pub trait Body {
+    /// Up to `len` bytes from `start` of the buffered body.
+    fn read(&mut self, start: usize, len: usize) -> Vec<u8>;
+}
+
+/// Retry-storm protection's counts (all zero while it is off).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DedupCounts {
+    /// Requests recorded in the table and sent.
+    pub tracked: u64,
+    pub duplicates_rejected: u64,
+    /// Passed unchecked: not JSON-RPC, a method not deduplicated, trailers.
+    pub skipped: u64,
+    /// Passed unchecked: body over `maxBodyBytes`.
+    pub too_large: u64,
+    /// Passed unrecorded: the key's page was full.
+    pub table_full: u64,
+    pub purged: u64,
+}
+
+/// What a gate VM reports as metrics, counted as things happen and handed
+/// to Envoy by the glue once per heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// By `RequestClass::index`.
+    pub admitted: [u64; 3],
+    pub rejected: [u64; 3],
+    /// Change of internal requests in flight (they hold no shared slot).
+    pub internal_inflight: i64,
+    pub websocket_rejected: u64,
+    /// JSON-RPC messages read on WebSockets, both ways.
+    pub websocket_messages: u64,
+    /// Held WebSocket data that had to wait for slots.
+    pub websocket_waits: u64,
+    /// WebSockets closed because one piece of their data held more
+    /// messages than the gate has slots.
+    pub websocket_closed: u64,
+    /// Requests whose body reached the gate in pieces (no buffer filter in
+    /// front of it).
+    pub bodies_streamed: u64,
+    pub cas_retries: u64,
+    pub store_errors: u64,
+    pub expired_slots: u64,
+    pub dedup: DedupCounts,
+}
+
+/// One VM's gate: what its streams share.
+#[derive(Debug)]
+pub struct GateWorker {
+    pub gate: InflightGate,
+    /// Retry-storm protection, when the policy has it.
+    pub dedup: Option<Dedup>,
+    pub counts: Counts,
+    /// Lines for Envoy's log, taken by the glue after each call.
+    log: Vec<String>,
+    told_about_streamed_bodies: bool,
+}
+
+impl GateWorker {
+    pub fn new(gate: InflightGate) -> Self {
+        let policy = gate.policy();
+        let dedup = policy
+            .dedup
+            .clone()
+            .map(|d| Dedup::new(d, policy.heartbeat_ms, policy.retry_after_max_s));
+        Self {
+            gate,
+            dedup,
+            counts: Counts::default(),
+            log: Vec::new(),
+            told_about_streamed_bodies: false,
+        }
+    }
+
+    /// What to write to Envoy's log (warnings), once each.
+    pub fn take_log(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.log)
+    }
+
+    fn note_store_error(&mut self, what: &str, e: impl std::fmt::Display) {
+        self.counts.store_errors += 1;
+        self.log.push(format!("{what}: {e}"));
+    }
+
+    fn taken(&mut self, taken: &Taken) {
+        self.counts.cas_retries += u64::from(taken.cas_retries);
+        if let Some(e) = &taken.store_error {
+            self.note_store_error("admission failed closed", e);
+        }
+    }
+
+    fn admit(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+        class: RequestClass,
+        upgrade: bool,
+    ) -> Result<Ticket, Refusal> {
+        let Admission {
+            decision,
+            cas_retries,
+            store_error,
+            ..
+        } = self.gate.admit(store, now_ms, class, upgrade);
+        self.counts.cas_retries += u64::from(cas_retries);
+        if let Some(e) = store_error {
+            self.note_store_error("admission failed closed", e);
+        }
+        match decision {
+            Decision::Admit(ticket) => {
+                self.counts.admitted[class.index()] += 1;
+                if ticket.slot.is_none() {
+                    self.counts.internal_inflight += 1;
+                }
+                Ok(ticket)
+            }
+            Decision::Reject(rejection) => {
+                self.counts.rejected[class.index()] += 1;
+                self.counts.websocket_rejected += u64::from(upgrade);
+                Err(Refusal {
+                    status: crate::gate::Rejection::STATUS,
+                    retry_after_s: rejection.retry_after_s,
+                    body: rejection.body,
+                })
+            }
+        }
+    }
+
+    fn release(&mut self, ticket: Ticket) {
+        if ticket.slot.is_none() {
+            self.counts.internal_inflight -= 1;
+        }
+        self.gate.release(ticket);
+    }
+
+    /// The heartbeat (every `heartbeatMs`): sweeps the dedup table, gives
+    /// spare slots back, expires vanished workers' shards. Returns the slot
+    /// totals for the gauges, and the dedup table's size.
+    pub fn tick(&mut self, store: &impl SharedStore, now_ms: u64) -> (Option<Totals>, Option<u64>) {
+        let mut entries = None;
+        if let (Some(dedup), Some(vm)) = (self.dedup.as_ref(), self.gate.vm()) {
+            match dedup.sweep(store, vm, now_ms) {
+                Ok(sweep) => {
+                    self.counts.dedup.purged += sweep.purged;
+                    self.counts.cas_retries += u64::from(sweep.cas_retries);
+                    entries = Some(sweep.entries);
+                }
+                Err(e) => self.note_store_error("dedup sweep", e),
+            }
+        }
+        let totals = match self.gate.heartbeat(store, now_ms) {
+            Ok(Heartbeat {
+                totals,
+                expired_slots,
+                cas_retries,
+            }) => {
+                self.counts.cas_retries += u64::from(cas_retries);
+                self.counts.expired_slots += expired_slots;
+                if expired_slots > 0 {
+                    self.log.push(format!(
+                        "reclaimed {expired_slots} slots held by a worker that stopped heartbeating"
+                    ));
+                }
+                Some(totals)
+            }
+            Err(e) => {
+                self.note_store_error("heartbeat", e);
+                None
+            }
+        };
+        (totals, entries)
+    }
+
+    /// The plugin is being deleted: spare slots go back at once.
+    pub fn leave(&mut self, store: &impl SharedStore, now_ms: u64) {
+        match self.gate.leave(store, now_ms) {
+            Ok(0) => {}
+            Ok(held) => self.log.push(format!(
+                "leaving with {held} slots still held; they expire with the stale-slot TTL"
+            )),
+            Err(e) => self.note_store_error("leaving the slot table", e),
+        }
+    }
+}
+
+/// One stream at the gate.
+#[derive(Debug, Default)]
+pub struct GateStream {
+    state: State,
+}
+
+#[derive(Debug, Default)]
+enum State {
+    /// Before the headers, after a refusal, or after the end.
+    #[default]
+    Idle,
+    Http(HttpRequest),
+    Websocket(Websocket),
+    /// CONNECT, another upgrade, or an internal WebSocket: its connection
+    /// place (or nothing, for internal traffic) until it ends.
+    Tunnel(Ticket),
+}
+
+#[derive(Debug)]
+struct HttpRequest {
+    ticket: Ticket,
+    /// The headers did not end the request: a body follows.
+    body_follows: bool,
+    body_pieces: u32,
+    /// Dedup reads the body: the sender's name for `client` scope, read
+    /// with the headers (Envoy serves no headers in the body phase).
+    dedup_client: Option<String>,
+    /// This request's dedup entry, completed when the response ends.
+    sent: Option<Pending>,
+}
+
+#[derive(Debug)]
+struct Websocket {
+    connection: Ticket,
+    kind: SlotKind,
+    client: FrameReader,
+    server: FrameReader,
+    /// Slots held by messages at the node.
+    held: u32,
+    /// Messages read that have no slot yet.
+    waiting: u32,
+    /// Bytes of the held request data already read.
+    fed: usize,
+    waited: bool,
+}
+
+/// What `GateStream::settle` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Nothing waits: let the held data go.
+    Through,
+    /// Still waiting for its own messages' answers.
+    ConnectionFull,
+    /// Still waiting: the gate has no slot.
+    GateFull,
+    /// The held data has more messages than the gate has slots: it can
+    /// never go through. The glue closes the stream.
+    Oversized,
+}
+
+impl GateStream {
+    /// The request headers: classify, then admit or refuse.
+    pub fn headers(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now_ms: u64,
+        facts: &mut impl RequestFacts,
+        head: Head,
+    ) -> OnHeaders {
+        if head.upgrade == Upgrade::NotGet {
+            return OnHeaders::Refuse(Refusal {
+                status: 400,
+                retry_after_s: 0,
+                body: json_rpc_error_body(
+                    None,
+                    INVALID_REQUEST,
+                    "a WebSocket upgrade must be a GET request",
+                ),
+            });
+        }
+        let policy = w.gate.policy();
+        let class = classify(&policy.internal, &policy.priority, facts);
+        if head.upgrade != Upgrade::None {
+            let ticket = match w.admit(store, now_ms, class, true) {
+                Ok(ticket) => ticket,
+                Err(refusal) => return OnHeaders::Refuse(refusal),
+            };
+            if head.upgrade == Upgrade::Websocket && class != RequestClass::Internal {
+                self.state = State::Websocket(Websocket {
+                    connection: ticket,
+                    kind: slot_of(class),
+                    client: FrameReader::new(Side::Client),
+                    server: FrameReader::new(Side::Server),
+                    held: 0,
+                    waiting: 0,
+                    fed: 0,
+                    waited: false,
+                });
+                return OnHeaders::ContinueWebsocket;
+            }
+            self.state = State::Tunnel(ticket);
+            return OnHeaders::Continue;
+        }
+        let ticket = match w.admit(store, now_ms, class, false) {
+            Ok(ticket) => ticket,
+            Err(refusal) => return OnHeaders::Refuse(refusal),
+        };
+        let dedup_client = match &w.dedup {
+            Some(dedup) if !head.end_of_stream && class != RequestClass::Internal => {
+                if head.content_length.is_some_and(|n| !dedup.fits(n)) {
+                    w.counts.dedup.too_large += 1;
+                    None
+                } else {
+                    Some(client_name(dedup.policy(), facts))
+                }
+            }
+            _ => None,
+        };
+        self.state = State::Http(HttpRequest {
+            ticket,
+            body_follows: !head.end_of_stream,
+            body_pieces: 0,
+            dedup_client,
+            sent: None,
+        });
+        OnHeaders::Continue
+    }
+
+    /// A piece of request body: `size` bytes buffered so far.
+    pub fn request_body(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now_ms: u64,
+        size: usize,
+        end_of_stream: bool,
+        body: &mut impl Body,
+    ) -> OnBody {
+        match &mut self.state {
+            State::Http(request) => request.body(w, store, now_ms, size, end_of_stream, body),
+            State::Websocket(ws) => {
+                if size > ws.fed {
+                    let bytes = body.read(ws.fed, size - ws.fed);
+                    let messages = ws.client.feed(&bytes);
+                    w.counts.websocket_messages += u64::from(messages.total());
+                    ws.waiting += messages.requests;
+                    ws.fed = size;
+                }
+                match ws.settle(w, store, now_ms) {
+                    Settled::Through => {
+                        ws.fed = 0;
+                        OnBody::Continue
+                    }
+                    Settled::Oversized => OnBody::Close,
+                    Settled::ConnectionFull | Settled::GateFull => OnBody::Hold,
+                }
+            }
+            State::Idle | State::Tunnel(_) => OnBody::Continue,
+        }
+    }
+
+    /// Request trailers: a body held for dedup goes on unchecked rather
+    /// than wait for an end that will not come.
+    pub fn request_trailers(&mut self, w: &mut GateWorker) {
+        if let State::Http(request) = &mut self.state {
+            if request.dedup_client.take().is_some() {
+                w.counts.dedup.skipped += 1;
+            }
+        }
+    }
+
+    /// Retries the slots a held WebSocket's messages wait for. On
+    /// `Through` the glue resumes the stream.
+    pub fn settle(&mut self, w: &mut GateWorker, store: &impl SharedStore, now_ms: u64) -> Settled {
+        match &mut self.state {
+            State::Websocket(ws) => {
+                let settled = ws.settle(w, store, now_ms);
+                if settled == Settled::Through {
+                    ws.fed = 0;
+                }
+                settled
+            }
+            _ => Settled::Through,
+        }
+    }
+
+    /// Whether the stream holds data waiting for a slot.
+    pub fn waiting(&self) -> bool {
+        matches!(&self.state, State::Websocket(ws) if ws.waiting > 0)
+    }
+
+    /// Response headers; `end_of_stream` ends the response.
+    pub fn response_headers(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now_ms: u64,
+        end_of_stream: bool,
+    ) -> bool {
+        end_of_stream && self.response_ended(w, store, now_ms)
+    }
+
+    /// A piece of response body. Returns whether slots were given back
+    /// (the glue then lets waiting WebSockets retry).
+    pub fn response_body(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now_ms: u64,
+        size: usize,
+        end_of_stream: bool,
+        body: &mut impl Body,
+    ) -> bool {
+        if let State::Websocket(ws) = &mut self.state {
+            let messages = ws.server.feed(&body.read(0, size));
+            w.counts.websocket_messages += u64::from(messages.total());
+            let answered = messages.answers.min(ws.held);
+            ws.held -= answered;
+            for _ in 0..answered {
+                w.gate.give(ws.kind);
+            }
+            return answered > 0;
+        }
+        end_of_stream && self.response_ended(w, store, now_ms)
+    }
+
+    /// Response trailers end the response.
+    pub fn response_trailers(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now_ms: u64,
+    ) -> bool {
+        self.response_ended(w, store, now_ms)
+    }
+
+    /// The node's response has ended: an HTTP request's slot goes back.
+    fn response_ended(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now_ms: u64,
+    ) -> bool {
+        if matches!(self.state, State::Http(_)) {
+            self.done(w, store, now_ms);
+            return true;
+        }
+        false
+    }
+
+    /// The stream is over (done, reset, or deleted): everything it holds
+    /// goes back. Safe to call more than once.
+    pub fn done(&mut self, w: &mut GateWorker, store: &impl SharedStore, now_ms: u64) {
+        match std::mem::take(&mut self.state) {
+            State::Idle => {}
+            State::Http(request) => {
+                if let (Some(pending), Some(dedup)) = (request.sent, w.dedup.as_ref()) {
+                    match dedup.complete(store, pending, now_ms) {
+                        Ok((purged, retries)) => {
+                            w.counts.dedup.purged += purged;
+                            w.counts.cas_retries += u64::from(retries);
+                        }
+                        Err(e) => w.note_store_error("dedup completion", e),
+                    }
+                }
+                w.release(request.ticket);
+            }
+            State::Websocket(ws) => {
+                for _ in 0..ws.held {
+                    w.gate.give(ws.kind);
+                }
+                w.release(ws.connection);
+            }
+            State::Tunnel(ticket) => w.release(ticket),
+        }
+    }
+}
+
+impl HttpRequest {
+    fn body(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now_ms: u64,
+        size: usize,
+        end_of_stream: bool,
+        body: &mut impl Body,
+    ) -> OnBody {
+        self.body_pieces = self.body_pieces.saturating_add(1);
+        if self.body_pieces == 1 && self.body_follows && !end_of_stream {
+            w.counts.bodies_streamed += 1;
+            if !w.told_about_streamed_bodies {
+                w.told_about_streamed_bodies = true;
+                w.log.push(
+                    "request bodies reach the gate in pieces, so a slow upload holds its slot; put envoy.filters.http.buffer before the gate (see policies/admission-gate.md)".into(),
+                );
+            }
+        }
+        let Some(client) = &self.dedup_client else {
+            return OnBody::Continue;
+        };
+        let Some(dedup) = w.dedup.as_ref() else {
+            return OnBody::Continue;
+        };
+        if !dedup.fits(size as u64) {
+            // Too large to check: it goes on as it is, with what was held.
+            self.dedup_client = None;
+            w.counts.dedup.too_large += 1;
+            return OnBody::Continue;
+        }
+        if !end_of_stream {
+            return OnBody::Hold;
+        }
+        let client = client.clone();
+        self.dedup_client = None;
+        let (Ok(keyed), Some(vm)) = (dedup.key(&body.read(0, size), &client), w.gate.vm()) else {
+            w.counts.dedup.skipped += 1;
+            return OnBody::Continue;
+        };
+        let checked = match dedup.check(store, &keyed, vm, now_ms) {
+            Ok(checked) => checked,
+            Err(e) => {
+                w.note_store_error("dedup check passed a request", e);
+                return OnBody::Continue;
+            }
+        };
+        w.counts.cas_retries += u64::from(checked.cas_retries);
+        w.counts.dedup.purged += checked.purged;
+        match checked.verdict {
+            Verdict::Send(pending) => {
+                w.counts.dedup.tracked += 1;
+                self.sent = Some(pending);
+                OnBody::Continue
+            }
+            Verdict::TableFull => {
+                w.counts.dedup.table_full += 1;
+                OnBody::Continue
+            }
+            Verdict::Duplicate {
+                retry_after_s,
+                body,
+            } => {
+                w.counts.dedup.duplicates_rejected += 1;
+                OnBody::Refuse(Refusal {
+                    status: DUPLICATE_STATUS,
+                    retry_after_s,
+                    body,
+                })
+            }
+        }
+    }
+}
+
+impl Websocket {
+    /// The held data's messages take their slots all at once, or wait: a
+    /// piece of data cannot be let through in part, and taking some slots
+    /// while waiting for others could leave two sockets holding half the
+    /// gate each, forever.
+    fn settle(&mut self, w: &mut GateWorker, store: &impl SharedStore, now_ms: u64) -> Settled {
+        if self.waiting == 0 {
+            self.waited = false;
+            return Settled::Through;
+        }
+        let limits = w.gate.policy().limits;
+        let settled = if limits
+            .most(self.kind)
+            .is_some_and(|most| self.waiting > most)
+        {
+            w.counts.websocket_closed += 1;
+            Settled::Oversized
+        } else if self.held >= limits.per_websocket {
+            Settled::ConnectionFull
+        } else {
+            let taken = w.gate.take_n(store, now_ms, self.kind, self.waiting);
+            w.taken(&taken);
+            if taken.ok {
+                self.held += self.waiting;
+                self.waiting = 0;
+                self.waited = false;
+                return Settled::Through;
+            }
+            Settled::GateFull
+        };
+        if !self.waited {
+            self.waited = true;
+            w.counts.websocket_waits += 1;
+        }
+        settled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::class::MetadataScope;
+    use crate::gate::policy::GatePolicy;
+    use crate::shared::MemoryStore;
+    use std::net::IpAddr;
+
+    struct Public;
+
+    impl RequestFacts for Public {
+        fn metadata_class(&mut self, _: MetadataScope) -> Option<String> {
+            None
+        }
+        fn source_ip(&mut self) -> Option<IpAddr> {
+            "192.0.2.1".parse().ok()
+        }
+        fn peer_uri_san(&mut self) -> Option<String> {
+            None
+        }
+        fn header(&mut self, _: &str) -> Option<String> {
+            None
+        }
+    }
+
+    struct Bytes(Vec<u8>);
+
+    impl Body for Bytes {
+        fn read(&mut self, start: usize, len: usize) -> Vec<u8> {
+            self.0.get(start..start + len).unwrap_or_default().to_vec()
+        }
+    }
+
+    fn worker(policy: &str, seed: u64) -> GateWorker {
+        GateWorker::new(InflightGate::new(
+            GatePolicy::parse(policy.as_bytes()).unwrap(),
+            seed,
+        ))
+    }
+
+    const WEBSOCKET: Head = Head {
+        end_of_stream: false,
+        upgrade: Upgrade::Websocket,
+        content_length: None,
+    };
+    const GET: Head = Head {
+        end_of_stream: true,
+        upgrade: Upgrade::None,
+        content_length: None,
+    };
+
+    fn frame(payload: &str, masked: bool) -> Vec<u8> {
+        let mut out = vec![0x81, (u8::from(masked) << 7) | payload.len() as u8];
+        let mask = [1, 2, 3, 4];
+        if masked {
+            out.extend_from_slice(&mask);
+        }
+        out.extend(
+            payload
+                .bytes()
+                .enumerate()
+                .map(|(i, b)| if masked { b ^ mask[i % 4] } else { b }),
+        );
+        out
+    }
+
+    fn calls(n: usize) -> Bytes {
+        Bytes(
+            (0..n)
+                .flat_map(|i| frame(&format!(r#"{{"id":{i},"method":"eth_getLogs"}}"#), true))
+                .collect(),
+        )
+    }
+
+    fn answers(n: usize) -> Bytes {
+        Bytes(
+            (0..n)
+                .flat_map(|i| frame(&format!(r#"{{"id":{i},"result":[]}}"#), false))
+                .collect(),
+        )
+    }
+
+    fn inflight(w: &mut GateWorker, store: &MemoryStore) -> u32 {
+        w.tick(store, 0).0.unwrap().inflight()
+    }
+
+    #[test]
+    fn websocket_messages_take_slots_and_wait_when_the_gate_is_full() {
+        let store = MemoryStore::default();
+        let mut w = worker(r#"{"maxInflight": 4, "maxInflightPerWebsocket": 8}"#, 1);
+        let mut a = GateStream::default();
+        assert_eq!(
+            a.headers(&mut w, &store, 0, &mut Public, WEBSOCKET),
+            OnHeaders::ContinueWebsocket
+        );
+        let mut sent = calls(3);
+        let size = sent.0.len();
+        assert_eq!(
+            a.request_body(&mut w, &store, 0, size, false, &mut sent),
+            OnBody::Continue
+        );
+        assert_eq!(inflight(&mut w, &store), 3, "one slot per message");
+
+        // A second socket's two calls do not both fit: they wait, and
+        // take nothing meanwhile.
+        let mut b = GateStream::default();
+        b.headers(&mut w, &store, 0, &mut Public, WEBSOCKET);
+        let mut more = calls(2);
+        let size = more.0.len();
+        assert_eq!(
+            b.request_body(&mut w, &store, 0, size, false, &mut more),
+            OnBody::Hold
+        );
+        assert!(b.waiting());
+        assert_eq!(inflight(&mut w, &store), 3);
+        assert_eq!(w.counts.websocket_waits, 1);
+        // The last slot goes to an HTTP request; the next finds none.
+        let mut http = GateStream::default();
+        assert_eq!(
+            http.headers(&mut w, &store, 0, &mut Public, GET),
+            OnHeaders::Continue
+        );
+        assert!(matches!(
+            GateStream::default().headers(&mut w, &store, 0, &mut Public, GET),
+            OnHeaders::Refuse(_)
+        ));
+        http.done(&mut w, &store, 0);
+
+        // Answers on the first socket free slots; the second goes through.
+        let mut back = answers(2);
+        let size = back.0.len();
+        assert!(a.response_body(&mut w, &store, 0, size, false, &mut back));
+        assert_eq!(b.settle(&mut w, &store, 0), Settled::Through);
+        assert!(!b.waiting());
+        // A subscription notification frees nothing.
+        let mut push = Bytes(frame(
+            r#"{"jsonrpc":"2.0","method":"eth_subscription","params":{}}"#,
+            false,
+        ));
+        let size = push.0.len();
+        assert!(!a.response_body(&mut w, &store, 0, size, false, &mut push));
+
+        a.done(&mut w, &store, 0);
+        b.done(&mut w, &store, 0);
+        let totals = w.tick(&store, 1).0.unwrap();
+        assert_eq!((totals.inflight(), totals.websocket), (0, 0));
+    }
+
+    #[test]
+    fn a_websocket_waits_for_its_own_answers_past_its_share() {
+        let store = MemoryStore::default();
+        let mut w = worker(r#"{"maxInflight": 100, "maxInflightPerWebsocket": 2}"#, 1);
+        let mut ws = GateStream::default();
+        ws.headers(&mut w, &store, 0, &mut Public, WEBSOCKET);
+        // One piece of three messages goes through whole (past the share).
+        let mut first = calls(3);
+        let size = first.0.len();
+        assert_eq!(
+            ws.request_body(&mut w, &store, 0, size, false, &mut first),
+            OnBody::Continue
+        );
+        assert_eq!(inflight(&mut w, &store), 3);
+        // The next piece waits until the socket is under its share.
+        let mut second = calls(2);
+        let size = second.0.len();
+        assert_eq!(
+            ws.request_body(&mut w, &store, 0, size, false, &mut second),
+            OnBody::Hold
+        );
+        // More data while held: only the new bytes are read.
+        let mut grown = Bytes([second.0.clone(), calls(1).0].concat());
+        let size = grown.0.len();
+        assert_eq!(
+            ws.request_body(&mut w, &store, 0, size, false, &mut grown),
+            OnBody::Hold
+        );
+        let mut back = answers(1);
+        let size = back.0.len();
+        ws.response_body(&mut w, &store, 0, size, false, &mut back);
+        assert_eq!(ws.settle(&mut w, &store, 0), Settled::ConnectionFull);
+        ws.response_body(&mut w, &store, 0, size, false, &mut back);
+        assert_eq!(ws.settle(&mut w, &store, 0), Settled::Through);
+        assert_eq!(
+            inflight(&mut w, &store),
+            1 + 3,
+            "one left, three taken together"
+        );
+        ws.done(&mut w, &store, 0);
+        assert_eq!(inflight(&mut w, &store), 0);
+    }
+
+    #[test]
+    fn a_piece_with_more_messages_than_the_gate_has_slots_closes_the_socket() {
+        let store = MemoryStore::default();
+        let mut w = worker(r#"{"maxInflight": 4}"#, 1);
+        let mut ws = GateStream::default();
+        ws.headers(&mut w, &store, 0, &mut Public, WEBSOCKET);
+        let mut flood = calls(5);
+        let size = flood.0.len();
+        assert_eq!(
+            ws.request_body(&mut w, &store, 0, size, false, &mut flood),
+            OnBody::Close
+        );
+        assert_eq!(inflight(&mut w, &store), 0, "it took nothing");
+        assert_eq!(w.counts.websocket_closed, 1);
+    }
+
+    #[test]
+    fn sockets_waiting_together_cannot_split_the_gate_between_them() {
+        let store = MemoryStore::default();
+        let mut w = worker(r#"{"maxInflight": 4, "maxInflightPerWebsocket": 8}"#, 1);
+        let mut busy: Vec<GateStream> = (0..2).map(|_| GateStream::default()).collect();
+        for request in &mut busy {
+            assert_eq!(
+                request.headers(&mut w, &store, 0, &mut Public, GET),
+                OnHeaders::Continue
+            );
+        }
+        let mut sockets: Vec<GateStream> = (0..2).map(|_| GateStream::default()).collect();
+        for ws in &mut sockets {
+            ws.headers(&mut w, &store, 0, &mut Public, WEBSOCKET);
+            let mut three = calls(3);
+            let size = three.0.len();
+            assert_eq!(
+                ws.request_body(&mut w, &store, 0, size, false, &mut three),
+                OnBody::Hold
+            );
+        }
+        assert_eq!(inflight(&mut w, &store), 2, "neither took a part");
+        busy[0].done(&mut w, &store, 0);
+        assert_eq!(sockets[0].settle(&mut w, &store, 0), Settled::Through);
+        assert_eq!(sockets[1].settle(&mut w, &store, 0), Settled::GateFull);
+    }
+
+    #[test]
+    fn an_http_slot_goes_back_when_the_response_ends() {
+        let store = MemoryStore::default();
+        let mut w = worker(r#"{"maxInflight": 1}"#, 1);
+        let mut first = GateStream::default();
+        assert_eq!(
+            first.headers(&mut w, &store, 0, &mut Public, GET),
+            OnHeaders::Continue
+        );
+        assert!(!first.response_headers(&mut w, &store, 0, false));
+        let mut nothing = Bytes(Vec::new());
+        assert!(first.response_body(&mut w, &store, 0, 0, true, &mut nothing));
+        // The client is still reading, but the node is done.
+        assert_eq!(
+            GateStream::default().headers(&mut w, &store, 0, &mut Public, GET),
+            OnHeaders::Continue
+        );
+        first.done(&mut w, &store, 0);
+        assert_eq!(w.counts.admitted[RequestClass::Default.index()], 2);
+    }
+
+    #[test]
+    fn a_streamed_body_is_counted_and_reported_once() {
+        let store = MemoryStore::default();
+        let mut w = worker(r#"{"maxInflight": 8}"#, 1);
+        let post = Head {
+            end_of_stream: false,
+            ..GET
+        };
+        for _ in 0..2 {
+            let mut stream = GateStream::default();
+            stream.headers(&mut w, &store, 0, &mut Public, post);
+            let mut piece = Bytes(b"{\"id\":".to_vec());
+            assert_eq!(
+                stream.request_body(&mut w, &store, 0, 6, false, &mut piece),
+                OnBody::Continue
+            );
+            stream.done(&mut w, &store, 0);
+        }
+        assert_eq!(w.counts.bodies_streamed, 2);
+        assert_eq!(w.take_log().len(), 1);
+    }
+}

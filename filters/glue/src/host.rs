@@ -1,0 +1,184 @@
+//! The hostcalls the filters make on a request's path, without panics.
+//!
+//! The proxy-wasm SDK's wrappers `panic!` on any status they do not expect,
+//! and `get_map_value` unwraps a header as UTF-8: a client that sends a
+//! header value with a byte above 0x7f (HTTP allows it) would take the VM
+//! down for every request on its worker. These call the same imports and
+//! turn every status other than `Ok` into `None` or `false`.
+
+// The SDK declares these imports with its own `Status` enum as the return
+// type; a host status outside that enum would be undefined behaviour
+// there, so here they return the raw number.
+#[allow(clashing_extern_declarations)]
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_get_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        max_size: usize,
+        return_buffer_data: *mut *mut u8,
+        return_buffer_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_continue_stream(stream_type: u32) -> u32;
+    fn proxy_close_stream(stream_type: u32) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+}
+
+const OK: u32 = 0;
+const REQUEST_HEADERS: u32 = 0;
+const RESPONSE_HEADERS: u32 = 2;
+const STREAM_REQUEST: u32 = 0;
+
+/// Which body a read is from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyOf {
+    Request = 0,
+    Response = 1,
+}
+
+/// Takes ownership of bytes the host wrote into memory the module
+/// allocated (through `proxy_on_memory_allocate`).
+fn owned(data: *mut u8, size: usize) -> Vec<u8> {
+    if data.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: the host filled `size` bytes it allocated with the module's
+    // allocator for exactly this length, and gave up ownership.
+    unsafe { Vec::from_raw_parts(data, size, size) }
+}
+
+/// A request header's value; `None` when absent, or not UTF-8.
+pub fn request_header(name: &str) -> Option<String> {
+    header(REQUEST_HEADERS, name)
+}
+
+/// A response header's value; `None` when absent, or not UTF-8.
+pub fn response_header(name: &str) -> Option<String> {
+    header(RESPONSE_HEADERS, name)
+}
+
+fn header(map: u32, name: &str) -> Option<String> {
+    let (mut data, mut size) = (std::ptr::null_mut(), 0);
+    // SAFETY: pointers to locals, and the key's own bytes.
+    let status =
+        unsafe { proxy_get_header_map_value(map, name.as_ptr(), name.len(), &mut data, &mut size) };
+    if status != OK {
+        return None;
+    }
+    String::from_utf8(owned(data, size)).ok()
+}
+
+/// A property by path (e.g. `["source", "address"]`); `None` when absent.
+pub fn property(path: &[&str]) -> Option<Vec<u8>> {
+    // The ABI's path: the parts joined by NUL.
+    let serialized = path.join("\0");
+    let (mut data, mut size) = (std::ptr::null_mut(), 0);
+    // SAFETY: pointers to locals and to the path's bytes.
+    let status =
+        unsafe { proxy_get_property(serialized.as_ptr(), serialized.len(), &mut data, &mut size) };
+    if status != OK || data.is_null() {
+        return None;
+    }
+    Some(owned(data, size))
+}
+
+/// Removes a request header (nothing happens if it is absent).
+pub fn remove_request_header(name: &str) {
+    // SAFETY: the key's own bytes.
+    unsafe {
+        proxy_remove_header_map_value(REQUEST_HEADERS, name.as_ptr(), name.len());
+    }
+}
+
+/// Up to `len` bytes from `start` of the body being handed over; empty when
+/// there is none.
+pub fn body(of: BodyOf, start: usize, len: usize) -> Vec<u8> {
+    let (mut data, mut size) = (std::ptr::null_mut(), 0);
+    // SAFETY: pointers to locals.
+    let status = unsafe { proxy_get_buffer_bytes(of as u32, start, len, &mut data, &mut size) };
+    if status != OK {
+        return Vec::new();
+    }
+    owned(data, size)
+}
+
+/// Makes hostcalls act on context `id` (a stream of this VM) until the
+/// callback returns. `false` if the host refused (the stream is gone).
+pub fn act_on(id: u32) -> bool {
+    // SAFETY: plain value.
+    unsafe { proxy_set_effective_context(id) == OK }
+}
+
+/// Resumes a request paused by this filter. `false` if the host refused.
+pub fn resume_request() -> bool {
+    // SAFETY: plain value.
+    unsafe { proxy_continue_stream(STREAM_REQUEST) == OK }
+}
+
+/// Resets the current request's stream (the client sees the connection,
+/// or its HTTP/2 stream, closed). `false` if the host refused.
+pub fn close_request() -> bool {
+    // SAFETY: plain value.
+    unsafe { proxy_close_stream(STREAM_REQUEST) == OK }
+}
+
+/// Answers the current request locally. `false` if the host refused (the
+/// stream is already gone: nothing is left to answer).
+pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool {
+    let headers = serialize(headers);
+    // SAFETY: pointers into live buffers with their lengths.
+    unsafe {
+        proxy_send_local_response(
+            status,
+            std::ptr::null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            headers.as_ptr(),
+            headers.len(),
+            -1,
+        ) == OK
+    }
+}
+
+/// The proxy-wasm map encoding: the pair count, each key and value length
+/// (u32 little-endian), then each key and value followed by a NUL.
+fn serialize(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+    for (name, value) in pairs {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+    }
+    for (name, value) in pairs {
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(value.as_bytes());
+        out.push(0);
+    }
+    out
+}

@@ -1,0 +1,424 @@
+//! Hostile clients against the shipped gateway config and a real Envoy:
+//! slow uploads, WebSocket floods, upgrades where a body is expected,
+//! aborts mid-body, a node killed and restarted, and an abort soak that
+//! ends with nothing held. Their figures are in `docs/reliability.md`.
+//!
+//! Verdicts count requests and read gauges; none depends on how fast the
+//! machine is (limits are far from what a slowdown can reach, or the gate's
+//! count is compared with the node's).
+
+use stakegate_loadgen::ClientSpec;
+use stakegate_stack::{http, loadgen, Envoy, RpcNode};
+use stakegate_tests::{client, eventually, load, node_behind_filter, node_behind_gate, websocket};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+const STAT: &str = "wasmcustom.stakegate.gate.";
+const INTERNAL: &str = r#"{"listenerMetadata": "internal"}"#;
+
+fn stat(envoy: &Envoy, name: &str) -> i64 {
+    envoy.stat(&format!("{STAT}{name}")).unwrap()
+}
+
+/// The gate holds nothing and the node has nothing in flight.
+fn nothing_held(envoy: &Envoy, node: &RpcNode) -> bool {
+    eventually(Duration::from_secs(10), || {
+        let metrics = node.metrics().unwrap();
+        ["inflight.default", "inflight.priority", "websocket.active"]
+            .iter()
+            .all(|gauge| stat(envoy, gauge) == 0)
+            && metrics["inflight"] == 0
+    })
+}
+
+/// A connection that sends request headers announcing a body, then
+/// `trickle` bytes of it one at a time, `every` apart, on its own thread.
+fn slow_upload(addr: SocketAddr, trickle: usize, every: Duration) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let Ok(mut stream) = TcpStream::connect(addr) else {
+            return;
+        };
+        let _ = write!(
+            stream,
+            "POST / HTTP/1.1\r\nHost: rpc\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        );
+        for _ in 0..trickle {
+            std::thread::sleep(every);
+            if stream.write_all(b" ").is_err() {
+                return;
+            }
+        }
+    })
+}
+
+#[test]
+fn a_hundred_slow_uploads_hold_no_slot() {
+    let policy = format!(r#"{{"maxInflight": 16, "classes": {{"internal": [{INTERNAL}]}}}}"#);
+    let (node, envoy) = node_behind_gate(&policy, &["--read-slots", "64"]);
+    let public = envoy.listener("public").unwrap();
+    // Headers, then one byte a second: before the buffer filter, each held
+    // a gate slot for as long as it trickled.
+    let uploads: Vec<_> = (0..100)
+        .map(|_| slow_upload(public, 6, Duration::from_secs(1)))
+        .collect();
+    assert!(eventually(Duration::from_secs(10), || {
+        envoy.stat("http.public.downstream_rq_active").unwrap() >= 100
+    }));
+    assert_eq!(stat(&envoy, "inflight.default"), 0, "no slot is held");
+
+    let spec = load(
+        &envoy.url("public").unwrap(),
+        client("normal", 100.0, "eth_call", 1000),
+        Duration::from_secs(3),
+        false,
+    );
+    let internal_spec = load(
+        &envoy.url("internal").unwrap(),
+        client("internal", 50.0, "eth_blockNumber", 1000),
+        Duration::from_secs(3),
+        false,
+    );
+    let internal = std::thread::spawn(move || loadgen::run(&internal_spec).unwrap());
+    let report = loadgen::run(&spec).unwrap();
+    let internal = internal.join().unwrap();
+    eprintln!("normal {:?}, internal {:?}", report.status, internal.status);
+    assert_eq!(report.count("200"), 300, "{:?}", report.status);
+    assert_eq!(internal.count("200"), 150, "{:?}", internal.status);
+    for upload in uploads {
+        upload.join().unwrap();
+    }
+    assert!(nothing_held(&envoy, &node));
+}
+
+#[test]
+fn headers_without_a_body_are_ended_by_the_request_timeout() {
+    let (_node, envoy) = node_behind_gate(r#"{"maxInflight": 4}"#, &[]);
+    let mut stream = TcpStream::connect(envoy.listener("public").unwrap()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(45)))
+        .unwrap();
+    write!(
+        stream,
+        "POST / HTTP/1.1\r\nHost: rpc\r\nContent-Length: 10\r\n\r\n"
+    )
+    .unwrap();
+    let started = Instant::now();
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    eprintln!("after {:?}: {answer:?}", started.elapsed());
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert_eq!(
+        stat(&envoy, "admitted.default"),
+        0,
+        "it never reached the gate"
+    );
+}
+
+/// Sends `calls` eth_getLogs on one WebSocket at once and reads every answer.
+fn websocket_burst(addr: SocketAddr, calls: usize) -> usize {
+    let mut socket = websocket(addr);
+    for id in 0..calls {
+        socket
+            .send(tungstenite::Message::text(format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_getLogs","params":[{{}}]}}"#
+            )))
+            .unwrap();
+    }
+    let mut answered = 0;
+    while answered < calls {
+        match socket.read().unwrap() {
+            tungstenite::Message::Text(text) if text.contains("\"result\"") => answered += 1,
+            _ => {}
+        }
+    }
+    answered
+}
+
+#[test]
+fn a_websocket_flood_never_puts_more_than_the_gate_limit_at_the_node() {
+    let (node, envoy) = node_behind_gate(
+        r#"{"maxInflight": 16, "maxInflightPerWebsocket": 4}"#,
+        &["--read-slots", "256", "--cost", "eth_getLogs=50ms"],
+    );
+    let addr = envoy.listener("public").unwrap();
+    // 24 sockets with 10 calls each: 240 at once without the gate's count.
+    let sockets: Vec<_> = (0..24)
+        .map(|_| std::thread::spawn(move || websocket_burst(addr, 10)))
+        .collect();
+    let answered: usize = sockets.into_iter().map(|s| s.join().unwrap()).sum();
+    let metrics = node.metrics().unwrap();
+    eprintln!("node: {metrics}");
+    assert_eq!(answered, 240, "every call was answered");
+    let at_node = metrics["inflight_max"].as_u64().unwrap();
+    assert!(
+        (1..=16).contains(&at_node),
+        "at most maxInflight at the node: {at_node}"
+    );
+    assert!(eventually(Duration::from_secs(5), || stat(
+        &envoy,
+        "websocket.waits"
+    ) > 0));
+    assert!(eventually(Duration::from_secs(5), || stat(
+        &envoy,
+        "websocket.messages"
+    ) == 480));
+    assert!(nothing_held(&envoy, &node));
+}
+
+#[test]
+fn a_socket_that_sends_more_calls_at_once_than_the_gate_has_slots_is_closed() {
+    let (node, envoy) = node_behind_gate(r#"{"maxInflight": 16}"#, &[]);
+    let mut socket = websocket(envoy.listener("public").unwrap());
+    for id in 0..20 {
+        socket
+            .write(tungstenite::Message::text(format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_chainId"}}"#
+            )))
+            .unwrap();
+    }
+    socket.flush().unwrap();
+    assert!(
+        socket.read().is_err(),
+        "closed: twenty calls in one piece can never fit sixteen slots"
+    );
+    assert!(eventually(Duration::from_secs(5), || stat(
+        &envoy,
+        "websocket.closed"
+    ) == 1));
+    assert_eq!(node.metrics().unwrap()["served"], serde_json::json!({}));
+    assert!(nothing_held(&envoy, &node));
+}
+
+#[test]
+fn websockets_and_upgrade_requests_are_never_held_for_a_body_with_dedup_on() {
+    let (node, envoy) = node_behind_gate(r#"{"maxInflight": 8, "dedup": {}}"#, &[]);
+    let addr = envoy.listener("public").unwrap();
+    let mut socket = websocket(addr);
+    // The same read twice: over a WebSocket neither is a duplicate.
+    for _ in 0..2 {
+        socket
+            .send(tungstenite::Message::text(
+                r#"{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0x1","latest"]}"#,
+            ))
+            .unwrap();
+        let answer = socket.read().unwrap();
+        assert!(answer.to_string().contains("\"result\""), "{answer}");
+    }
+    drop(socket);
+
+    // A POST that asks to upgrade: Envoy would make it a tunnel whose body
+    // never ends; the gate answers it at once.
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[]}"#;
+    write!(
+        stream,
+        "POST / HTTP/1.1\r\nHost: rpc\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).expect("an answer, not a hang");
+    assert_eq!(&head, b"HTTP/1.1 400");
+    drop(stream);
+    assert!(nothing_held(&envoy, &node));
+}
+
+#[test]
+fn clients_that_abort_mid_body_leave_nothing_held() {
+    let (node, envoy) = node_behind_gate(r#"{"maxInflight": 8, "dedup": {}}"#, &[]);
+    let addr = envoy.listener("public").unwrap();
+    for _ in 0..50 {
+        let mut stream = TcpStream::connect(addr).unwrap();
+        write!(
+            stream,
+            "POST / HTTP/1.1\r\nHost: rpc\r\nContent-Length: 100\r\n\r\n{{\"jsonrpc\":"
+        )
+        .unwrap();
+    }
+    let url = envoy.url("public").unwrap();
+    let ok = http::post(
+        &url,
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#,
+    )
+    .unwrap();
+    assert_eq!(ok.status, 200);
+    assert!(nothing_held(&envoy, &node));
+}
+
+#[test]
+fn a_body_just_over_a_mebibyte_passes_with_dedup_at_its_largest() {
+    let (_node, envoy) = node_behind_gate(
+        r#"{"maxInflight": 8, "dedup": {"maxBodyBytes": 1048576}}"#,
+        &[],
+    );
+    let padding = "0".repeat(1024 * 1024 + 100);
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[{{"data":"0x{padding}"}}]}}"#
+    );
+    let answer = http::post(&envoy.url("public").unwrap(), &[], &body).unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(eventually(Duration::from_secs(5), || stat(
+        &envoy,
+        "dedup.too_large"
+    ) == 1));
+}
+
+#[test]
+fn a_node_killed_under_load_and_restarted_serves_again_with_nothing_leaked() {
+    let (node, envoy) = node_behind_gate(
+        r#"{"maxInflight": 16}"#,
+        &["--read-slots", "32", "--cost", "eth_call=20ms"],
+    );
+    let port = node.addr().port();
+    let url = envoy.url("public").unwrap();
+    let spec = load(
+        &url,
+        client("steady", 200.0, "eth_call", 10_000),
+        Duration::from_secs(4),
+        false,
+    );
+    let run = std::thread::spawn(move || loadgen::run(&spec).unwrap());
+    assert!(eventually(Duration::from_secs(5), || stat(
+        &envoy,
+        "admitted.default"
+    ) > 0));
+    drop(node);
+    let node = RpcNode::start_on(port, &["--read-slots", "32", "--cost", "eth_call=20ms"])
+        .expect("the node restarts on its port");
+    let report = run.join().unwrap();
+    eprintln!("across the restart: {:?}", report.status);
+    assert!(report.count("200") > 0);
+    assert_eq!(
+        report.count("timeout"),
+        0,
+        "nothing hung: {:?}",
+        report.status
+    );
+    assert!(nothing_held(&envoy, &node));
+    assert_eq!(
+        http::post(
+            &url,
+            &[],
+            r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#
+        )
+        .unwrap()
+        .status,
+        200
+    );
+}
+
+#[test]
+fn an_abort_soak_ends_with_nothing_in_flight() {
+    let (node, envoy) = node_behind_gate(
+        r#"{"maxInflight": 16, "dedup": {}}"#,
+        &[
+            "--read-slots",
+            "32",
+            "--cost",
+            "eth_call=20ms",
+            "--cost",
+            "eth_getLogs=200ms",
+        ],
+    );
+    let url = envoy.url("public").unwrap();
+    // Impatient clients over HTTP/1.1 and HTTP/2: timeouts from 15 ms to
+    // 2 s cut requests at every stage (queued, at the node, answering).
+    let clients: Vec<ClientSpec> = [15u64, 60, 250, 2000]
+        .iter()
+        .enumerate()
+        .map(|(i, timeout)| ClientSpec {
+            mix: [
+                ("eth_call".to_string(), 3.0),
+                ("eth_getLogs".to_string(), 1.0),
+            ]
+            .into(),
+            timeout_ms: Some(*timeout),
+            unique_params: i % 2 == 0,
+            ..client(&format!("impatient-{timeout}ms"), 150.0, "", 10_000)
+        })
+        .collect();
+    let mut total = 0;
+    for http2 in [false, true] {
+        let mut spec = stakegate_tests::load_h2(&url, clients.clone(), Duration::from_secs(8), 4);
+        spec.http2 = http2;
+        let report = loadgen::run(&spec).unwrap();
+        eprintln!("http2={http2}: {:?}", report.status);
+        assert!(report.count("timeout") > 100, "{:?}", report.status);
+        total += report.status.values().sum::<u64>();
+    }
+    eprintln!("{total} requests");
+    assert!(nothing_held(&envoy, &node), "a slot leaked");
+}
+
+/// The stake QoS config too puts whole requests in front of its filter.
+#[test]
+fn slow_uploads_do_not_reach_the_stake_qos_filter() {
+    let (_node, envoy) = node_behind_filter(
+        "qos.yaml",
+        stakegate_tests::qos_filter(r#"{"capacityRps": 100}"#),
+        &[],
+    );
+    let uploads: Vec<_> = (0..20)
+        .map(|_| slow_upload(envoy.listener("public").unwrap(), 2, Duration::from_secs(1)))
+        .collect();
+    assert!(eventually(Duration::from_secs(10), || {
+        envoy.stat("http.public.downstream_rq_active").unwrap() >= 20
+    }));
+    assert_eq!(
+        envoy.stat("wasmcustom.stakegate.qos.identities").unwrap(),
+        0,
+        "no request reached the filter"
+    );
+    for upload in uploads {
+        upload.join().unwrap();
+    }
+}
+
+/// Sends one request whose `x-api-key` value is the byte 0xff (HTTP allows
+/// bytes above 0x7f in values); returns the status line.
+fn request_with_a_raw_byte_header(addr: SocketAddr, nonce: u32) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[{nonce}]}}"#);
+    let mut request = format!(
+        "POST / HTTP/1.1\r\nHost: rpc\r\nContent-Type: application/json\r\nContent-Length: {}\r\nx-api-key: ",
+        body.len()
+    )
+    .into_bytes();
+    request.extend_from_slice(b"\xff\xfe\r\n\r\n");
+    request.extend_from_slice(body.as_bytes());
+    stream.write_all(&request).unwrap();
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).unwrap();
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+#[test]
+fn a_header_value_that_is_not_utf8_crashes_no_filter() {
+    let (_node, gate) = node_behind_gate(r#"{"maxInflight": 8, "dedup": {}}"#, &[]);
+    let (_node2, qos) = node_behind_filter(
+        "qos.yaml",
+        stakegate_tests::qos_filter(r#"{"capacityRps": 100}"#),
+        &[],
+    );
+    for (envoy, plugin) in [(&gate, "admission_gate"), (&qos, "stake_qos")] {
+        for nonce in 0..3 {
+            assert_eq!(
+                request_with_a_raw_byte_header(envoy.listener("public").unwrap(), nonce),
+                "HTTP/1.1 200"
+            );
+        }
+        let reloads = envoy
+            .stat(&format!("wasm.stakegate.{plugin}.vm_reload"))
+            .unwrap();
+        assert_eq!(reloads, 0, "{plugin}'s VM never crashed");
+    }
+}

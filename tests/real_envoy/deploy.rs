@@ -67,13 +67,11 @@ fn file(dir: &Path, name: &str, bytes: impl AsRef<[u8]>) -> PathBuf {
     path
 }
 
-/// `module` with a custom section appended: another module version (a new
-/// sha256, so Envoy loads it as new code) that behaves the same.
-fn rebuilt(module: &[u8], build: &str) -> Vec<u8> {
-    let name = "stakegate.build";
+/// `module` with the custom section `name` appended.
+fn with_section(module: &[u8], name: &str, contents: &str) -> Vec<u8> {
     let mut payload = vec![name.len() as u8];
     payload.extend_from_slice(name.as_bytes());
-    payload.extend_from_slice(build.as_bytes());
+    payload.extend_from_slice(contents.as_bytes());
     assert!(payload.len() < 128, "one-byte LEB128 size");
     let mut out = module.to_vec();
     out.push(0);
@@ -82,13 +80,24 @@ fn rebuilt(module: &[u8], build: &str) -> Vec<u8> {
     out
 }
 
-/// A proxy-wasm module in WAT: `imports`, and `configure` as the body of
-/// proxy_on_configure. Requests pass.
+/// Another version of `module` (a new sha256, so Envoy loads it as new
+/// code) that behaves the same.
+fn rebuilt(module: &[u8], build: &str) -> Vec<u8> {
+    with_section(module, "stakegate.build", build)
+}
+
+/// A proxy-wasm module in WAT that declares itself the admission gate:
+/// `imports`, and `configure` as the body of proxy_on_configure. Requests
+/// pass.
 fn wat_module(imports: &str, configure: &str) -> Vec<u8> {
     let text = include_str!("../fixtures/proxy-wasm.wat")
         .replace("{imports}", imports)
         .replace("{configure}", configure);
-    wat::parse_str(text).unwrap()
+    with_section(
+        &wat::parse_str(text).unwrap(),
+        "stakegate.filter",
+        "admission-gate",
+    )
 }
 
 const INTERNAL: &str = r#""classes": {"internal": [{"listenerMetadata": "internal"}]}"#;
@@ -194,6 +203,93 @@ fn a_module_deployed_as_another_filter_is_refused() {
     );
     let attempts = "extension_config_discovery.http_filter.stakegate.admission_gate.update_attempt";
     assert_eq!(envoy.stat(attempts).unwrap(), 1, "Envoy was not touched");
+}
+
+#[test]
+fn a_storm_of_concurrent_deploys_half_of_them_broken_leaves_the_last_good_one_serving() {
+    let policy = |limit: u32| format!(r#"{{"maxInflight": {limit}, {INTERNAL}}}"#);
+    let (_node, envoy) = node_behind_gate(&policy(64), &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let gate = paths::wasm_module("admission_gate").unwrap();
+    let qos = paths::wasm_module("stake_qos").unwrap();
+    let bad = file(
+        dir.path(),
+        "bad.json",
+        r#"{"maxInflight": 8, "reserved": 9}"#,
+    );
+    let unlinkable = file(
+        dir.path(),
+        "unlinkable.wasm",
+        wat_module(
+            r#"(import "env" "stakegate_not_in_envoy" (func))"#,
+            "i32.const 1",
+        ),
+    );
+    let envoy = std::sync::Arc::new(envoy);
+    // Three operators, four deploys each: good, broken, good, broken.
+    let storm: Vec<_> = (0..3u32)
+        .map(|who| {
+            let good: Vec<PathBuf> = (0..2)
+                .map(|k| {
+                    file(
+                        dir.path(),
+                        &format!("p{who}-{k}.json"),
+                        policy(100 + 10 * who + k),
+                    )
+                })
+                .collect();
+            let broken = [
+                (qos.clone(), good[0].clone()),
+                (unlinkable.clone(), bad.clone()),
+            ];
+            let (envoy, gate) = (envoy.clone(), gate.clone());
+            std::thread::spawn(move || {
+                (0..4)
+                    .map(|step| {
+                        let (module, policy) = if step % 2 == 0 {
+                            (gate.clone(), good[step / 2].clone())
+                        } else {
+                            broken[step / 2].clone()
+                        };
+                        stakegate(&envoy, "admission-gate", Some((&module, &policy)))
+                            .status
+                            .success()
+                    })
+                    .collect::<Vec<bool>>()
+            })
+        })
+        .collect();
+    let outcomes: Vec<bool> = storm.into_iter().flat_map(|t| t.join().unwrap()).collect();
+    assert_eq!(
+        outcomes,
+        [true, false, true, false].repeat(3),
+        "every good deploy applied, every broken one refused"
+    );
+    let deployments = history(&envoy, "admission-gate");
+    assert_eq!(
+        deployments.len(),
+        7,
+        "the startup config and six good deploys"
+    );
+    let last = deployments.last().unwrap();
+    let version = "extension_config_discovery.http_filter.stakegate.admission_gate.version_text";
+    assert_eq!(
+        envoy.admin().text(version).unwrap().as_deref(),
+        Some(last["version"].to_string().as_str())
+    );
+    let config = std::fs::read_to_string(envoy.ecds_dir().join("admission-gate.yaml")).unwrap();
+    let serving: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(
+        serving["resources"][0]["typed_config"]["config"]["configuration"]["value"], last["policy"],
+        "on disk is what was last recorded"
+    );
+    let answer = stakegate_stack::http::post(
+        &envoy.url("public").unwrap(),
+        &[],
+        r#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}"#,
+    )
+    .unwrap();
+    assert_eq!(answer.status, 200);
 }
 
 #[test]

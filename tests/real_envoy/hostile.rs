@@ -343,9 +343,15 @@ fn an_abort_soak_ends_with_nothing_in_flight() {
             ..client(&format!("impatient-{timeout}ms"), 150.0, "", 10_000)
         })
         .collect();
+    // STAKEGATE_SOAK_SECONDS makes a long soak of it (docs/reliability.md).
+    let seconds = std::env::var("STAKEGATE_SOAK_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(8);
     let mut total = 0;
     for http2 in [false, true] {
-        let mut spec = stakegate_tests::load_h2(&url, clients.clone(), Duration::from_secs(8), 4);
+        let mut spec =
+            stakegate_tests::load_h2(&url, clients.clone(), Duration::from_secs(seconds), 4);
         spec.http2 = http2;
         let report = loadgen::run(&spec).unwrap();
         eprintln!("http2={http2}: {:?}", report.status);

@@ -6,6 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use stakegate_core::qos::identity::Identity;
 use stakegate_core::qos::policy::QosPolicy;
+use stakegate_core::qos::report::MemoryQueue;
 use stakegate_core::qos::{StakeQos, Verdict};
 use stakegate_core::shared::MemoryStore;
 
@@ -16,6 +17,7 @@ fuzz_target!(|data: &[u8]| {
     assert!(policy.capacity_rps.is_finite() && policy.capacity_rps >= 1.0);
     let _ = policy.warnings();
     let store = MemoryStore::default();
+    let queue = MemoryQueue::default();
     let stakes = [1, policy.unstaked_stake, u64::MAX / 2, u64::MAX];
     let mut qos = StakeQos::new(policy, 7);
     let mut tickets = Vec::new();
@@ -31,13 +33,14 @@ fuzz_target!(|data: &[u8]| {
                 staked: i > 1,
             };
             if let Verdict::Admit(ticket) = qos.admit(&store, now, &identity).verdict {
+                qos.charge(&ticket, u32::MAX);
                 tickets.push(ticket);
             }
         }
-        let _ = qos.tick(&store, now);
+        let _ = qos.tick(&store, &queue, now);
         if step % 2 == 1 {
             for ticket in tickets.drain(..) {
-                let _ = qos.finish(&store, now, ticket, Some(503));
+                qos.finish(now, ticket, Some(503));
             }
         }
     }

@@ -9,6 +9,7 @@
 //! - `dedup`: retry-storm protection, an optional part of the gate (SEEDS.md part 4).
 //! - `qos`: stake-weighted rate shares and concurrency allowances (SEEDS.md parts 1-3).
 //! - `baseline`: Agave's stake-weighted QoS as it was (SEEDS.md part 1), for comparison.
+//! - `jsonrpc`: what the filters read of a JSON-RPC body without parsing it.
 //! - `rejection`: the one error shape every rejection has.
 //! - `shared`: compare-and-swap updates of records in proxy-wasm shared data.
 //! - `websocket`: WebSocket frames read in passing, counted as JSON-RPC messages.
@@ -17,6 +18,7 @@
 pub mod baseline;
 pub mod dedup;
 pub mod gate;
+pub mod jsonrpc;
 pub mod qos;
 pub mod rejection;
 pub mod shared;

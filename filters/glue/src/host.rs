@@ -33,6 +33,13 @@ extern "C" {
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
     ) -> u32;
+    fn proxy_register_shared_queue(name_data: *const u8, name_size: usize, token: *mut u32) -> u32;
+    fn proxy_enqueue_shared_queue(token: u32, value_data: *const u8, value_size: usize) -> u32;
+    fn proxy_dequeue_shared_queue(
+        token: u32,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
     fn proxy_continue_stream(stream_type: u32) -> u32;
     fn proxy_close_stream(stream_type: u32) -> u32;
     fn proxy_set_effective_context(context_id: u32) -> u32;
@@ -124,6 +131,33 @@ pub fn body(of: BodyOf, start: usize, len: usize) -> Vec<u8> {
         return Vec::new();
     }
     owned(data, size)
+}
+
+/// Registers (or finds) the shared queue `name` of this VM's `vm_id`.
+pub fn register_queue(name: &str) -> Option<u32> {
+    let mut token = 0;
+    // SAFETY: the name's own bytes and a local.
+    let status = unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut token) };
+    (status == OK).then_some(token)
+}
+
+/// Puts `value` on a shared queue. `false` if the host refused.
+pub fn enqueue(token: u32, value: &[u8]) -> bool {
+    // SAFETY: the value's own bytes.
+    unsafe { proxy_enqueue_shared_queue(token, value.as_ptr(), value.len()) == OK }
+}
+
+/// Takes the oldest value off a shared queue: `Ok(None)` when it is empty
+/// (status `Empty`, 7), `Err(status)` when the host refused.
+pub fn dequeue(token: u32) -> Result<Option<Vec<u8>>, u32> {
+    const EMPTY: u32 = 7;
+    let (mut data, mut size) = (std::ptr::null_mut(), 0);
+    // SAFETY: pointers to locals.
+    match unsafe { proxy_dequeue_shared_queue(token, &mut data, &mut size) } {
+        OK => Ok(Some(owned(data, size))),
+        EMPTY => Ok(None),
+        status => Err(status),
+    }
 }
 
 /// Makes hostcalls act on context `id` (a stream of this VM) until the

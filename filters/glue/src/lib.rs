@@ -8,6 +8,7 @@ pub mod metrics;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel, Status};
+use stakegate_core::qos::report::ReportQueue;
 use stakegate_core::shared::{SharedStore, StoreError, Write};
 
 /// Declares which stakegate filter a module is, in a custom section named
@@ -46,6 +47,33 @@ impl SharedStore for EnvoyStore {
             Err(Status::CasMismatch) => Ok(Write::CasMismatch),
             Err(status) => Err(StoreError::Host(format!("set_shared_data: {status:?}"))),
         }
+    }
+}
+
+/// A proxy-wasm shared queue, as stake QoS reports travel on it.
+pub struct EnvoyQueue(pub u32);
+
+impl EnvoyQueue {
+    /// Registers the queue `name` (every VM of the `vm_id` gets the same one).
+    pub fn register(name: &str) -> Result<Self, String> {
+        host::register_queue(name)
+            .map(Self)
+            .ok_or_else(|| format!("registering the shared queue {name} failed"))
+    }
+}
+
+impl ReportQueue for EnvoyQueue {
+    fn push(&self, report: &[u8]) -> Result<(), StoreError> {
+        if host::enqueue(self.0, report) {
+            Ok(())
+        } else {
+            Err(StoreError::Host("enqueue_shared_queue refused".into()))
+        }
+    }
+
+    fn pop(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        host::dequeue(self.0)
+            .map_err(|status| StoreError::Host(format!("dequeue_shared_queue: status {status}")))
     }
 }
 

@@ -6,13 +6,17 @@
 //! - `on_configure` parses the policy. A bad policy is logged with the
 //!   field and the reason, and `false` makes Envoy refuse it, so the
 //!   previous one keeps serving.
-//! - `on_http_request_headers` resolves the identity and admits the request
-//!   or answers 429, before any body byte is read.
-//! - `on_http_response_headers` notes the upstream status (503 and 429 are
-//!   back-pressure in reactive mode); `on_done` (or dropping the stream
-//!   context) ends the request: its in-flight count and its latency.
-//! - `on_tick`, every refill interval on every worker, reads the shared
-//!   state and runs the refill round if this VM wins it.
+//! - request headers: resolve the identity and admit the request (one call)
+//!   or answer 429. While throttling is off this touches no shared data.
+//! - request body: a batch is charged its other calls.
+//! - response headers (reactive mode): the upstream status, 503 and 429
+//!   being back-pressure; `on_done` (or dropping the stream context) ends
+//!   the request locally: its place in flight and its latency.
+//! - `on_tick`, every refill interval on every worker: this worker's counts
+//!   go on the report queue, the shared state is read, and the refill round
+//!   runs if this VM wins it.
+
+stakegate_glue::declare_filter!("stake-qos");
 
 mod metrics;
 
@@ -20,15 +24,15 @@ use metrics::QosMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::qos::identity::{anonymous, identify};
-use stakegate_core::qos::policy::QosPolicy;
+use stakegate_core::qos::policy::{Mode, QosPolicy};
+use stakegate_core::qos::report::QUEUE;
 use stakegate_core::qos::{Admission, Reason, StakeQos, Throttled, Ticket, Verdict};
 use stakegate_glue::facts::StreamFacts;
-use stakegate_glue::{now_ms, now_us, EnvoyStore};
+use stakegate_glue::host::{self, BodyOf};
+use stakegate_glue::{now_ms, now_us, EnvoyQueue, EnvoyStore};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
-
-stakegate_glue::declare_filter!("stake-qos");
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -40,6 +44,7 @@ proxy_wasm::main! {{
 struct Worker {
     qos: StakeQos,
     metrics: QosMetrics,
+    queue: EnvoyQueue,
 }
 
 struct QosRoot {
@@ -55,23 +60,32 @@ impl QosRoot {
     fn configure(&mut self, config: &[u8]) -> Result<(), String> {
         let policy = QosPolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
         let metrics = QosMetrics::define(&policy.tiers)?;
+        let queue = EnvoyQueue::register(QUEUE)?;
         self.set_tick_period(Duration::from_millis(policy.refill_interval_ms));
         let seed = now_us() ^ (u64::from(self.context_id) << 40);
         self.worker = Some(Rc::new(RefCell::new(Worker {
             qos: StakeQos::new(policy, seed),
             metrics,
+            queue,
         })));
         Ok(())
     }
 }
 
 impl Context for QosRoot {
-    /// The plugin is being deleted (a swap or reload): the last counts
-    /// reach Envoy instead of dying with the VM.
+    /// The plugin is being deleted (a swap or reload): this worker's last
+    /// counts go on the queue and reach Envoy instead of dying with the VM.
     fn on_done(&mut self) -> bool {
         if let Some(worker) = &self.worker {
             let mut worker = worker.borrow_mut();
-            let Worker { qos, metrics } = &mut *worker;
+            let Worker {
+                qos,
+                metrics,
+                queue,
+            } = &mut *worker;
+            if let Err(e) = qos.flush(queue) {
+                log(LogLevel::Warn, &format!("last report: {e}"));
+            }
             metrics.flush(qos.state(), qos.policy().refill_interval_ms);
         }
         true
@@ -87,18 +101,23 @@ impl RootContext for QosRoot {
     fn on_tick(&mut self) {
         let Some(worker) = &self.worker else { return };
         let mut worker = worker.borrow_mut();
-        let Worker { qos, metrics } = &mut *worker;
+        let Worker {
+            qos,
+            metrics,
+            queue,
+        } = &mut *worker;
         let started = now_us();
-        match qos.tick(&EnvoyStore, started / 1000) {
-            Ok(Some(round)) => {
-                metrics.refill_took(now_us().saturating_sub(started));
-                metrics.cas_retries(round.cas_retries);
-                metrics.evicted(round.evicted);
+        match qos.tick(&EnvoyStore, queue, started / 1000) {
+            Ok(tick) => {
+                if let Some(round) = tick.round {
+                    metrics.refill_took(now_us().saturating_sub(started));
+                    metrics.cas_retries(round.cas_retries);
+                    metrics.evicted(round.evicted);
+                }
             }
-            Ok(None) => {}
             Err(e) => {
                 metrics.store_error();
-                log(LogLevel::Warn, &format!("refill round: {e}"));
+                log(LogLevel::Warn, &format!("tick: {e}"));
             }
         }
         metrics.flush(qos.state(), qos.policy().refill_interval_ms);
@@ -113,6 +132,7 @@ impl RootContext for QosRoot {
         Some(Box::new(QosStream {
             worker,
             ticket: None,
+            charged: false,
             upstream_status: None,
         }))
     }
@@ -121,26 +141,30 @@ impl RootContext for QosRoot {
 struct QosStream {
     worker: Rc<RefCell<Worker>>,
     ticket: Option<Ticket>,
+    /// The body was looked at for a batch.
+    charged: bool,
     upstream_status: Option<u32>,
 }
 
 impl QosStream {
     fn admit(&mut self) -> Result<(), Throttled> {
         let mut worker = self.worker.borrow_mut();
-        let Worker { qos, metrics } = &mut *worker;
+        let Worker { qos, metrics, .. } = &mut *worker;
         let identity =
             identify(qos.policy(), &mut StreamFacts).unwrap_or_else(|| anonymous(qos.policy()));
         let Admission {
             verdict,
+            leased,
             cas_retries,
             evicted,
             store_error,
         } = qos.admit(&EnvoyStore, now_ms(), &identity);
+        metrics.leased(leased);
         metrics.cas_retries(cas_retries);
         metrics.evicted(u64::from(evicted));
         if let Some(e) = store_error {
             metrics.store_error();
-            log(LogLevel::Warn, &format!("admitted without accounting: {e}"));
+            log(LogLevel::Warn, &format!("admitted without a token: {e}"));
         }
         match verdict {
             Verdict::Admit(ticket) => {
@@ -159,14 +183,8 @@ impl QosStream {
         let Some(ticket) = self.ticket.take() else {
             return;
         };
-        let mut worker = self.worker.borrow_mut();
-        let Worker { qos, metrics } = &mut *worker;
-        match qos.finish(&EnvoyStore, now_ms(), ticket, self.upstream_status) {
-            Ok(retries) => metrics.cas_retries(retries),
-            Err(e) => {
-                metrics.store_error();
-                log(LogLevel::Warn, &format!("ending a request: {e}"));
-            }
+        if let Ok(mut worker) = self.worker.try_borrow_mut() {
+            worker.qos.finish(now_ms(), ticket, self.upstream_status);
         }
     }
 }
@@ -195,9 +213,35 @@ impl HttpContext for QosStream {
         }
     }
 
+    /// A batch is charged the calls it holds beyond the first. Behind the
+    /// buffer filter of the shipped configs the body is whole here; a body
+    /// streamed in pieces is charged what its first piece holds.
+    fn on_http_request_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        let Some(ticket) = &self.ticket else {
+            return Action::Continue;
+        };
+        if std::mem::replace(&mut self.charged, true) || body_size == 0 {
+            return Action::Continue;
+        }
+        let head = host::body(BodyOf::Request, 0, body_size.min(64));
+        if head.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'[') {
+            return Action::Continue;
+        }
+        let calls = stakegate_core::jsonrpc::calls(&host::body(BodyOf::Request, 0, body_size));
+        if let Ok(mut worker) = self.worker.try_borrow_mut() {
+            worker.qos.charge(ticket, calls);
+        }
+        Action::Continue
+    }
+
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        self.upstream_status =
-            stakegate_glue::host::response_header(":status").and_then(|s| s.parse().ok());
+        let reactive = self
+            .worker
+            .try_borrow()
+            .is_ok_and(|w| w.qos.policy().mode == Mode::Reactive);
+        if reactive {
+            self.upstream_status = host::response_header(":status").and_then(|s| s.parse().ok());
+        }
         Action::Continue
     }
 }

@@ -16,6 +16,7 @@ struct Pending {
     cas_retries: u64,
     store_errors: u64,
     evicted: u64,
+    leases: u64,
 }
 
 pub struct QosMetrics {
@@ -31,6 +32,7 @@ pub struct QosMetrics {
     cas_retries: u32,
     store_errors: u32,
     evicted: u32,
+    leases: u32,
     pending: Pending,
 }
 
@@ -60,6 +62,7 @@ impl QosMetrics {
             cas_retries: define(MetricType::Counter, "cas_retries")?,
             store_errors: define(MetricType::Counter, "store_errors")?,
             evicted: define(MetricType::Counter, "evicted")?,
+            leases: define(MetricType::Counter, "leases")?,
             pending: Pending {
                 admitted: vec![0; tiers.len()],
                 throttled: vec![0; tiers.len()],
@@ -89,6 +92,11 @@ impl QosMetrics {
         self.pending.store_errors += 1;
     }
 
+    /// A request touched shared data for a lease.
+    pub fn leased(&mut self, leased: bool) {
+        self.pending.leases += u64::from(leased);
+    }
+
     pub fn evicted(&mut self, n: u64) {
         self.pending.evicted += n;
     }
@@ -114,6 +122,7 @@ impl QosMetrics {
         add(self.cas_retries, std::mem::take(&mut p.cas_retries));
         add(self.store_errors, std::mem::take(&mut p.store_errors));
         add(self.evicted, std::mem::take(&mut p.evicted));
+        add(self.leases, std::mem::take(&mut p.leases));
         set(self.throttling, u64::from(state.throttling));
         set(self.load_rps, state.load_rps(interval_ms).round() as u64);
         set(self.capacity_rps, state.capacity_rps.round() as u64);

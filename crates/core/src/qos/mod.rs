@@ -1,76 +1,122 @@
-//! Stake-weighted QoS: token buckets with shares proportional to stake,
-//! unused budget redistributed, no throttling below the load threshold, and
-//! concurrency allowances that follow rate × latency (SEEDS.md parts 1-3).
+//! Stake-weighted QoS: each client's share of the upstream's capacity
+//! follows its stake, budget a client does not use goes to the others, and
+//! nobody is throttled while the load is below a threshold of capacity
+//! (docs/background.md, Agave's stake-weighted QoS: parts 1 to 3).
 //!
-//! **Shared state.** Identities live in a paged table in shared data
-//! (`page`); the gateway-wide clock, load estimate and capacity in one
-//! record (`state`). Requests change only their identity's page, by CAS.
+//! # The allocation (each round, `round`)
 //!
-//! **Requests.** Every arrival is counted in its entry (the load). While
-//! throttling is off, everything is admitted. While it is on, a request
-//! needs a whole token from its bucket and must fit its concurrency
-//! allowance, `max(floor, share_rps × latency × (1 + headroom))`, where
-//! `latency` is the identity's EWMA from request start to response end: a
-//! client with slow methods or a long round trip keeps enough requests in
-//! flight to reach its share. Otherwise: 429.
+//! Every `refillIntervalMs` one VM runs a round: it claims it by CAS on the
+//! state record, so one VM runs each round. A round hands out
+//! `T = capacity × interval` tokens (one per JSON-RPC call) by **weighted
+//! max-min over predicted demand** (`fair`):
 //!
-//! **Rounds.** Every VM ticks each `refillIntervalMs`; the first to see a
-//! round due claims it by CAS on the state record, so one VM refills per
-//! round. The round closes `k` intervals (normally 1) and distributes
-//! `F = capacity × interval × k` tokens (k at most 5): each entry gets
-//! `F × eff / Σeff`, with `eff = stake × arrivals / allocated`, clamped to
-//! `[1, stake]`: an idle identity's share decays toward 0 and flows to the
-//! active ones, and comes back in one round when it is active again.
-//! (The source counts the tokens consumed, its streams waiting for the next
-//! refill; a gateway refuses instead, so a refused request is demand too.
-//! Counting only admitted ones undercounts a client whose share is a
-//! fraction of a token per round, and its share leaks to the others.)
-//! Buckets are capped at `max(2 × share, 2F × stake / Σstake)`, about two
-//! rounds. A round is two passes over the pages: one that reads them to sum
-//! `eff` and stake, one that refills the pages it read by CAS (re-reading
-//! only those a worker wrote in between): `P` reads and `P` writes for
-//! `P = ceil(maxIdentities / 64)` pages, whatever the traffic. (Using
-//! the previous round's sums would save the first pass, but then a round in
-//! which demand shifts hands out far too much or too little.) The second
-//! pass also evicts identities idle past `idleTtlMs` and sums the arrivals
-//! for the load EMA (`state::step_load`) and the finished requests for
-//! reactive mode (`reactive`). Throttling is on while the load estimate is at or
-//! above `throttleThreshold × capacity`.
+//! - an identity's *demand* `d` is its calls per interval (admitted or
+//!   refused: a gateway refuses where a node would queue, so a refused call
+//!   is demand too), smoothed: `d ← 0.2 × calls + 0.8 × d` each round;
+//! - the water level `λ` is set so that `Σ min(d, λ × stake) = T`;
+//! - an identity that wants less than its stake's part (`d ≤ λ × stake`) is
+//!   *satisfied*: it is granted `d × 1.5` (the headroom lets it grow), and
+//!   `d` of it is what the level was computed with, so capacity is filled
+//!   when total demand reaches it; the others are granted `λ × stake`;
+//! - an identity with no calls whose demand has decayed below 0.01 per
+//!   interval is *idle*: it carries no weight and gets nothing, however many
+//!   such identities the table holds. A new identity is never confused with
+//!   an idle one: its first calls make it active at once, and it starts
+//!   with `initialTokens` in its bucket.
 //!
-//! **Failure.** If shared data fails, requests are admitted (fail open: the
-//! admission gate is what protects the node) and the error is counted. An
-//! in-flight count held by a VM that vanished mid-request is cleared when
-//! its identity idles out.
+//! A bucket holds at most two rounds of its grant (at least two tokens).
+//! A client whose demand rises is satisfied, and granted half as much again
+//! as it used, each round: it reaches its fair share in a few rounds (40 ms
+//! at the default interval for a tenfold rise). A client that goes quiet
+//! falls below 5 % of its demand in 14 rounds (280 ms) and idle soon after.
+//!
+//! **Cost of a round.** It visits the pages that hold an active identity or
+//! one with new counts (an active-page bitmap says which), reading each
+//! once and writing it once (again only if a worker wrote it in between):
+//! `2A` shared-data calls for `A` active pages of `P = ceil(maxIdentities /
+//! 64)`, nothing for idle pages. The level takes two to four passes over
+//! the active identities' demands. Pages are changed in place (`page`).
+//!
+//! # The request path (`StakeQos::admit`)
+//!
+//! Requests touch no shared data while throttling is off: each worker
+//! counts its identities' calls, completions and latency locally and puts
+//! them on a shared queue once per tick (`report`), where the round picks
+//! them up. While throttling is on, a call needs a token. A worker takes
+//! tokens from the identity's shared bucket in **leases** of a quarter of
+//! the identity's grant per round (at least one token), by one CAS on its
+//! page, and spends them locally; a worker that found the bucket empty does
+//! not look again until the next round. A batch of `n` calls is admitted on
+//! its first token when the headers arrive, and charged the other `n − 1`
+//! once its body is read: the worker's lease goes into debt, paid from its
+//! next leases.
+//!
+//! **What leases trade.** Nothing is admitted beyond the tokens taken from
+//! the shared bucket, except a batch's debt: at most one batch (less its
+//! first call) per worker and identity at a time. An identity can be
+//! refused while another worker holds leased tokens for it that it has not
+//! spent: at most `(W − 1) × lease` tokens for `W` workers, and they are not
+//! lost, the holder spends them on its next calls of that identity.
+//!
+//! **Concurrency allowance.** Each worker lets an identity have
+//! `max(floor, share_rps × latency × (1 + headroom))` requests in flight,
+//! `latency` being that worker's EWMA of the identity's request latency
+//! (Little's law: a client with slow methods or a long round trip keeps
+//! enough in flight to reach its share). The count is per worker, so across
+//! `W` workers an identity may have up to `W` times its allowance.
+//!
+//! # Failure
+//!
+//! If shared data fails, requests are admitted (fail open: the admission
+//! gate protects the node) and the error is counted. Counts a worker could
+//! not report stay local and go with its next report.
 
+pub mod fair;
 pub mod identity;
 pub mod page;
 pub mod policy;
 pub mod reactive;
+pub mod report;
+mod round;
 pub mod state;
 
 use crate::gate::drain::{retry_after_s, Jitter};
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
-use crate::shared::{read, update, update_from, Change, Record, SharedStore, StoreError, Write};
+use crate::shared::{read, update, SharedStore, StoreError, Write};
 use identity::Identity;
-use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI};
+use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};
 use policy::{Mode, QosPolicy};
-use reactive::Finished;
-use state::{step_load, QosState};
+use report::{Delta, ReportQueue};
+use state::QosState;
+use std::collections::HashMap;
 
-pub const STATE_KEY: &str = "stakegate.stake_qos.v1.state";
-const PAGE_KEY_PREFIX: &str = "stakegate.stake_qos.v1.page.";
-/// A late round makes up for at most this many intervals.
-const MAX_CATCH_UP: u64 = 5;
+pub use round::RoundReport;
+
+pub const STATE_KEY: &str = "stakegate.stake_qos.v2.state";
+/// A bitmap of the pages that hold an active identity, written by the round.
+pub const ACTIVE_KEY: &str = "stakegate.stake_qos.v2.active";
+const PAGE_KEY_PREFIX: &str = "stakegate.stake_qos.v2.page.";
+/// Weight of the newest round in the demand prediction.
+pub const DEMAND_SMOOTHING: f64 = 0.2;
+/// Demand (calls per interval) under which an identity with no calls is idle.
+pub const IDLE_DEMAND: f64 = 0.01;
+/// What a satisfied identity is granted beyond its predicted demand.
+pub const HEADROOM: f64 = 0.5;
+/// A lease is this fraction of the identity's grant per round.
+const LEASE_DIVISOR: u64 = 4;
+/// How often a worker drops local identities long idle.
+const SWEEP_EVERY_MS: u64 = 1000;
 
 pub fn page_key(page: u32) -> String {
     format!("{PAGE_KEY_PREFIX}{page}")
 }
 
-/// What an admitted request carries until it ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What an admitted request carries until it ends. Not `Copy`: it is given
+/// back once, by moving it into `StakeQos::finish`.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a ticket counts a request in flight until it is finished"]
 pub struct Ticket {
     key: u64,
-    page: u32,
     started_ms: u64,
 }
 
@@ -112,7 +158,7 @@ impl Throttled {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
     Admit(Ticket),
     Throttle(Throttled),
@@ -121,31 +167,58 @@ pub enum Verdict {
 #[derive(Debug)]
 pub struct Admission {
     pub verdict: Verdict,
+    /// A shared-bucket lease was taken (one CAS on the identity's page).
+    pub leased: bool,
     pub cas_retries: u32,
-    /// An identity was evicted to make room.
+    /// An identity was evicted from the shared table to make room.
     pub evicted: bool,
-    /// Shared data failed; the request was admitted without accounting.
+    /// Shared data failed; the request was admitted without a token.
     pub store_error: Option<StoreError>,
 }
 
-/// What a refill round did, for metrics and logs.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RoundReport {
-    pub identities: u64,
-    pub evicted: u64,
-    pub throttling: bool,
-    pub load_rps: f64,
-    pub capacity_rps: f64,
-    pub cas_retries: u32,
+/// One identity as one worker sees it.
+#[derive(Debug, Clone)]
+struct Local {
+    page: u32,
+    stake: u64,
+    tier: u8,
+    staked: bool,
+    /// Milli-tokens leased from the shared bucket and not spent yet;
+    /// negative: a batch's debt.
+    lease: i64,
+    /// Milli-tokens per round the last round granted (as of the last lease).
+    grant: u64,
+    /// The round in which the shared bucket was found empty.
+    dry_round: Option<u64>,
+    inflight: u32,
+    /// EWMA of request latency, start to response end, in µs.
+    latency_us: u32,
+    /// Counts since the last report.
+    delta: Delta,
+    last_seen_ms: u64,
 }
 
-/// Per-VM QoS: the policy, the state as of the last tick, and jitter.
+/// What a tick did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tick {
+    /// The refill round, if this VM ran it.
+    pub round: Option<RoundReport>,
+    /// Identities in this worker's report.
+    pub reported: usize,
+}
+
+/// One VM's side of stake QoS: the policy, the state as of its last tick,
+/// and its identities' local counts and leases.
 #[derive(Debug)]
 pub struct StakeQos {
     policy: QosPolicy,
     pages: u32,
     state: QosState,
     jitter: Jitter,
+    locals: HashMap<u64, Local>,
+    /// Counts of local identities dropped before they were reported.
+    orphans: Vec<Delta>,
+    last_sweep_ms: u64,
 }
 
 impl StakeQos {
@@ -160,6 +233,9 @@ impl StakeQos {
             pages,
             state,
             jitter: Jitter::new(seed),
+            locals: HashMap::new(),
+            orphans: Vec::new(),
+            last_sweep_ms: 0,
         }
     }
 
@@ -180,90 +256,188 @@ impl StakeQos {
         self.policy.refill_interval_ms as f64 / 1000.0
     }
 
-    fn fresh_entry(&self, identity: &Identity, now_ms: u64) -> Entry {
-        Entry {
-            key: identity.key,
-            stake: identity.stake,
-            tokens: i64::from(self.policy.initial_tokens) * MILLI,
-            last_seen_ms: now_ms,
-            tier: identity.tier as u8,
-            staked: identity.staked,
-            ..Entry::default()
+    /// This worker's record of `identity`, made if it has none (making room
+    /// by dropping an idle one when the table is full).
+    fn local(&mut self, identity: &Identity, now_ms: u64) -> &mut Local {
+        if !self.locals.contains_key(&identity.key)
+            && self.locals.len() >= self.policy.max_identities as usize
+        {
+            let idle = self
+                .locals
+                .iter()
+                .filter(|(_, l)| l.inflight == 0)
+                .min_by_key(|(_, l)| l.last_seen_ms)
+                .map(|(k, _)| *k);
+            if let Some(local) = idle.and_then(|k| self.locals.remove(&k)) {
+                if !local.delta.is_empty() {
+                    self.orphans.push(local.delta);
+                }
+            }
         }
+        let pages = self.pages;
+        let local = self.locals.entry(identity.key).or_insert_with(|| Local {
+            page: (identity.key % u64::from(pages)) as u32,
+            stake: 0,
+            tier: 0,
+            staked: false,
+            lease: 0,
+            grant: 0,
+            dry_round: None,
+            inflight: 0,
+            latency_us: 0,
+            delta: Delta {
+                key: identity.key,
+                ..Delta::default()
+            },
+            last_seen_ms: now_ms,
+        });
+        // Who the identity is comes from the policy serving now, so a new
+        // stake table takes effect from this request and the next round.
+        local.stake = identity.stake;
+        local.tier = identity.tier as u8;
+        local.staked = identity.staked;
+        local.last_seen_ms = now_ms;
+        local
     }
 
-    /// Decides a request, before its body is read.
+    /// Decides a request when its headers arrive (one call; a batch is
+    /// charged the rest with `charge`).
     pub fn admit(
         &mut self,
         store: &impl SharedStore,
         now_ms: u64,
         identity: &Identity,
     ) -> Admission {
-        let page = (identity.key % u64::from(self.pages)) as u32;
-        let fresh = self.fresh_entry(identity, now_ms);
         let throttling = self.state.throttling;
+        let round = self.state.round;
         let interval_s = self.interval_s();
-        let (floor, headroom, idle_ttl) = (
-            self.policy.concurrency_floor,
-            self.policy.headroom,
-            self.policy.idle_ttl_ms,
-        );
-        let result = update(store, &page_key(page), |p: &mut Page| {
-            let (entry, evicted) = p.entry(fresh.clone(), now_ms, idle_ttl);
-            // Who the identity is comes from the policy serving now, so a
-            // new stake table takes effect from this request and the next
-            // refill round.
-            (entry.stake, entry.tier, entry.staked) = (fresh.stake, fresh.tier, fresh.staked);
-            entry.last_seen_ms = now_ms;
-            entry.arrivals = entry.arrivals.saturating_add(1);
-            let share_rps = entry.allocated as f64 / MILLI as f64 / interval_s;
-            let allowance = concurrency_allowance(floor, headroom, share_rps, entry.latency_us);
-            let refused = if !throttling {
-                None
-            } else if entry.inflight >= allowance {
-                Some(Reason::Concurrency)
-            } else if entry.tokens < MILLI {
-                Some(Reason::Rate)
-            } else {
-                entry.tokens -= MILLI;
-                None
-            };
-            if refused.is_none() {
-                entry.inflight = entry.inflight.saturating_add(1);
-            }
-            let outcome = (refused, entry.tokens, share_rps, entry.latency_us);
-            Change::Write((outcome, evicted))
-        });
-        match result {
-            Ok(updated) => {
-                let ((refused, tokens, share_rps, latency_us), evicted) = updated.value;
-                let verdict = match refused {
-                    None => Verdict::Admit(Ticket {
-                        key: identity.key,
-                        page,
-                        started_ms: now_ms,
-                    }),
-                    Some(reason) => {
-                        Verdict::Throttle(self.throttled(reason, tokens, share_rps, latency_us))
-                    }
-                };
-                Admission {
-                    verdict,
-                    cas_retries: updated.retries,
-                    evicted,
-                    store_error: None,
+        let (floor, headroom) = (self.policy.concurrency_floor, self.policy.headroom);
+        let local = self.local(identity, now_ms);
+        local.delta.arrivals = local.delta.arrivals.saturating_add(1);
+        let admitted = |local: &mut Local| {
+            local.inflight = local.inflight.saturating_add(1);
+            Verdict::Admit(Ticket {
+                key: identity.key,
+                started_ms: now_ms,
+            })
+        };
+        let mut admission = Admission {
+            verdict: Verdict::Admit(Ticket {
+                key: identity.key,
+                started_ms: now_ms,
+            }),
+            leased: false,
+            cas_retries: 0,
+            evicted: false,
+            store_error: None,
+        };
+        if !throttling {
+            admission.verdict = admitted(local);
+            return admission;
+        }
+        let share_rps = local.grant as f64 / MILLI as f64 / interval_s;
+        let allowance = concurrency_allowance(floor, headroom, share_rps, local.latency_us);
+        if local.inflight >= allowance {
+            let (lease, latency_us) = (local.lease, local.latency_us);
+            admission.verdict = Verdict::Throttle(self.throttled(
+                Reason::Concurrency,
+                lease,
+                share_rps,
+                latency_us,
+            ));
+            return admission;
+        }
+        if local.lease < MILLI && local.dry_round != Some(round) {
+            let leased = self.lease(store, now_ms, identity);
+            admission.leased = true;
+            match leased {
+                Ok((retries, evicted)) => {
+                    admission.cas_retries = retries;
+                    admission.evicted = evicted;
+                }
+                Err((e, retries)) => {
+                    // Fail open: the admission gate protects the node.
+                    admission.cas_retries = retries;
+                    admission.store_error = Some(e);
+                    let local = self.local(identity, now_ms);
+                    admission.verdict = admitted(local);
+                    return admission;
                 }
             }
-            Err((e, retries)) => Admission {
-                verdict: Verdict::Admit(Ticket {
-                    key: 0,
-                    page,
-                    started_ms: now_ms,
-                }),
-                cas_retries: retries,
-                evicted: false,
-                store_error: Some(e),
-            },
+        }
+        let local = self.local(identity, now_ms);
+        if local.lease >= MILLI {
+            local.lease -= MILLI;
+            admission.verdict = admitted(local);
+            return admission;
+        }
+        local.dry_round = Some(round);
+        let (lease, latency_us) = (local.lease, local.latency_us);
+        admission.verdict =
+            Verdict::Throttle(self.throttled(Reason::Rate, lease, share_rps, latency_us));
+        admission
+    }
+
+    /// Takes a lease from the identity's shared bucket (creating its entry
+    /// with the new-identity gift if the table has none). Returns the CAS
+    /// retries and whether an identity was evicted.
+    fn lease(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+        identity: &Identity,
+    ) -> Result<(u32, bool), (StoreError, u32)> {
+        let initial = i64::from(self.policy.initial_tokens) * MILLI;
+        let local = self.local(identity, now_ms);
+        let want = (local.grant / LEASE_DIVISOR).max(MILLI as u64) as i64 + (-local.lease).max(0);
+        let fresh = Entry {
+            key: identity.key,
+            stake: identity.stake,
+            tokens: initial,
+            tier: identity.tier as u8,
+            flags: if identity.staked { STAKED } else { 0 },
+            last_seen_ms: now_ms,
+            ..Entry::default()
+        };
+        let key = page_key(local.page);
+        let updated = update(store, &key, |p: &mut Page| {
+            let before = p.len();
+            let (i, evicted) = p.entry(&fresh);
+            let tokens = p.tokens(i);
+            let got = tokens.clamp(0, want);
+            p.set_tokens(i, tokens - got);
+            p.set_last_seen_ms(i, now_ms);
+            let grant = p.grant(i);
+            let value = (got, grant, evicted);
+            if got > 0 || evicted || p.len() != before {
+                crate::shared::Change::Write(value)
+            } else {
+                crate::shared::Change::Keep(value)
+            }
+        })?;
+        let (got, grant, evicted) = updated.value;
+        let round = self.state.round;
+        let local = self.local(identity, now_ms);
+        local.lease += got;
+        local.grant = grant;
+        if got < want {
+            // The bucket is empty now: no use looking again this round.
+            local.dry_round = Some(round);
+        }
+        Ok((updated.retries, evicted))
+    }
+
+    /// A batch admitted on one call turned out to hold `calls`: the rest
+    /// are demand, and while throttling is on they are charged to the
+    /// identity's lease (as a debt if it has too little).
+    pub fn charge(&mut self, ticket: &Ticket, calls: u32) {
+        let extra = calls.saturating_sub(1);
+        let throttling = self.state.throttling;
+        if let Some(local) = self.locals.get_mut(&ticket.key) {
+            local.delta.arrivals = local.delta.arrivals.saturating_add(extra);
+            if throttling {
+                local.lease = local.lease.saturating_sub(i64::from(extra) * MILLI);
+            }
         }
     }
 
@@ -277,7 +451,7 @@ impl StakeQos {
         let jitter = self.jitter.next_unit();
         let max = self.policy.retry_after_max_s;
         let retry_after_s = match reason {
-            // Until the bucket holds a whole token at the current share.
+            // Until the lease holds a whole token at the current share.
             Reason::Rate => {
                 let missing = ((MILLI - tokens).max(1) as u64).div_ceil(MILLI as u64) as u32;
                 retry_after_s(missing, share_rps, jitter, max)
@@ -300,57 +474,52 @@ impl StakeQos {
         }
     }
 
-    /// Ends an admitted request: its slot, its latency, and whether the
-    /// upstream pushed back (`upstream_status` 503 or 429).
-    pub fn finish(
-        &mut self,
-        store: &impl SharedStore,
-        now_ms: u64,
-        ticket: Ticket,
-        upstream_status: Option<u32>,
-    ) -> Result<u32, StoreError> {
-        // Key 0 (never an identity's) marks a request admitted without
-        // accounting because shared data failed: nothing to give back.
-        if ticket.key == 0 {
-            return Ok(0);
-        }
+    /// Ends an admitted request: its place in flight, its latency, and
+    /// whether the upstream pushed back (`upstream_status` 503 or 429).
+    /// Touches no shared data.
+    pub fn finish(&mut self, now_ms: u64, ticket: Ticket, upstream_status: Option<u32>) {
+        let Some(local) = self.locals.get_mut(&ticket.key) else {
+            return;
+        };
         let latency_ms = now_ms.saturating_sub(ticket.started_ms);
         let alpha = self.policy.latency_smoothing;
-        let overload = matches!(upstream_status, Some(503 | 429));
-        update(store, &page_key(ticket.page), |p: &mut Page| {
-            let Some(entry) = p.find_mut(ticket.key) else {
-                // Evicted meanwhile: nothing is held any more.
-                return Change::Keep(());
-            };
-            entry.inflight = entry.inflight.saturating_sub(1);
-            let sample = latency_ms.saturating_mul(1000).min(u64::from(u32::MAX)) as f64;
-            entry.latency_us = if entry.latency_us == 0 {
-                sample as u32
-            } else {
-                (alpha * sample + (1.0 - alpha) * f64::from(entry.latency_us)) as u32
-            };
-            entry.completions = entry.completions.saturating_add(1);
-            entry.latency_sum_ms = entry.latency_sum_ms.saturating_add(latency_ms as u32);
-            entry.overloads = entry.overloads.saturating_add(u32::from(overload));
-            Change::Write(())
-        })
-        .map(|u| u.retries)
-        .map_err(|(e, _)| e)
+        local.inflight = local.inflight.saturating_sub(1);
+        let sample = latency_ms.saturating_mul(1000).min(u64::from(u32::MAX)) as f64;
+        local.latency_us = if local.latency_us == 0 {
+            sample as u32
+        } else {
+            (alpha * sample + (1.0 - alpha) * f64::from(local.latency_us)) as u32
+        };
+        let d = &mut local.delta;
+        d.completions = d.completions.saturating_add(1);
+        d.latency_sum_ms = d.latency_sum_ms.saturating_add(latency_ms as u32);
+        d.overloads = d
+            .overloads
+            .saturating_add(u32::from(matches!(upstream_status, Some(503 | 429))));
     }
 
-    /// Refreshes this VM's view of the state and, if a round is due and this
-    /// VM wins the claim, runs it.
+    /// Every refill interval: reports this worker's counts, refreshes its
+    /// view of the state, and runs the refill round if it is due and this
+    /// VM wins it.
     pub fn tick(
         &mut self,
         store: &impl SharedStore,
+        queue: &impl ReportQueue,
         now_ms: u64,
-    ) -> Result<Option<RoundReport>, StoreError> {
+    ) -> Result<Tick, StoreError> {
+        let reported = self.report(queue)?;
+        if now_ms.saturating_sub(self.last_sweep_ms) >= SWEEP_EVERY_MS {
+            self.sweep(now_ms);
+        }
         let (mut state, cas) = read::<QosState>(store, STATE_KEY)?;
         settle_capacity(&mut state, &self.policy);
         self.state = state.clone();
         let interval = self.policy.refill_interval_ms;
-        if state.round_ms != 0 && now_ms < state.round_ms + interval {
-            return Ok(None);
+        if state.round_ms != 0 && now_ms < state.round_ms.saturating_add(interval) {
+            return Ok(Tick {
+                round: None,
+                reported,
+            });
         }
         let intervals = if state.round_ms == 0 {
             1
@@ -363,83 +532,77 @@ impl StakeQos {
         } else {
             state.round_ms + intervals * interval
         };
-        let claim = claimed.encode();
-        if store.store(STATE_KEY, &claim, cas)? == Write::CasMismatch {
-            return Ok(None);
+        if store.store(STATE_KEY, &crate::shared::Record::encode(&claimed), cas)?
+            == Write::CasMismatch
+        {
+            return Ok(Tick {
+                round: None,
+                reported,
+            });
         }
-        self.round(store, now_ms, &state, intervals).map(Some)
+        let (state, report) = round::run(
+            &self.policy,
+            self.pages,
+            store,
+            queue,
+            now_ms,
+            &state,
+            intervals,
+        )?;
+        self.state = state;
+        Ok(Tick {
+            round: Some(report),
+            reported,
+        })
     }
 
-    fn round(
-        &mut self,
-        store: &impl SharedStore,
-        now_ms: u64,
-        previous: &QosState,
-        intervals: u64,
-    ) -> Result<RoundReport, StoreError> {
-        let per_interval = previous.capacity_rps * self.interval_s() * MILLI as f64;
-        let mut round = Round {
-            tokens: per_interval * intervals.min(MAX_CATCH_UP) as f64,
-            per_interval,
-            total_eff: 0.0,
-            total_stake: 0.0,
-            now_ms,
-            idle_ttl_ms: self.policy.idle_ttl_ms,
-        };
-        // Pass one sums effective stakes; pass two refills by them, each
-        // page starting from what pass one read (re-read only if a worker
-        // wrote it in between).
-        let (mut total_eff, mut total_stake) = (0.0, 0.0);
-        let mut pages = Vec::with_capacity(self.pages as usize);
-        for page in 0..self.pages {
-            let (page, cas) = read::<Page>(store, &page_key(page))?;
-            for e in page.entries.iter().filter(|e| !round.evicts(e)) {
-                total_eff += effective_stake(e);
-                total_stake += e.stake.max(1) as f64;
+    /// Puts this worker's counts since its last report on the queue (the
+    /// plugin is going away: nothing is lost with it).
+    pub fn flush(&mut self, queue: &impl ReportQueue) -> Result<usize, StoreError> {
+        self.report(queue)
+    }
+
+    /// Puts this worker's counts since its last report on the queue.
+    fn report(&mut self, queue: &impl ReportQueue) -> Result<usize, StoreError> {
+        let mut deltas = std::mem::take(&mut self.orphans);
+        for local in self.locals.values_mut() {
+            if !local.delta.is_empty() {
+                local.delta.stake = local.stake;
+                local.delta.tier = local.tier;
+                local.delta.flags = if local.staked { STAKED } else { 0 };
+                deltas.push(local.delta);
+                local.delta = Delta {
+                    key: local.delta.key,
+                    ..Delta::default()
+                };
             }
-            pages.push((page, cas));
         }
-        (round.total_eff, round.total_stake) = (total_eff, total_stake);
-        let mut sums = Sums::default();
-        let mut cas_retries = 0;
-        for (index, (page, cas)) in pages.into_iter().enumerate() {
-            if page.entries.is_empty() {
-                continue;
-            }
-            let key = page_key(index as u32);
-            let updated = update_from(store, &key, Some((page, cas)), |p: &mut Page| {
-                if p.entries.is_empty() {
-                    return Change::Keep(Sums::default());
-                }
-                Change::Write(refill_page(p, &round))
-            })
-            .map_err(|(e, _)| e)?;
-            cas_retries += updated.retries;
-            sums.add(&updated.value);
+        if deltas.is_empty() {
+            return Ok(0);
         }
-        let policy = &self.policy;
-        let updated = update(store, STATE_KEY, |s: &mut QosState| {
-            s.load_ema = step_load(s.load_ema, sums.arrivals, intervals, policy.load_smoothing);
-            s.identities = sums.identities;
-            settle_capacity(s, policy);
-            let load_rps = s.load_rps(policy.refill_interval_ms);
-            if policy.mode == Mode::Reactive {
-                reactive::adjust(s, policy, now_ms, sums.finished, load_rps);
+        match queue.push(&report::encode(&deltas)) {
+            Ok(()) => Ok(deltas.len()),
+            Err(e) => {
+                // Keep them for the next report.
+                self.orphans = deltas;
+                Err(e)
             }
-            s.throttling = load_rps >= policy.throttle_threshold * s.capacity_rps;
-            Change::Write(())
-        })
-        .map_err(|(e, _)| e)?;
-        cas_retries += updated.retries;
-        self.state = updated.table;
-        Ok(RoundReport {
-            identities: sums.identities,
-            evicted: sums.evicted,
-            throttling: self.state.throttling,
-            load_rps: self.state.load_rps(self.policy.refill_interval_ms),
-            capacity_rps: self.state.capacity_rps,
-            cas_retries,
-        })
+        }
+    }
+
+    /// Drops local identities idle past the TTL with nothing in flight or
+    /// unreported (their leftover lease goes with them).
+    fn sweep(&mut self, now_ms: u64) {
+        self.last_sweep_ms = now_ms;
+        let ttl = self.policy.idle_ttl_ms;
+        self.locals.retain(|_, l| {
+            l.inflight > 0 || !l.delta.is_empty() || now_ms.saturating_sub(l.last_seen_ms) <= ttl
+        });
+    }
+
+    /// Identities this worker keeps locally.
+    pub fn local_identities(&self) -> usize {
+        self.locals.len()
     }
 }
 
@@ -464,268 +627,5 @@ pub fn concurrency_allowance(floor: u32, headroom: f64, share_rps: f64, latency_
     (bdp.ceil().min(f64::from(u32::MAX)) as u32).max(floor)
 }
 
-/// `stake × arrivals / allocated`, clamped to `[1, stake]`; a new identity
-/// (nothing allocated yet) counts its full stake.
-fn effective_stake(e: &Entry) -> f64 {
-    let stake = e.stake.max(1) as f64;
-    if e.allocated == 0 {
-        return stake;
-    }
-    let used = f64::from(e.arrivals) * MILLI as f64 / e.allocated as f64;
-    larger(1.0, stake * smaller(used, 1.0))
-}
-
-// The refill round runs these for every identity every 20 ms: plain
-// comparisons, because `f64::max`/`min` become libm calls on wasm32 (their
-// NaN rule is not wasm's), and no NaN reaches them here.
-fn larger(a: f64, b: f64) -> f64 {
-    if a > b {
-        a
-    } else {
-        b
-    }
-}
-
-fn smaller(a: f64, b: f64) -> f64 {
-    if a < b {
-        a
-    } else {
-        b
-    }
-}
-
-struct Round {
-    /// Milli-tokens to hand out this round, and per interval.
-    tokens: f64,
-    per_interval: f64,
-    total_eff: f64,
-    total_stake: f64,
-    now_ms: u64,
-    idle_ttl_ms: u64,
-}
-
-impl Round {
-    /// Idle past the TTL with nothing in flight, or with a count still held
-    /// after twice the TTL (it belongs to a VM that vanished).
-    fn evicts(&self, e: &Entry) -> bool {
-        let idle = self.now_ms.saturating_sub(e.last_seen_ms);
-        idle > self.idle_ttl_ms && (e.inflight == 0 || idle > 2 * self.idle_ttl_ms)
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct Sums {
-    identities: u64,
-    evicted: u64,
-    arrivals: u64,
-    finished: Finished,
-}
-
-impl Sums {
-    fn add(&mut self, other: &Sums) {
-        self.identities += other.identities;
-        self.evicted += other.evicted;
-        self.arrivals += other.arrivals;
-        self.finished.completions += other.finished.completions;
-        self.finished.latency_ms += other.finished.latency_ms;
-        self.finished.overloads += other.finished.overloads;
-    }
-}
-
-/// One page's share of a round: evict the idle, refill the rest, reset
-/// their round counts, and sum what the state needs.
-fn refill_page(page: &mut Page, round: &Round) -> Sums {
-    let mut sums = Sums::default();
-    let before = page.entries.len();
-    page.entries.retain(|e| !round.evicts(e));
-    sums.evicted = (before - page.entries.len()) as u64;
-    for e in &mut page.entries {
-        let stake = e.stake.max(1) as f64;
-        let eff = effective_stake(e);
-        let share = if round.total_eff > 0.0 {
-            round.tokens * eff / round.total_eff
-        } else {
-            0.0
-        };
-        let floor = if round.total_stake > 0.0 {
-            2.0 * round.per_interval * stake / round.total_stake
-        } else {
-            0.0
-        };
-        let most = 2.0 * larger(round.per_interval, MILLI as f64);
-        let cap = smaller(larger(larger(2.0 * share, floor), 2.0 * MILLI as f64), most) as i64;
-        if e.tokens < cap {
-            e.tokens = (e.tokens + share as i64).min(cap);
-        }
-        sums.identities += 1;
-        sums.arrivals += u64::from(e.arrivals);
-        sums.finished.completions += u64::from(e.completions);
-        sums.finished.latency_ms += u64::from(e.latency_sum_ms);
-        sums.finished.overloads += u64::from(e.overloads);
-        e.allocated = share as u64;
-        e.arrivals = 0;
-        e.completions = 0;
-        e.latency_sum_ms = 0;
-        e.overloads = 0;
-    }
-    sums
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::shared::MemoryStore;
-
-    fn policy(capacity: u32) -> QosPolicy {
-        QosPolicy::parse(format!(r#"{{"capacityRps": {capacity}}}"#).as_bytes()).unwrap()
-    }
-
-    fn identity(key: u64, stake: u64) -> Identity {
-        Identity {
-            key,
-            stake,
-            tier: 0,
-            staked: stake > 1000,
-        }
-    }
-
-    /// Two VMs over one store; each client sends `rate` requests per second,
-    /// each finishing `latency_ms` later. Returns admitted counts per client
-    /// over the last `measure_ms` of `run_ms`, and 429s over the whole run.
-    fn drive(
-        policy: QosPolicy,
-        clients: &[(Identity, u32, u64)],
-        run_ms: u64,
-        measure_ms: u64,
-    ) -> (Vec<u64>, u64) {
-        let store = MemoryStore::default();
-        let mut vms = [StakeQos::new(policy.clone(), 1), StakeQos::new(policy, 2)];
-        let mut admitted = vec![0; clients.len()];
-        let mut throttled = 0;
-        let mut pending: Vec<(u64, usize, Ticket)> = Vec::new();
-        let mut sent = vec![0u64; clients.len()];
-        for now in 1..=run_ms {
-            for vm in &mut vms {
-                vm.tick(&store, now).unwrap();
-            }
-            pending.retain(|(at, vm, ticket)| {
-                if *at > now {
-                    return true;
-                }
-                vms[*vm].finish(&store, now, *ticket, Some(200)).unwrap();
-                false
-            });
-            for (i, (id, rate, latency)) in clients.iter().enumerate() {
-                let due = u64::from(*rate) * now / 1000;
-                while sent[i] < due {
-                    sent[i] += 1;
-                    let vm = (sent[i] % 2) as usize;
-                    match vms[vm].admit(&store, now, id).verdict {
-                        Verdict::Admit(ticket) => {
-                            pending.push((now + latency, vm, ticket));
-                            if now > run_ms - measure_ms {
-                                admitted[i] += 1;
-                            }
-                        }
-                        Verdict::Throttle(_) => throttled += 1,
-                    }
-                }
-            }
-        }
-        (admitted, throttled)
-    }
-
-    #[test]
-    fn shares_follow_stake_and_fill_capacity() {
-        let stakes = [1000, 10_000_000, 20_000_000, 30_000_000, 40_000_000];
-        let clients: Vec<_> = stakes
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (identity(i as u64 + 1, *s), 2000, 5))
-            .collect();
-        let (admitted, throttled) = drive(policy(1000), &clients, 6000, 4000);
-        let total: u64 = admitted.iter().sum();
-        assert!(throttled > 0);
-        assert!(total as f64 >= 0.98 * 4000.0, "admitted {total} of 4000");
-        let stake_total: u64 = stakes.iter().sum();
-        for (stake, got) in stakes.iter().zip(&admitted) {
-            let error = (*got as f64 / total as f64 - *stake as f64 / stake_total as f64).abs();
-            assert!(error < 0.01, "stake {stake}: {got} of {total}");
-        }
-    }
-
-    #[test]
-    fn nobody_is_throttled_below_the_threshold() {
-        let clients: Vec<_> = (1..=200).map(|k| (identity(k, 1000), 5, 5)).collect();
-        let (admitted, throttled) = drive(policy(2000), &clients, 3000, 3000);
-        assert_eq!(throttled, 0);
-        assert_eq!(admitted.iter().sum::<u64>(), 200 * 15);
-    }
-
-    #[test]
-    fn idle_budget_flows_to_the_active() {
-        let clients = [
-            (identity(1, 10_000_000), 2000, 5),
-            (identity(2, 30_000_000), 2000, 5),
-            (identity(3, 60_000_000), 0, 5),
-        ];
-        let (admitted, _) = drive(policy(1000), &clients, 6000, 4000);
-        let total = (admitted[0] + admitted[1]) as f64;
-        assert!(total >= 0.95 * 4000.0, "{admitted:?}");
-        assert!(
-            (admitted[0] as f64 / total - 0.25).abs() < 0.02,
-            "{admitted:?}"
-        );
-    }
-
-    #[test]
-    fn a_new_stake_table_counts_from_the_next_request() {
-        let store = MemoryStore::default();
-        let mut qos = StakeQos::new(policy(100), 1);
-        let _ = qos.admit(&store, 1, &identity(5, 1000));
-        let _ = qos.admit(&store, 2, &identity(5, 40_000_000));
-        let (page, _) = read::<Page>(&store, &page_key((5 % qos.pages as u64) as u32)).unwrap();
-        let entry = page.entries.iter().find(|e| e.key == 5).unwrap();
-        assert_eq!((entry.stake, entry.staked), (40_000_000, true));
-    }
-
-    #[test]
-    fn one_vm_refills_per_round() {
-        let store = MemoryStore::default();
-        let mut a = StakeQos::new(policy(100), 1);
-        let mut b = StakeQos::new(policy(100), 2);
-        let mut rounds = 0;
-        for now in 1..=1000 {
-            rounds += usize::from(a.tick(&store, now).unwrap().is_some());
-            rounds += usize::from(b.tick(&store, now).unwrap().is_some());
-        }
-        // One round per 20 ms interval (the first one may be claimed twice,
-        // before the state exists).
-        assert!((50..=51).contains(&rounds), "{rounds}");
-    }
-
-    #[test]
-    fn a_slow_client_gets_enough_concurrency_for_its_share() {
-        assert_eq!(concurrency_allowance(4, 0.5, 100.0, 150_000), 23);
-        assert_eq!(concurrency_allowance(4, 0.5, 100.0, 10_000), 4);
-        let clients = [
-            (identity(1, 10_000_000), 1000, 10),
-            (identity(2, 10_000_000), 1000, 150),
-        ];
-        let (admitted, _) = drive(policy(400), &clients, 8000, 5000);
-        let ratio = admitted[1] as f64 / admitted[0] as f64;
-        assert!(ratio >= 0.9, "{admitted:?}");
-    }
-
-    #[test]
-    fn throttled_answers_carry_retry_after_and_ratelimit_headers() {
-        let mut qos = StakeQos::new(policy(100), 7);
-        let t = qos.throttled(Reason::Rate, 200, 2.0, 0);
-        assert!(t.retry_after_s >= 1);
-        assert_eq!(t.remaining, 0);
-        let [(_, policy_header), (_, limit)] = t.rate_limit_headers();
-        assert_eq!(policy_header, "\"stake\";q=2;w=1");
-        assert!(limit.starts_with("\"stake\";r=0;t="), "{limit}");
-        assert!(t.body.contains("-32005"));
-    }
-}
+mod tests;

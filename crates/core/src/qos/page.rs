@@ -5,19 +5,40 @@
 //! cannot delete a shared-data key, so one key per identity would grow
 //! forever).
 //!
-//! Every change to a page is a CAS update (`crate::shared`). A full page
-//! makes room by evicting, in this order: an identity idle past the TTL, an
+//! Every change to a page is a CAS update (`crate::shared`). A page is kept
+//! as its bytes and changed in place: the refill round visits every active
+//! page 50 times a second, and decoding 64 entries into structs and back is
+//! most of what a visit would otherwise cost.
+//!
+//! A full page makes room by evicting, in this order: an idle identity, an
 //! unstaked one, the least recently seen. The cap is therefore enforced per
 //! page: a page can fill up before the whole table does.
 //!
-//! Layout (little-endian): version `u8`, entry count `u16`, then
-//! `ENTRY_LEN`-byte entries.
+//! # Layout (version 2, keys `stakegate.stake_qos.v2.page.<n>`)
+//!
+//! Version `u8`, entry count `u16`, then 48-byte entries, little-endian:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 8 | `key`: the identity (never 0) |
+//! | 8 | `stake` |
+//! | 8 | `tokens`: the shared bucket, in milli-tokens (may be negative: a batch's debt) |
+//! | 8 | `grant`: milli-tokens the last round added per round |
+//! | 4 | `demand`: predicted calls per round (`f32`) |
+//! | 1 | `tier` |
+//! | 1 | flags: 1 staked, 2 idle |
+//! | 2 | unused |
+//! | 8 | `last_seen_ms` |
+//!
+//! Version 1 (`…v1.page.<n>`, 72-byte entries, per-request counts) is never
+//! read by this module: during a swap from a v1 module the two keep
+//! separate tables, and the v2 table fills within a round.
 
-use crate::shared::{PageLayout, Reader, Record};
+use crate::shared::{PageLayout, Record};
 
-pub const LAYOUT_VERSION: u8 = 1;
+pub const LAYOUT_VERSION: u8 = 2;
 pub const ENTRIES_PER_PAGE: usize = 64;
-pub const ENTRY_LEN: usize = 72;
+pub const ENTRY_LEN: usize = 48;
 const HEADER_LEN: usize = PageLayout::HEADER_LEN;
 const LAYOUT: PageLayout = PageLayout {
     what: "QoS",
@@ -30,133 +51,185 @@ const LAYOUT: PageLayout = PageLayout {
 /// split by stake without rounding away anyone's fraction.
 pub const MILLI: i64 = 1000;
 
-/// One identity's bucket and the counts the refiller reads.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub const STAKED: u8 = 1;
+pub const IDLE: u8 = 2;
+
+const KEY: usize = 0;
+const STAKE: usize = 8;
+const TOKENS: usize = 16;
+const GRANT: usize = 24;
+const DEMAND: usize = 32;
+const TIER: usize = 36;
+const FLAGS: usize = 37;
+const LAST_SEEN: usize = 40;
+
+/// One identity, as inserted.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Entry {
     pub key: u64,
     pub stake: u64,
-    /// Milli-tokens in the bucket.
     pub tokens: i64,
-    /// Milli-tokens the last round allocated.
-    pub allocated: u64,
-    pub last_seen_ms: u64,
-    /// Requests admitted or refused since the last round: the load, and
-    /// the demand `eff` is predicted from.
-    pub arrivals: u32,
-    pub inflight: u32,
-    /// EWMA of request latency, start to response end, in µs.
-    pub latency_us: u32,
-    /// Requests finished since the last round, their summed latency in ms,
-    /// and how many the upstream answered 503 or 429 (back-pressure).
-    pub completions: u32,
-    pub latency_sum_ms: u32,
-    pub overloads: u32,
+    pub grant: u64,
+    pub demand: f32,
     pub tier: u8,
-    pub staked: bool,
+    pub flags: u8,
+    pub last_seen_ms: u64,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// A page as its bytes (header included), read and changed in place.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Page {
-    pub entries: Vec<Entry>,
+    bytes: Vec<u8>,
+}
+
+impl Default for Page {
+    fn default() -> Self {
+        Self {
+            bytes: LAYOUT.header(0).to_vec(),
+        }
+    }
+}
+
+macro_rules! field {
+    ($get:ident, $set:ident, $ty:ty, $at:expr) => {
+        pub fn $get(&self, i: usize) -> $ty {
+            let at = HEADER_LEN + i * ENTRY_LEN + $at;
+            const N: usize = std::mem::size_of::<$ty>();
+            let mut b = [0; N];
+            b.copy_from_slice(&self.bytes[at..at + N]);
+            <$ty>::from_le_bytes(b)
+        }
+        pub fn $set(&mut self, i: usize, value: $ty) {
+            let at = HEADER_LEN + i * ENTRY_LEN + $at;
+            let b = value.to_le_bytes();
+            self.bytes[at..at + b.len()].copy_from_slice(&b);
+        }
+    };
 }
 
 impl Page {
-    pub fn find_mut(&mut self, key: u64) -> Option<&mut Entry> {
-        self.entries.iter_mut().find(|e| e.key == key)
+    pub fn len(&self) -> usize {
+        (self.bytes.len() - HEADER_LEN) / ENTRY_LEN
     }
 
-    /// The entry for `fresh.key`, inserting `fresh` if absent (evicting if
-    /// the page is full). Returns the entry and whether one was evicted.
-    pub fn entry(&mut self, fresh: Entry, now_ms: u64, idle_ttl_ms: u64) -> (&mut Entry, bool) {
-        if let Some(i) = self.entries.iter().position(|e| e.key == fresh.key) {
-            return (&mut self.entries[i], false);
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    field!(key, set_key, u64, KEY);
+    field!(stake, set_stake, u64, STAKE);
+    field!(tokens, set_tokens, i64, TOKENS);
+    field!(grant, set_grant, u64, GRANT);
+    field!(demand, set_demand, f32, DEMAND);
+    field!(last_seen_ms, set_last_seen_ms, u64, LAST_SEEN);
+
+    pub fn tier(&self, i: usize) -> u8 {
+        self.bytes[HEADER_LEN + i * ENTRY_LEN + TIER]
+    }
+
+    pub fn set_tier(&mut self, i: usize, tier: u8) {
+        self.bytes[HEADER_LEN + i * ENTRY_LEN + TIER] = tier;
+    }
+
+    pub fn flags(&self, i: usize) -> u8 {
+        self.bytes[HEADER_LEN + i * ENTRY_LEN + FLAGS]
+    }
+
+    pub fn set_flags(&mut self, i: usize, flags: u8) {
+        self.bytes[HEADER_LEN + i * ENTRY_LEN + FLAGS] = flags;
+    }
+
+    pub fn find(&self, key: u64) -> Option<usize> {
+        (0..self.len()).find(|&i| self.key(i) == key)
+    }
+
+    /// Entry `i` as a struct (tests, debugging).
+    pub fn get(&self, i: usize) -> Entry {
+        Entry {
+            key: self.key(i),
+            stake: self.stake(i),
+            tokens: self.tokens(i),
+            grant: self.grant(i),
+            demand: self.demand(i),
+            tier: self.tier(i),
+            flags: self.flags(i),
+            last_seen_ms: self.last_seen_ms(i),
         }
-        if self.entries.len() < ENTRIES_PER_PAGE {
-            self.entries.push(fresh);
-            let last = self.entries.len() - 1;
-            return (&mut self.entries[last], false);
+    }
+
+    fn write(&mut self, i: usize, e: &Entry) {
+        self.set_key(i, e.key);
+        self.set_stake(i, e.stake);
+        self.set_tokens(i, e.tokens);
+        self.set_grant(i, e.grant);
+        self.set_demand(i, e.demand);
+        self.set_tier(i, e.tier);
+        self.set_flags(i, e.flags);
+        self.set_last_seen_ms(i, e.last_seen_ms);
+    }
+
+    /// The entry for `fresh.key`, inserting `fresh` if it is absent
+    /// (evicting if the page is full). Returns its index and whether an
+    /// identity was evicted.
+    pub fn entry(&mut self, fresh: &Entry) -> (usize, bool) {
+        if let Some(i) = self.find(fresh.key) {
+            return (i, false);
         }
-        let victim = self
-            .entries
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, e)| {
-                let idle = now_ms.saturating_sub(e.last_seen_ms) > idle_ttl_ms;
-                // Idle first, then unstaked, then the least recently seen.
-                (!idle, e.staked, e.last_seen_ms)
+        let n = self.len();
+        if n < ENTRIES_PER_PAGE {
+            self.bytes.resize(self.bytes.len() + ENTRY_LEN, 0);
+            self.bytes[..HEADER_LEN].copy_from_slice(&LAYOUT.header(n + 1));
+            self.write(n, fresh);
+            return (n, false);
+        }
+        // Idle first, then unstaked, then the least recently seen.
+        let victim = (0..n)
+            .min_by_key(|&i| {
+                let flags = self.flags(i);
+                (flags & IDLE == 0, flags & STAKED != 0, self.last_seen_ms(i))
             })
-            .map_or(0, |(i, _)| i);
-        self.entries[victim] = fresh;
-        (&mut self.entries[victim], true)
+            .unwrap_or(0);
+        self.write(victim, fresh);
+        (victim, true)
+    }
+
+    /// Removes the entries `keep` refuses (order is not kept); returns how
+    /// many went.
+    pub fn retain(&mut self, mut keep: impl FnMut(&Page, usize) -> bool) -> usize {
+        let mut n = self.len();
+        let mut i = 0;
+        let before = n;
+        while i < n {
+            if keep(self, i) {
+                i += 1;
+                continue;
+            }
+            n -= 1;
+            if i != n {
+                let (head, tail) = self.bytes.split_at_mut(HEADER_LEN + n * ENTRY_LEN);
+                head[HEADER_LEN + i * ENTRY_LEN..HEADER_LEN + (i + 1) * ENTRY_LEN]
+                    .copy_from_slice(&tail[..ENTRY_LEN]);
+            }
+        }
+        self.bytes.truncate(HEADER_LEN + n * ENTRY_LEN);
+        self.bytes[..HEADER_LEN].copy_from_slice(&LAYOUT.header(n));
+        before - n
     }
 }
 
 impl Record for Page {
     fn decode(bytes: &[u8]) -> Result<Self, String> {
-        let entries = LAYOUT
-            .entries(bytes)?
-            .map(|chunk| {
-                let mut r = Reader(chunk);
-                Entry {
-                    key: r.u64(),
-                    stake: r.u64(),
-                    tokens: r.u64() as i64,
-                    allocated: r.u64(),
-                    last_seen_ms: r.u64(),
-                    arrivals: {
-                        let _demand = r.u32();
-                        r.u32()
-                    },
-                    inflight: r.u32(),
-                    latency_us: r.u32(),
-                    completions: r.u32(),
-                    latency_sum_ms: r.u32(),
-                    overloads: r.u32(),
-                    tier: r.u8(),
-                    staked: r.u8() != 0,
-                }
-            })
-            .collect();
-        Ok(Self { entries })
+        LAYOUT.entries(bytes).map(drop)?;
+        if bytes.is_empty() {
+            return Ok(Self::default());
+        }
+        Ok(Self {
+            bytes: bytes.to_vec(),
+        })
     }
 
     fn encode(&self) -> Vec<u8> {
-        let mut out = vec![0; HEADER_LEN + self.entries.len() * ENTRY_LEN];
-        out[..HEADER_LEN].copy_from_slice(&LAYOUT.header(self.entries.len()));
-        for (e, chunk) in self
-            .entries
-            .iter()
-            .zip(out[HEADER_LEN..].chunks_exact_mut(ENTRY_LEN))
-        {
-            let (wide, rest) = chunk.split_at_mut(40);
-            let (narrow, flags) = rest.split_at_mut(28);
-            for (v, field) in [e.key, e.stake, e.tokens as u64, e.allocated, e.last_seen_ms]
-                .into_iter()
-                .zip(wide.chunks_exact_mut(8))
-            {
-                field.copy_from_slice(&v.to_le_bytes());
-            }
-            // The first slot is the demand that older modules of this layout
-            // read (their admitted count). It holds arrivals, so that such a
-            // module serving beside this one during a swap predicts alike.
-            for (v, field) in [
-                e.arrivals,
-                e.arrivals,
-                e.inflight,
-                e.latency_us,
-                e.completions,
-                e.latency_sum_ms,
-                e.overloads,
-            ]
-            .into_iter()
-            .zip(narrow.chunks_exact_mut(4))
-            {
-                field.copy_from_slice(&v.to_le_bytes());
-            }
-            flags[0] = e.tier;
-            flags[1] = u8::from(e.staked);
-        }
-        out
+        self.bytes.clone()
     }
 }
 
@@ -164,64 +237,74 @@ impl Record for Page {
 mod tests {
     use super::*;
 
-    fn entry(key: u64, last_seen_ms: u64, staked: bool) -> Entry {
+    fn entry(key: u64, last_seen_ms: u64, flags: u8) -> Entry {
         Entry {
             key,
             stake: 1000,
             last_seen_ms,
-            staked,
+            flags,
             ..Entry::default()
         }
     }
 
     #[test]
     fn pages_round_trip_and_reject_bad_bytes() {
-        let page = Page {
-            entries: vec![
-                Entry {
-                    key: 7,
-                    tokens: -3,
-                    overloads: 2,
-                    tier: 3,
-                    staked: true,
-                    ..entry(7, 99, true)
-                },
-                entry(8, 1, false),
-            ],
+        let mut page = Page::default();
+        let full = Entry {
+            key: 7,
+            stake: u64::MAX,
+            tokens: -3,
+            grant: 12_345,
+            demand: 2.5,
+            tier: 3,
+            flags: STAKED | IDLE,
+            last_seen_ms: 99,
         };
+        page.entry(&full);
+        page.entry(&entry(8, 1, 0));
         let bytes = page.encode();
         assert_eq!(bytes.len(), HEADER_LEN + 2 * ENTRY_LEN);
-        assert_eq!(Page::decode(&bytes).unwrap(), page);
+        let back = Page::decode(&bytes).unwrap();
+        assert_eq!(back.get(0), full);
+        assert_eq!(back.get(1), entry(8, 1, 0));
         assert_eq!(Page::decode(&[]).unwrap(), Page::default());
         assert!(Page::decode(&bytes[..bytes.len() - 1])
             .unwrap_err()
             .contains("expected"));
-        assert!(Page::decode(&[9]).unwrap_err().contains("version 9"));
+        assert!(Page::decode(&[1, 0, 0]).unwrap_err().contains("version 1"));
     }
 
     #[test]
     fn a_full_page_evicts_idle_then_unstaked_then_oldest() {
         let mut page = Page::default();
         for key in 1..=ENTRIES_PER_PAGE as u64 {
-            page.entry(entry(key, 1000 + key, key % 2 == 0), 1000, 60_000);
+            let flags = if key % 2 == 0 { STAKED } else { 0 };
+            page.entry(&entry(key, 1000 + key, flags));
         }
-        assert_eq!(page.entries.len(), ENTRIES_PER_PAGE);
+        assert_eq!(page.len(), ENTRIES_PER_PAGE);
         // No one idle: the oldest unstaked (key 1) goes.
-        let (_, evicted) = page.entry(entry(100, 2000, false), 2000, 60_000);
+        let (_, evicted) = page.entry(&entry(100, 2000, 0));
         assert!(evicted);
-        assert!(page.find_mut(1).is_none());
-        // A staked newcomer also evicts an unstaked one.
-        page.entry(entry(101, 2000, true), 2000, 60_000);
-        assert!(page.find_mut(3).is_none());
-        assert!(page.find_mut(2).is_some());
-        // Later only key 100 is active: an idle one goes even if staked.
-        for e in &mut page.entries {
-            e.staked = e.key != 100;
+        assert!(page.find(1).is_none());
+        // An idle one goes before any other, even staked and recent.
+        let i = page.find(64).unwrap();
+        page.set_flags(i, STAKED | IDLE);
+        page.entry(&entry(101, 2000, STAKED));
+        assert!(page.find(64).is_none());
+        assert!(page.find(3).is_some());
+        assert_eq!(page.len(), ENTRIES_PER_PAGE);
+    }
+
+    #[test]
+    fn retain_removes_in_place() {
+        let mut page = Page::default();
+        for key in 1..=10 {
+            page.entry(&entry(key, key, 0));
         }
-        page.find_mut(100).unwrap().last_seen_ms = 100_000;
-        page.entry(entry(102, 100_000, false), 100_000, 60_000);
-        assert!(page.find_mut(2).is_none());
-        assert!(page.find_mut(100).is_some());
-        assert_eq!(page.entries.len(), ENTRIES_PER_PAGE);
+        assert_eq!(page.retain(|p, i| p.key(i) % 3 != 0), 3);
+        let mut keys: Vec<u64> = (0..page.len()).map(|i| page.key(i)).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, vec![1, 2, 4, 5, 7, 8, 10]);
+        assert_eq!(Page::decode(&page.encode()).unwrap(), page);
     }
 }

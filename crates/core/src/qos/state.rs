@@ -1,25 +1,35 @@
-//! The gateway-wide QoS state, one shared-data record written only by the
-//! elected refiller and read by every request: the round clock, the load
-//! estimate, whether throttling is on, the (possibly discovered) capacity,
-//! and the identity count.
+//! The gateway-wide QoS state, one shared-data record
+//! (`stakegate.stake_qos.v2.state`) written only by the elected refiller and
+//! read by every VM at its tick: the round clock, the load estimate,
+//! whether throttling is on, the (possibly discovered) capacity, the water
+//! level of the last allocation, and the active identities.
+//!
+//! Layout (version 2): version `u8`, `throttling` `u8`, then 11 eight-byte
+//! little-endian fields in the order of the struct below.
 
 use crate::shared::{Reader, Record};
 
-pub const LAYOUT_VERSION: u8 = 1;
-const LEN: usize = 2 + 8 * 9;
+pub const LAYOUT_VERSION: u8 = 2;
+const LEN: usize = 2 + 8 * 11;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct QosState {
     /// Start of the current round, on a grid of refill intervals. 0 until
     /// the first round.
     pub round_ms: u64,
-    /// EMA of arrivals (admitted + rejected) per refill interval.
+    /// Rounds run so far.
+    pub round: u64,
+    /// EMA of arrivals (calls admitted or refused) per refill interval.
     pub load_ema: f64,
     pub throttling: bool,
     /// The capacity shares are cut from: the policy's, or in reactive mode
     /// the discovered one. 0 means "not yet set".
     pub capacity_rps: f64,
+    /// Identities with demand in the last round.
     pub identities: u64,
+    /// The last round's water level: tokens per round per unit of stake
+    /// for identities that wanted more (infinite while nobody did).
+    pub level: f64,
     /// Reactive mode: the lowest mean upstream latency seen (drifting up
     /// slowly), the window's sums, and when capacity last changed.
     pub baseline_latency_ms: f64,
@@ -53,9 +63,11 @@ impl Record for QosState {
         Ok(Self {
             throttling: r.u8() != 0,
             round_ms: r.u64(),
+            round: r.u64(),
             load_ema: r.f64(),
             capacity_rps: r.f64(),
             identities: r.u64(),
+            level: r.f64(),
             baseline_latency_ms: r.f64(),
             window_completions: r.u64(),
             window_latency_ms: r.u64(),
@@ -70,9 +82,11 @@ impl Record for QosState {
         out.push(u8::from(self.throttling));
         for v in [
             self.round_ms,
+            self.round,
             self.load_ema.to_bits(),
             self.capacity_rps.to_bits(),
             self.identities,
+            self.level.to_bits(),
             self.baseline_latency_ms.to_bits(),
             self.window_completions,
             self.window_latency_ms,
@@ -88,9 +102,9 @@ impl Record for QosState {
 /// The load estimate: an EMA of arrivals per refill interval with
 /// `a = 2/(N+1)`. A round that closes `k` intervals at once (ticks came
 /// late) counts its arrivals once and decays the `k-1` missed intervals with
-/// zero load. The SEEDS.md part 1 bug re-applied the same load `k` times
+/// zero load. Agave's old load estimate re-applied the same load `k` times
 /// instead: from 0, a load of 1000 over a 15 ms gap of 5 ms intervals
-/// (N = 10) gave 450 where 121 is right.
+/// (N = 10) gave 450 where 121 is right (docs/background.md).
 pub fn step_load(ema: f64, arrivals: u64, intervals: u64, smoothing: u32) -> f64 {
     let a = 2.0 / (f64::from(smoothing) + 1.0);
     let after = a * arrivals as f64 + (1.0 - a) * ema;
@@ -106,6 +120,8 @@ mod tests {
     fn state_round_trips() {
         let state = QosState {
             round_ms: 12,
+            round: 3,
+            level: 0.25,
             load_ema: 3.5,
             throttling: true,
             capacity_rps: 800.0,
@@ -122,7 +138,7 @@ mod tests {
 
     #[test]
     fn a_gap_counts_its_load_once() {
-        // SEEDS.md part 1: N = 10, load 1000 over a 3-interval gap from 0.
+        // Agave's case: N = 10, load 1000 over a 3-interval gap from 0.
         let fixed = step_load(0.0, 1000, 3, 10);
         assert!((fixed - 121.7).abs() < 0.5, "{fixed}");
         let buggy = (0..3).fold(0.0, |ema, _| step_load(ema, 1000, 1, 10));

@@ -1,0 +1,146 @@
+//! What each worker tells the refiller: its identities' arrivals and
+//! completions since its last report. A worker counts these locally, per
+//! request, and once per tick puts one report on a shared queue; the VM
+//! that runs the next refill round takes every report off the queue. So
+//! requests never write shared data for their counts, and no two workers
+//! ever race on a report.
+//!
+//! # Layout (version 1), on the queue `stakegate.stake_qos.v2.reports`
+//!
+//! Version `u8`, entry count `u32`, then 34-byte entries, little-endian:
+//! `key` u64, `stake` u64, `tier` u8, flags u8 (1: staked), `arrivals`
+//! u32 (calls, admitted or refused), `completions` u32, `latency_sum_ms`
+//! u32, `overloads` u32 (upstream 503 or 429).
+
+use crate::shared::{Reader, StoreError};
+
+pub const QUEUE: &str = "stakegate.stake_qos.v2.reports";
+pub const LAYOUT_VERSION: u8 = 1;
+const HEADER_LEN: usize = 5;
+const ENTRY_LEN: usize = 34;
+
+/// One identity's counts in a report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Delta {
+    pub key: u64,
+    pub stake: u64,
+    pub tier: u8,
+    /// `page::STAKED` when it is in the stake table.
+    pub flags: u8,
+    pub arrivals: u32,
+    pub completions: u32,
+    pub latency_sum_ms: u32,
+    pub overloads: u32,
+}
+
+impl Delta {
+    /// Adds `other`'s counts (same identity) to these.
+    pub fn add(&mut self, other: &Delta) {
+        (self.stake, self.tier, self.flags) = (other.stake, other.tier, other.flags);
+        self.arrivals = self.arrivals.saturating_add(other.arrivals);
+        self.completions = self.completions.saturating_add(other.completions);
+        self.latency_sum_ms = self.latency_sum_ms.saturating_add(other.latency_sum_ms);
+        self.overloads = self.overloads.saturating_add(other.overloads);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.arrivals == 0 && self.completions == 0
+    }
+}
+
+pub fn encode(deltas: &[Delta]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + deltas.len() * ENTRY_LEN);
+    out.push(LAYOUT_VERSION);
+    out.extend_from_slice(&(deltas.len() as u32).to_le_bytes());
+    for d in deltas {
+        out.extend_from_slice(&d.key.to_le_bytes());
+        out.extend_from_slice(&d.stake.to_le_bytes());
+        out.push(d.tier);
+        out.push(d.flags);
+        for v in [d.arrivals, d.completions, d.latency_sum_ms, d.overloads] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Vec<Delta>, String> {
+    if bytes.first() != Some(&LAYOUT_VERSION) {
+        return Err(format!(
+            "QoS report has layout version {:?}, this module reads {LAYOUT_VERSION}",
+            bytes.first()
+        ));
+    }
+    let mut r = Reader(&bytes[1..]);
+    let count = r.u32() as usize;
+    let expected = HEADER_LEN.saturating_add(count.saturating_mul(ENTRY_LEN));
+    if bytes.len() != expected {
+        return Err(format!(
+            "QoS report is {} bytes, expected {expected} for {count} entries",
+            bytes.len()
+        ));
+    }
+    Ok((0..count)
+        .map(|_| Delta {
+            key: r.u64(),
+            stake: r.u64(),
+            tier: r.u8(),
+            flags: r.u8(),
+            arrivals: r.u32(),
+            completions: r.u32(),
+            latency_sum_ms: r.u32(),
+            overloads: r.u32(),
+        })
+        .collect())
+}
+
+/// The shared queue reports travel on (proxy-wasm's shared queues).
+pub trait ReportQueue {
+    fn push(&self, report: &[u8]) -> Result<(), StoreError>;
+    /// The oldest report, or `None` when the queue is empty.
+    fn pop(&self) -> Result<Option<Vec<u8>>, StoreError>;
+}
+
+/// An in-memory queue, for tests.
+#[derive(Debug, Default)]
+pub struct MemoryQueue(std::cell::RefCell<std::collections::VecDeque<Vec<u8>>>);
+
+impl ReportQueue for MemoryQueue {
+    fn push(&self, report: &[u8]) -> Result<(), StoreError> {
+        self.0.borrow_mut().push_back(report.to_vec());
+        Ok(())
+    }
+
+    fn pop(&self) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.0.borrow_mut().pop_front())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_round_trip_and_reject_bad_bytes() {
+        let deltas = vec![
+            Delta {
+                key: 1,
+                stake: u64::MAX,
+                tier: 2,
+                flags: 1,
+                arrivals: 7,
+                completions: 6,
+                latency_sum_ms: 60,
+                overloads: 1,
+            },
+            Delta::default(),
+        ];
+        let bytes = encode(&deltas);
+        assert_eq!(decode(&bytes).unwrap(), deltas);
+        assert!(decode(&bytes[..bytes.len() - 1])
+            .unwrap_err()
+            .contains("expected"));
+        assert!(decode(&[9]).unwrap_err().contains("version"));
+        assert!(decode(&[]).is_err());
+    }
+}

@@ -1,0 +1,292 @@
+//! The refill round (see the module doc of `qos` for the rule): take the
+//! workers' reports off the queue, predict each active identity's demand,
+//! find the water level, and grant every active identity its part.
+
+use super::fair::{self, Claim};
+use super::page::{Entry, Page, IDLE, MILLI, STAKED};
+use super::policy::{Mode, QosPolicy};
+use super::reactive::{self, Finished};
+use super::report::{self, Delta, ReportQueue};
+use super::state::{step_load, QosState};
+use super::{
+    page_key, settle_capacity, ACTIVE_KEY, DEMAND_SMOOTHING, HEADROOM, IDLE_DEMAND, STATE_KEY,
+};
+use crate::shared::{read, update, update_from, Change, SharedStore, StoreError};
+use std::collections::{BTreeMap, HashMap};
+
+/// A late round makes up for at most this many intervals.
+const MAX_CATCH_UP: u64 = 5;
+/// Reports taken off the queue per round, at most (the rest wait).
+const MAX_REPORTS: usize = 4096;
+
+/// What a refill round did, for metrics and logs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RoundReport {
+    /// Identities with demand.
+    pub identities: u64,
+    pub evicted: u64,
+    pub throttling: bool,
+    pub load_rps: f64,
+    pub capacity_rps: f64,
+    pub level: f64,
+    /// Pages read and written.
+    pub pages: u64,
+    pub reports: u64,
+    pub cas_retries: u32,
+}
+
+/// What the round needs of an entry's page, and what it computes for it.
+struct Plan<'a> {
+    deltas: &'a HashMap<u64, Delta>,
+    /// Arrivals are per round; demand is per interval.
+    intervals: f64,
+    level: f64,
+    now_ms: u64,
+    idle_ttl_ms: u64,
+    min_tokens: i64,
+}
+
+impl Plan<'_> {
+    /// `(new demand, calls this round)` for entry `i`.
+    fn demand(&self, page: &Page, i: usize) -> (f64, u32) {
+        let calls = self.deltas.get(&page.key(i)).map_or(0, |d| d.arrivals);
+        let per_interval = f64::from(calls) / self.intervals;
+        let before = f64::from(page.demand(i));
+        (
+            DEMAND_SMOOTHING * per_interval + (1.0 - DEMAND_SMOOTHING) * before,
+            calls,
+        )
+    }
+
+    /// Applies the round to one page: new identities from the reports,
+    /// demand, idleness, grants, eviction. Returns (active identities,
+    /// evicted).
+    fn apply(&self, page: &mut Page, news: &[&Delta]) -> (u64, u64) {
+        let mut evicted = 0;
+        for d in news {
+            let (i, out) = page.entry(&Entry {
+                key: d.key,
+                stake: d.stake,
+                tier: d.tier,
+                flags: d.flags,
+                last_seen_ms: self.now_ms,
+                ..Entry::default()
+            });
+            evicted += u64::from(out);
+            page.set_demand(i, 0.0);
+        }
+        let mut active = 0;
+        for i in 0..page.len() {
+            if let Some(d) = self.deltas.get(&page.key(i)) {
+                page.set_stake(i, d.stake);
+                page.set_tier(i, d.tier);
+                page.set_flags(i, (page.flags(i) & !STAKED) | (d.flags & STAKED));
+                page.set_last_seen_ms(i, self.now_ms);
+            }
+            let (demand, calls) = self.demand(page, i);
+            let idle = calls == 0 && demand < IDLE_DEMAND;
+            let flags = page.flags(i) & !IDLE;
+            if idle {
+                page.set_flags(i, flags | IDLE);
+                page.set_demand(i, 0.0);
+                page.set_grant(i, 0);
+                continue;
+            }
+            active += 1;
+            page.set_flags(i, flags);
+            page.set_demand(i, demand as f32);
+            let claim = Claim {
+                demand,
+                weight: page.stake(i).max(1) as f64,
+            };
+            let per_interval = if claim.demand <= self.level * claim.weight {
+                claim.demand * (1.0 + HEADROOM)
+            } else {
+                fair::part(&claim, self.level)
+            };
+            let grant = (per_interval * MILLI as f64) as i64;
+            page.set_grant(i, grant.max(0) as u64);
+            // Two rounds of burst, at least two tokens.
+            let cap = (2 * grant).max(self.min_tokens);
+            let tokens = page.tokens(i);
+            if tokens < cap {
+                let add = (per_interval * self.intervals * MILLI as f64) as i64;
+                page.set_tokens(i, tokens.saturating_add(add).min(cap));
+            }
+        }
+        let ttl = self.idle_ttl_ms;
+        let now = self.now_ms;
+        evicted += page
+            .retain(|p, i| p.flags(i) & IDLE == 0 || now.saturating_sub(p.last_seen_ms(i)) <= ttl)
+            as u64;
+        (active, evicted)
+    }
+}
+
+/// Runs one round over `pages` pages, as the VM that claimed it.
+pub(super) fn run(
+    policy: &QosPolicy,
+    pages: u32,
+    store: &impl SharedStore,
+    queue: &impl ReportQueue,
+    now_ms: u64,
+    previous: &QosState,
+    intervals: u64,
+) -> Result<(QosState, RoundReport), StoreError> {
+    let mut report = RoundReport::default();
+    let mut deltas: HashMap<u64, Delta> = HashMap::new();
+    let mut finished = Finished::default();
+    let mut arrivals = 0u64;
+    while (report.reports as usize) < MAX_REPORTS {
+        let Some(bytes) = queue.pop()? else { break };
+        report.reports += 1;
+        // A report this module cannot read (a swap's other layout) is
+        // dropped: its counts are a round's worth of demand at most.
+        let Ok(list) = report::decode(&bytes) else {
+            continue;
+        };
+        for d in list {
+            arrivals += u64::from(d.arrivals);
+            finished.completions += u64::from(d.completions);
+            finished.latency_ms += u64::from(d.latency_sum_ms);
+            finished.overloads += u64::from(d.overloads);
+            deltas
+                .entry(d.key)
+                .or_insert(Delta {
+                    key: d.key,
+                    ..Delta::default()
+                })
+                .add(&d);
+        }
+    }
+
+    // The pages to visit: those the last round left active, and those of
+    // identities with new counts.
+    let (active_before, active_cas) = read_active(store)?;
+    let mut visit: BTreeMap<u32, Vec<&Delta>> = BTreeMap::new();
+    for page in 0..pages {
+        if bit(&active_before, page) {
+            visit.entry(page).or_default();
+        }
+    }
+    for d in deltas.values() {
+        visit
+            .entry((d.key % u64::from(pages.max(1))) as u32)
+            .or_default()
+            .push(d);
+    }
+
+    let intervals = intervals.clamp(1, MAX_CATCH_UP) as f64;
+    let mut plan = Plan {
+        deltas: &deltas,
+        intervals,
+        level: f64::INFINITY,
+        now_ms,
+        idle_ttl_ms: policy.idle_ttl_ms,
+        min_tokens: 2 * MILLI,
+    };
+    // Pass one: every active identity's demand, for the level.
+    let mut claims = Vec::new();
+    let mut read_pages = Vec::with_capacity(visit.len());
+    for (&index, news) in &visit {
+        let (page, cas) = read::<Page>(store, &page_key(index))?;
+        for i in 0..page.len() {
+            let (demand, calls) = plan.demand(&page, i);
+            if calls > 0 || demand >= IDLE_DEMAND {
+                claims.push(Claim {
+                    demand,
+                    weight: page.stake(i).max(1) as f64,
+                });
+            }
+        }
+        for d in news {
+            if page.find(d.key).is_none() {
+                claims.push(Claim {
+                    demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / intervals,
+                    weight: d.stake.max(1) as f64,
+                });
+            }
+        }
+        read_pages.push((index, page, cas));
+    }
+    let per_interval = previous.capacity_rps * policy.refill_interval_ms as f64 / 1000.0;
+    plan.level = fair::level(&claims, per_interval);
+
+    // Pass two: grant, from what pass one read (read again only if a
+    // worker wrote the page in between).
+    let mut active_after = vec![0u8; (pages as usize).div_ceil(8)];
+    for (index, page, cas) in read_pages {
+        let news: Vec<&Delta> = visit
+            .get(&index)
+            .map(|n| {
+                n.iter()
+                    .copied()
+                    .filter(|d| page.find(d.key).is_none())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let updated = update_from(
+            store,
+            &page_key(index),
+            Some((page, cas)),
+            |p: &mut Page| {
+                let news: Vec<&Delta> = news
+                    .iter()
+                    .copied()
+                    .filter(|d| p.find(d.key).is_none())
+                    .collect();
+                Change::Write(plan.apply(p, &news))
+            },
+        )
+        .map_err(|(e, _)| e)?;
+        let (active, evicted) = updated.value;
+        report.identities += active;
+        report.evicted += evicted;
+        report.cas_retries += updated.retries;
+        report.pages += 1;
+        if active > 0 {
+            active_after[index as usize / 8] |= 1 << (index % 8);
+        }
+    }
+    if active_after != active_before {
+        // Only this round's VM writes it; a failed write is redone next round.
+        let _ = store.store(ACTIVE_KEY, &active_after, active_cas);
+    }
+
+    let updated = update(store, STATE_KEY, |s: &mut QosState| {
+        s.round = s.round.wrapping_add(1);
+        s.load_ema = step_load(
+            s.load_ema,
+            arrivals,
+            intervals as u64,
+            policy.load_smoothing,
+        );
+        s.identities = report.identities;
+        s.level = plan.level;
+        settle_capacity(s, policy);
+        let load_rps = s.load_rps(policy.refill_interval_ms);
+        if policy.mode == Mode::Reactive {
+            reactive::adjust(s, policy, now_ms, finished, load_rps);
+        }
+        s.throttling = load_rps >= policy.throttle_threshold * s.capacity_rps;
+        Change::Write(())
+    })
+    .map_err(|(e, _)| e)?;
+    report.cas_retries += updated.retries;
+    let state = updated.table;
+    report.throttling = state.throttling;
+    report.load_rps = state.load_rps(policy.refill_interval_ms);
+    report.capacity_rps = state.capacity_rps;
+    report.level = plan.level;
+    Ok((state, report))
+}
+
+fn read_active(store: &impl SharedStore) -> Result<(Vec<u8>, Option<u32>), StoreError> {
+    let (bytes, cas) = store.load(ACTIVE_KEY)?;
+    Ok((bytes.unwrap_or_default(), cas))
+}
+
+fn bit(bits: &[u8], index: u32) -> bool {
+    bits.get(index as usize / 8)
+        .is_some_and(|b| b & (1 << (index % 8)) != 0)
+}

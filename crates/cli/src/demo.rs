@@ -192,13 +192,7 @@ fn run_variant(
         flood.client("flood").map_or(0, |c| c.count("503")),
     ));
     Ok(VariantResult {
-        summary: Summary::from_report(
-            "tip-flood",
-            CAPACITY_RPS,
-            &flood,
-            &BTreeMap::new(),
-            Some(node),
-        ),
+        summary: Summary::from_report("tip-flood", CAPACITY_RPS, &flood, &[], Some(node)),
         max_inflight: variant.max_inflight,
         unloaded_p99_ms: baseline.latency_ms.ok.p99,
         rejected_p99_ms: flood

@@ -142,12 +142,14 @@ impl VirtualNode {
 /// would have admitted from the same arrivals.
 pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<Summary> {
     let total_stake: u64 = scenario.clients.iter().map(|c| c.stake).sum();
-    let mut models: Vec<(BaselineQos, Vec<u64>)> = baselines
+    // What each baseline would admit, per client and second.
+    let seconds = scenario.duration.as_secs_f64().ceil() as usize;
+    let mut models: Vec<(BaselineQos, Vec<Vec<u64>>)> = baselines
         .iter()
         .map(|m| {
             (
                 BaselineQos::new(*m, scenario.capacity_rps(), total_stake),
-                vec![0; scenario.clients.len()],
+                vec![vec![0; seconds]; scenario.clients.len()],
             )
         })
         .collect();
@@ -190,8 +192,21 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
     let mut scheduled = vec![0u64; scenario.clients.len()];
     let mut requests: Vec<Option<InFlight>> = Vec::new();
     let mut events: BinaryHeap<Reverse<(u64, Event)>> = BinaryHeap::new();
-    for client in 0..scenario.clients.len() {
-        events.push(Reverse((0, Event::Arrive { client, n: 0 })));
+    // Each client's due times, in ns.
+    let dues: Vec<Vec<u64>> = scenario
+        .clients
+        .iter()
+        .map(|c| {
+            c.schedule()
+                .dues(scenario.duration.as_secs_f64())
+                .map(|s| (s * 1e9) as u64)
+                .collect()
+        })
+        .collect();
+    for (client, due) in dues.iter().enumerate() {
+        if let Some(first) = due.first() {
+            events.push(Reverse((*first, Event::Arrive { client, n: 0 })));
+        }
     }
     let block_ns = node_config.block_interval.as_nanos() as u64;
     events.push(Reverse((block_ns, Event::BlockArrives)));
@@ -218,13 +233,13 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         match event {
             Event::Arrive { client, n } => {
                 let spec = &scenario.clients[client];
-                let next = (((n + 1) as f64 / spec.rate) * 1e9) as u64;
-                if next < end {
-                    events.push(Reverse((next, Event::Arrive { client, n: n + 1 })));
+                if let Some(next) = dues[client].get(n as usize + 1) {
+                    events.push(Reverse((*next, Event::Arrive { client, n: n + 1 })));
                 }
                 scheduled[client] += 1;
+                let second = ((now / 1_000_000_000) as usize).min(seconds.saturating_sub(1));
                 for (model, admitted) in &mut models {
-                    admitted[client] += u64::from(model.offer(now, client, spec.stake));
+                    admitted[client][second] += u64::from(model.offer(now, client, spec.stake));
                 }
                 let method = pickers[client].pick();
                 events.push(Reverse((
@@ -383,11 +398,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
     }
 
     let report = report(scenario, &recorders, &scheduled);
-    let stakes = scenario
-        .clients
-        .iter()
-        .map(|c| (c.id.clone(), c.stake))
-        .collect();
+    let parties = scenario.parties();
     let node = NodeSummary {
         tip_lag_max_ms: (node.chain.lag_max().as_secs_f64() * 1e6).round() / 1e3,
         tip_lost: node.chain.tip_lost(),
@@ -401,22 +412,34 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         &scenario.name,
         scenario.capacity_rps(),
         &report,
-        &stakes,
+        &parties,
         Some(node),
     );
     summary.mode = "sim";
     summary.swaps = swapped;
+    summary.filter_metrics = hosts.iter().flat_map(|h| h.metrics()).collect();
     summary.baselines = baselines
         .iter()
         .zip(models)
         .map(|(mechanism, (_, admitted))| {
-            let clients: Vec<(String, u64, u64)> = scenario
+            let offered: Vec<Vec<u64>> = summary
                 .clients
                 .iter()
-                .zip(admitted)
-                .map(|(c, n)| (c.id.clone(), c.stake, n))
+                .map(|c| {
+                    c.timeline
+                        .iter()
+                        .map(|s| s.ok + s.rejected + s.failed)
+                        .collect()
+                })
                 .collect();
-            BaselineSummary::new(mechanism.name(), scenario.duration.as_secs_f64(), &clients)
+            BaselineSummary::new(
+                mechanism.name(),
+                scenario.duration.as_secs_f64(),
+                scenario.capacity_rps(),
+                &parties,
+                &offered,
+                &admitted,
+            )
         })
         .collect();
     Ok(summary)

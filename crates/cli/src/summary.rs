@@ -1,7 +1,16 @@
-//! The run summary of PRODUCT.md ("Contracts"), shared by simulated and
-//! real runs so the two can be compared field by field.
+//! The run summary, shared by simulated and real runs so the two can be
+//! compared field by field (documented in `scenarios/README.md`).
+//!
+//! **Fairness** is measured against each client's weighted max-min fair
+//! share of what it offered (`stakegate_core::qos::fair`, the same rule the
+//! stake QoS filter allocates by): the capacity is shared by stake among the
+//! clients that offer more than their part, and the others get what they
+//! offer. A client's weight is its stake, at least 1000 (the implicit stake
+//! of an unstaked client). Raw stake shares are only fair when every client
+//! floods. Clients on the internal listener are outside the shares.
 
 use serde::Serialize;
+use stakegate_core::qos::fair::{self, Claim};
 use stakegate_loadgen::report::Second;
 use stakegate_loadgen::Report;
 use std::collections::BTreeMap;
@@ -19,10 +28,16 @@ pub struct ClientSummary {
     pub stake: u64,
     pub offered_rps: f64,
     pub admitted_rps: f64,
-    /// This client's part of everything admitted.
+    /// This client's part of what the public clients were admitted, from
+    /// `steady_from_s` on.
     pub admitted_share: f64,
     /// This client's part of the total stake.
     pub stake_share: f64,
+    /// Its part under weighted max-min fairness of the rates offered, from
+    /// `steady_from_s` on (see the module doc).
+    pub fair_share: f64,
+    /// On the public listener (internal clients are outside the shares).
+    pub public: bool,
     pub status_counts: BTreeMap<String, u64>,
     /// Latency of this client's admitted requests.
     pub latency_ms: Latency,
@@ -136,8 +151,15 @@ pub struct Summary {
     pub status_counts: BTreeMap<String, u64>,
     /// Latency of admitted (200) requests.
     pub latency_ms: Latency,
-    /// Largest |admitted_share - stake_share| over clients, in percentage points.
+    /// Largest |admitted_share - fair_share| over clients, in percentage
+    /// points, over the seconds from `steady_from_s` on.
     pub max_share_error_pp: f64,
+    /// Where the shares and the fill are measured from.
+    pub steady_from_s: f64,
+    /// Admitted ÷ capacity from `steady_from_s` on, when the public clients
+    /// offered at least the capacity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fill: Option<f64>,
     pub clients: Vec<ClientSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<NodeSummary>,
@@ -148,6 +170,9 @@ pub struct Summary {
     /// Policies swapped in during the run (`gateway.swaps`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub swaps: Vec<SwapResult>,
+    /// The filters' own metrics at the end of a simulated run, by name.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub filter_metrics: BTreeMap<String, i64>,
 }
 
 /// Another mechanism's admissions for the same arrivals.
@@ -156,6 +181,8 @@ pub struct BaselineSummary {
     pub mechanism: &'static str,
     pub admitted_rps: f64,
     pub max_share_error_pp: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fill: Option<f64>,
     pub clients: Vec<BaselineClient>,
 }
 
@@ -165,45 +192,165 @@ pub struct BaselineClient {
     pub admitted_rps: f64,
     pub admitted_share: f64,
     pub stake_share: f64,
+    pub fair_share: f64,
+}
+
+/// A client as the shares see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Party {
+    pub id: String,
+    pub stake: u64,
+    pub offered_rps: f64,
+    /// On the public listener (internal clients are outside the shares).
+    pub public: bool,
+}
+
+/// The implicit stake of an unstaked client, and every stake's floor.
+pub const UNSTAKED_STAKE: u64 = 1000;
+
+/// Shares are measured from this second of a run on: the first seconds
+/// are the filters' demand estimates settling.
+pub const WARMUP_S: usize = 2;
+
+/// Fairness over some seconds of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fairness {
+    /// Per party, its part of what the public parties were admitted.
+    pub admitted: Vec<f64>,
+    /// Per party, its part under weighted max-min fairness, second by
+    /// second, of the rates it offered.
+    pub fair: Vec<f64>,
+    pub max_error_pp: f64,
+    /// Admitted ÷ capacity, when the public parties offered at least it.
+    pub fill: Option<f64>,
+}
+
+/// Fairness over `seconds` of a run: `offered[i][s]` and `admitted[i][s]`
+/// are party `i`'s requests due and admitted in second `s`. Each second's
+/// fair parts are water-filling of that second's offered rates over the
+/// capacity (so a client that changes its rate mid-run is held to what it
+/// offered when it offered it).
+pub fn fairness(
+    parties: &[Party],
+    offered: &[Vec<u64>],
+    admitted: &[Vec<u64>],
+    capacity_rps: f64,
+    seconds: std::ops::Range<usize>,
+) -> Fairness {
+    let n = parties.len();
+    let (mut fair, mut got) = (vec![0.0; n], vec![0u64; n]);
+    let (mut offered_total, mut admitted_total) = (0u64, 0u64);
+    let at = |rows: &[Vec<u64>], i: usize, s: usize| rows.get(i).and_then(|r| r.get(s)).copied();
+    for s in seconds.clone() {
+        let claims: Vec<Claim> = parties
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Claim {
+                demand: if p.public {
+                    at(offered, i, s).unwrap_or(0) as f64
+                } else {
+                    0.0
+                },
+                weight: p.stake.max(UNSTAKED_STAKE) as f64,
+            })
+            .collect();
+        for (i, part) in fair::shares(&claims, capacity_rps).into_iter().enumerate() {
+            fair[i] += part;
+        }
+        for (i, p) in parties.iter().enumerate().filter(|(_, p)| p.public) {
+            got[i] += at(admitted, i, s).unwrap_or(0);
+            offered_total += at(offered, i, s).unwrap_or(0);
+            admitted_total += at(admitted, i, s).unwrap_or(0);
+            let _ = p;
+        }
+    }
+    let fair_total: f64 = fair.iter().sum();
+    let fair: Vec<f64> = fair
+        .iter()
+        .map(|f| {
+            if fair_total > 0.0 {
+                round_share(f / fair_total)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let admitted: Vec<f64> = parties
+        .iter()
+        .zip(&got)
+        .map(|(p, g)| {
+            if p.public {
+                ratio(*g, admitted_total)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let max_error_pp = round(
+        parties
+            .iter()
+            .zip(admitted.iter().zip(&fair))
+            .filter(|(p, _)| p.public)
+            .map(|(_, (a, f))| (a - f).abs() * 100.0)
+            .fold(0.0, f64::max),
+    );
+    let span = seconds.len() as f64;
+    let fill =
+        (capacity_rps.is_finite() && span > 0.0 && offered_total as f64 >= capacity_rps * span)
+            .then(|| round(admitted_total as f64 / span / capacity_rps));
+    Fairness {
+        admitted,
+        fair,
+        max_error_pp,
+        fill,
+    }
+}
+
+/// The steady seconds of a run `duration_s` long: from `WARMUP_S` (or a
+/// quarter of a short run) to the last whole second.
+pub fn steady_seconds(duration_s: f64) -> std::ops::Range<usize> {
+    let whole = duration_s.floor() as usize;
+    WARMUP_S.min(whole / 4)..whole.max(1)
 }
 
 impl BaselineSummary {
-    /// From per-client admitted counts over `duration_s`.
-    pub fn new(mechanism: &'static str, duration_s: f64, clients: &[(String, u64, u64)]) -> Self {
-        let total_stake: u64 = clients.iter().map(|(_, stake, _)| stake).sum();
-        let admitted: u64 = clients.iter().map(|(_, _, admitted)| admitted).sum();
-        let clients: Vec<BaselineClient> = clients
+    /// From per-party, per-second counts: `offered` as the run's clients
+    /// sent them, `admitted` as this mechanism would have admitted them.
+    pub fn new(
+        mechanism: &'static str,
+        duration_s: f64,
+        capacity_rps: f64,
+        parties: &[Party],
+        offered: &[Vec<u64>],
+        admitted: &[Vec<u64>],
+    ) -> Self {
+        let total_stake: u64 = parties.iter().map(|p| p.stake).sum();
+        let shares = fairness(
+            parties,
+            offered,
+            admitted,
+            capacity_rps,
+            steady_seconds(duration_s),
+        );
+        let clients: Vec<BaselineClient> = parties
             .iter()
-            .map(|(id, stake, count)| BaselineClient {
-                id: id.clone(),
-                admitted_rps: round(*count as f64 / duration_s),
-                admitted_share: ratio(*count, admitted),
-                stake_share: ratio(*stake, total_stake),
+            .enumerate()
+            .map(|(i, p)| BaselineClient {
+                id: p.id.clone(),
+                admitted_rps: round(admitted[i].iter().sum::<u64>() as f64 / duration_s),
+                admitted_share: shares.admitted[i],
+                stake_share: ratio(p.stake, total_stake),
+                fair_share: shares.fair[i],
             })
             .collect();
         Self {
             mechanism,
-            admitted_rps: round(admitted as f64 / duration_s),
-            max_share_error_pp: share_error(
-                clients.iter().map(|c| (c.admitted_share, c.stake_share)),
-                total_stake,
-            ),
+            admitted_rps: round(admitted.iter().flatten().sum::<u64>() as f64 / duration_s),
+            max_share_error_pp: shares.max_error_pp,
+            fill: shares.fill,
             clients,
         }
     }
-}
-
-/// Largest |admitted share - stake share| in percentage points (0 when no
-/// stake is set).
-fn share_error(shares: impl Iterator<Item = (f64, f64)>, total_stake: u64) -> f64 {
-    if total_stake == 0 {
-        return 0.0;
-    }
-    round(
-        shares
-            .map(|(admitted, stake)| (admitted - stake).abs() * 100.0)
-            .fold(0.0, f64::max),
-    )
 }
 
 impl Summary {
@@ -225,61 +372,89 @@ impl Summary {
             .collect()
     }
 
-    /// Summarises a real run; `stakes` gives each client's stake (absent: 0).
+    /// Summarises a run from its load report; `parties` says each client's
+    /// stake and listener (a client not in it is public with no stake).
     pub fn from_report(
         scenario: &str,
         capacity_rps: f64,
         report: &Report,
-        stakes: &BTreeMap<String, u64>,
+        parties: &[Party],
         node: Option<NodeSummary>,
     ) -> Self {
         let duration = report.duration_s.max(f64::EPSILON);
-        let total_stake: u64 = stakes.values().sum();
-        let admitted_total: u64 = report.clients.iter().map(|c| c.count("200")).sum();
-        let clients: Vec<ClientSummary> = report
+        let total_stake: u64 = parties.iter().map(|p| p.stake).sum();
+        let parties: Vec<Party> = report
             .clients
             .iter()
             .map(|c| {
-                let stake = stakes.get(&c.header.id).copied().unwrap_or(0);
-                ClientSummary {
+                let known = parties.iter().find(|p| p.id == c.header.id);
+                Party {
                     id: c.header.id.clone(),
-                    stake,
+                    stake: known.map_or(0, |p| p.stake),
                     offered_rps: c.header.offered_rps,
-                    admitted_rps: round(c.count("200") as f64 / duration),
-                    admitted_share: ratio(c.count("200"), admitted_total),
-                    stake_share: ratio(stake, total_stake),
-                    status_counts: c.status.clone(),
-                    latency_ms: Latency {
-                        p50: c.latency_ms.ok.p50,
-                        p99: c.latency_ms.ok.p99,
-                        max: c.latency_ms.ok.max,
-                    },
-                    timeline: c.timeline.clone(),
+                    public: known.is_none_or(|p| p.public),
                 }
             })
             .collect();
-        let max_share_error_pp = share_error(
-            clients.iter().map(|c| (c.admitted_share, c.stake_share)),
-            total_stake,
+        let admitted: Vec<u64> = report.clients.iter().map(|c| c.count("200")).collect();
+        let per_second = |f: fn(&Second) -> u64| -> Vec<Vec<u64>> {
+            report
+                .clients
+                .iter()
+                .map(|c| c.timeline.iter().map(f).collect())
+                .collect()
+        };
+        let shares = fairness(
+            &parties,
+            &per_second(|s| s.ok + s.rejected + s.failed),
+            &per_second(|s| s.ok),
+            capacity_rps,
+            steady_seconds(report.duration_s),
         );
+        let clients: Vec<ClientSummary> = report
+            .clients
+            .iter()
+            .zip(&parties)
+            .enumerate()
+            .map(|(i, (c, p))| ClientSummary {
+                id: c.header.id.clone(),
+                stake: p.stake,
+                offered_rps: c.header.offered_rps,
+                admitted_rps: round(c.count("200") as f64 / duration),
+                admitted_share: shares.admitted[i],
+                stake_share: ratio(p.stake, total_stake),
+                fair_share: shares.fair[i],
+                public: p.public,
+                status_counts: c.status.clone(),
+                latency_ms: Latency {
+                    p50: c.latency_ms.ok.p50,
+                    p99: c.latency_ms.ok.p99,
+                    max: c.latency_ms.ok.max,
+                },
+                timeline: c.timeline.clone(),
+            })
+            .collect();
         Self {
             scenario: scenario.into(),
             mode: "real",
             duration_s: round(report.duration_s),
             capacity_rps,
             offered_rps: round(clients.iter().map(|c| c.offered_rps).sum()),
-            admitted_rps: round(admitted_total as f64 / duration),
+            admitted_rps: round(admitted.iter().sum::<u64>() as f64 / duration),
             status_counts: report.status.clone(),
             latency_ms: Latency {
                 p50: report.latency_ms.ok.p50,
                 p99: report.latency_ms.ok.p99,
                 max: report.latency_ms.ok.max,
             },
-            max_share_error_pp,
+            max_share_error_pp: shares.max_error_pp,
+            fill: shares.fill,
+            steady_from_s: steady_seconds(report.duration_s).start as f64,
             clients,
             node,
             baselines: Vec::new(),
             swaps: Vec::new(),
+            filter_metrics: BTreeMap::new(),
         }
     }
 }
@@ -303,4 +478,8 @@ fn ratio(part: u64, whole: u64) -> f64 {
 
 fn round(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+fn round_share(x: f64) -> f64 {
+    (x * 1e4).round() / 1e4
 }

@@ -11,4 +11,4 @@ pub mod spec;
 
 pub use report::{ClientReport, Report};
 pub use run::run;
-pub use spec::{ClientSpec, RunSpec};
+pub use spec::{ClientSpec, Phase, RunSpec, Schedule};

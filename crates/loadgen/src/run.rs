@@ -1,6 +1,7 @@
 //! The open-loop sender.
 //!
-//! Each client has a fixed schedule: request `i` is due at `start + i/rate`.
+//! Each client has a fixed schedule: request `i` is due at `start + i/rate`
+//! (with phases, at the rate of the phase it falls in: `spec::Schedule`).
 //! The sender sleeps until a request is due and launches it as its own task,
 //! whatever earlier requests are doing, so slow responses cannot slow the
 //! offered load (and hide overload). The run ends when the duration or the
@@ -8,7 +9,7 @@
 //! then get up to `timeout` to finish.
 
 use crate::report::{ClientHeader, ClientReport, Outcome, Recorder, Report};
-use crate::spec::{ClientSpec, RunSpec};
+use crate::spec::{ClientSpec, RunSpec, Schedule};
 use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -115,9 +116,8 @@ struct Sender {
 
 impl Sender {
     async fn run(self) -> (ClientReport, Recorder) {
-        let period = Duration::from_secs_f64(1.0 / self.client.rate);
-        let due_in_duration = (self.duration.as_secs_f64() * self.client.rate).ceil() as u64;
-        let total = due_in_duration.min(self.max_requests);
+        let schedule = Schedule::of(&self.client);
+        let period = Duration::from_secs_f64(1.0 / self.client.rate.max(1e-9));
         let picker = MethodPicker::new(&self.client.mix);
         let mut rng = SmallRng::seed_from_u64(self.seed);
         let recorder = Arc::new(Mutex::new(Recorder::default()));
@@ -127,8 +127,12 @@ impl Sender {
         let mut lag_max = Duration::ZERO;
         let mut last_dispatch = self.start;
 
-        for i in 0..total {
-            let due = self.start + period.mul_f64(i as f64);
+        let dues = schedule
+            .dues(self.duration.as_secs_f64())
+            .take(self.max_requests as usize);
+        for (i, due_s) in dues.enumerate() {
+            let i = i as u64;
+            let due = self.start + Duration::from_secs_f64(due_s);
             tokio::time::sleep_until(due).await;
             let now = Instant::now();
             lag_max = lag_max.max(now.duration_since(due));
@@ -176,7 +180,11 @@ impl Sender {
             });
         }
         let scheduled = sent + skipped;
-        let window = last_dispatch.duration_since(self.start) + period;
+        let window = if schedule.is_steady() {
+            last_dispatch.duration_since(self.start) + period
+        } else {
+            self.duration
+        };
         while requests.join_next().await.is_some() {}
 
         let header = ClientHeader {

@@ -48,6 +48,82 @@ pub struct ClientSpec {
     /// This client's own request timeout, instead of the run's.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Changes of rate during the run (`rate` holds until the first).
+    #[serde(default)]
+    pub phases: Vec<Phase>,
+    /// The first request comes due this long after the start (clients
+    /// alike in all else are spread over one period this way).
+    #[serde(default)]
+    pub offset_ms: u64,
+}
+
+/// From `at_ms` into the run on, the client sends `rate` requests per
+/// second (0: none).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Phase {
+    pub at_ms: u64,
+    pub rate: f64,
+}
+
+/// When a client's requests come due: `rate` from the start, then each
+/// phase's rate from its time on. Request `j` of a step that starts at `t`
+/// with rate `r` is due at `t + j / r`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    /// `(from_s, rate)`, in time order, the first from 0.
+    steps: Vec<(f64, f64)>,
+    offset_s: f64,
+}
+
+impl Schedule {
+    pub fn of(client: &ClientSpec) -> Self {
+        Self::new(client.rate, &client.phases, client.offset_ms)
+    }
+
+    pub fn new(rate: f64, phases: &[Phase], offset_ms: u64) -> Self {
+        let mut steps = vec![(0.0, rate)];
+        let mut phases = phases.to_vec();
+        phases.sort_by_key(|p| p.at_ms);
+        steps.extend(phases.iter().map(|p| (p.at_ms as f64 / 1000.0, p.rate)));
+        Self {
+            steps,
+            offset_s: offset_ms as f64 / 1000.0,
+        }
+    }
+
+    /// The times (seconds from the start) at which requests come due
+    /// within `duration_s`, in order.
+    pub fn dues(&self, duration_s: f64) -> impl Iterator<Item = f64> + '_ {
+        self.steps
+            .iter()
+            .enumerate()
+            .flat_map(move |(k, &(from, rate))| {
+                let from = if k == 0 { self.offset_s } else { from };
+                let until = self
+                    .steps
+                    .get(k + 1)
+                    .map_or(duration_s, |s| s.0)
+                    .min(duration_s);
+                let count = if rate > 0.0 && until > from {
+                    ((until - from) * rate).ceil() as u64
+                } else {
+                    0
+                };
+                (0..count).map(move |j| from + j as f64 / rate)
+            })
+    }
+
+    /// Requests per second on average over `duration_s`.
+    pub fn mean_rate(&self, duration_s: f64) -> f64 {
+        if duration_s <= 0.0 {
+            return 0.0;
+        }
+        self.dues(duration_s).count() as f64 / duration_s
+    }
+
+    pub fn is_steady(&self) -> bool {
+        self.steps.len() == 1
+    }
 }
 
 fn default_key_header() -> String {
@@ -76,6 +152,8 @@ impl ClientSpec {
             unique_params: false,
             source: None,
             timeout_ms: None,
+            phases: Vec::new(),
+            offset_ms: 0,
         }
     }
 
@@ -83,7 +161,11 @@ impl ClientSpec {
         if self.id.is_empty() {
             bail!("client id is empty");
         }
-        if !(self.rate.is_finite() && self.rate > 0.0) {
+        let rates = std::iter::once(self.rate).chain(self.phases.iter().map(|p| p.rate));
+        if rates.clone().any(|r| !(r.is_finite() && r >= 0.0))
+            || !rates.clone().any(|r| r > 0.0)
+            || (self.phases.is_empty() && self.rate <= 0.0)
+        {
             bail!(
                 "client {}: rate must be a positive number, got {}",
                 self.id,
@@ -219,6 +301,37 @@ impl RunSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schedule_follows_its_phases() {
+        let client = ClientSpec {
+            phases: vec![
+                Phase {
+                    at_ms: 2000,
+                    rate: 0.0,
+                },
+                Phase {
+                    at_ms: 1000,
+                    rate: 4.0,
+                },
+            ],
+            ..ClientSpec::new("a", 2.0)
+        };
+        let schedule = Schedule::of(&client);
+        let dues: Vec<f64> = schedule.dues(3.0).collect();
+        assert_eq!(dues, vec![0.0, 0.5, 1.0, 1.25, 1.5, 1.75]);
+        assert_eq!(schedule.mean_rate(3.0), 2.0);
+        assert!(!schedule.is_steady());
+        assert_eq!(
+            Schedule::of(&ClientSpec::new("b", 10.0)).dues(1.0).count(),
+            10
+        );
+        let late = Schedule::new(2.0, &[], 250);
+        assert_eq!(
+            late.dues(2.0).collect::<Vec<f64>>(),
+            vec![0.25, 0.75, 1.25, 1.75]
+        );
+    }
 
     #[test]
     fn the_command_line_form_parses() {

@@ -9,6 +9,7 @@ pub mod stack;
 use anyhow::{bail, Context};
 use rpc_node::costs::CostTable;
 use serde::Deserialize;
+use stakegate_loadgen::{Phase, Schedule};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -134,6 +135,16 @@ struct ClientDoc {
     /// Every request with params of its own, so retries can be told apart.
     #[serde(default)]
     unique_params: bool,
+    /// Changes of rate during the run: `[{ at = "5s", rate = 600 }]`.
+    #[serde(default)]
+    phases: Vec<PhaseDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PhaseDoc {
+    at: String,
+    rate: f64,
 }
 
 fn default_replicas() -> u32 {
@@ -209,6 +220,17 @@ pub struct Client {
     pub timeout: Duration,
     pub retries: u32,
     pub unique_params: bool,
+    /// Changes of rate during the run.
+    pub phases: Vec<Phase>,
+    /// Its first request comes due this long into the run.
+    pub offset_ms: u64,
+}
+
+impl Client {
+    /// When its requests come due.
+    pub fn schedule(&self) -> Schedule {
+        Schedule::new(self.rate, &self.phases, self.offset_ms)
+    }
 }
 
 fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration> {
@@ -297,7 +319,18 @@ impl Scenario {
         };
         let mut clients = Vec::new();
         for (i, c) in doc.clients.into_iter().enumerate() {
-            if !(c.rate.is_finite() && c.rate > 0.0) {
+            let mut phases = Vec::new();
+            for (k, phase) in c.phases.iter().enumerate() {
+                let at = parse_duration(&format!("clients[{i}].phases[{k}].at"), &phase.at)?;
+                if at >= duration || !(phase.rate.is_finite() && phase.rate >= 0.0) {
+                    bail!("clients[{i}].phases[{k}]: at must be within the run and rate 0 or more");
+                }
+                phases.push(Phase {
+                    at_ms: at.as_millis() as u64,
+                    rate: phase.rate,
+                });
+            }
+            if !(c.rate.is_finite() && (c.rate > 0.0 || (c.rate == 0.0 && !phases.is_empty()))) {
                 bail!("clients[{i}] ({}): rate must be positive", c.id);
             }
             let mix: Vec<(String, f64)> = if c.mix.is_empty() {
@@ -329,6 +362,8 @@ impl Scenario {
                 api_key: c.api_key,
                 retries: c.retries,
                 unique_params: c.unique_params,
+                phases,
+                offset_ms: 0,
             };
             match c.replicas {
                 0 => bail!("clients[{i}].replicas: must be at least 1"),
@@ -337,11 +372,15 @@ impl Scenario {
                     let first: std::net::Ipv4Addr = client.source.parse().with_context(|| {
                         format!("clients[{i}].source: replicas need an IPv4 address")
                     })?;
+                    // Replicas spread their first requests over one period,
+                    // as clients that never agreed on a start would.
+                    let period_ms = 1000.0 / client.rate.max(f64::MIN_POSITIVE);
                     for k in 0..n {
                         clients.push(Client {
                             id: format!("{}-{}", client.id, k + 1),
                             source: std::net::Ipv4Addr::from(u32::from(first).wrapping_add(k))
                                 .to_string(),
+                            offset_ms: (period_ms * f64::from(k) / f64::from(n)) as u64,
                             ..client.clone()
                         });
                     }
@@ -364,6 +403,19 @@ impl Scenario {
         })
     }
 
+    /// The clients as run summaries weigh them.
+    pub fn parties(&self) -> Vec<crate::summary::Party> {
+        self.clients
+            .iter()
+            .map(|c| crate::summary::Party {
+                id: c.id.clone(),
+                stake: c.stake,
+                offered_rps: c.schedule().mean_rate(self.duration.as_secs_f64()),
+                public: !c.internal,
+            })
+            .collect()
+    }
+
     /// `gateway.capacity_rps` if set, else requests per second the node
     /// serves with every read slot busy, for the scenario's overall method
     /// mix (weighted by client rates).
@@ -374,8 +426,9 @@ impl Scenario {
         let (mut weight, mut cost) = (0.0, 0.0);
         for client in &self.clients {
             let total: f64 = client.mix.iter().map(|(_, w)| w).sum();
+            let rate = client.schedule().mean_rate(self.duration.as_secs_f64());
             for (method, w) in &client.mix {
-                let share = client.rate * w / total;
+                let share = rate * w / total;
                 weight += share;
                 cost += share
                     * self

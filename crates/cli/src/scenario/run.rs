@@ -204,6 +204,8 @@ fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<
                 None
             },
             timeout_ms: Some(client.timeout.as_millis() as u64),
+            phases: client.phases.clone(),
+            offset_ms: client.offset_ms,
             ..ClientSpec::new(&client.id, client.rate)
         });
     }
@@ -315,16 +317,11 @@ fn swap(
 }
 
 fn summarise(scenario: &Scenario, report: &Report, node: NodeSummary) -> Summary {
-    let stakes: BTreeMap<String, u64> = scenario
-        .clients
-        .iter()
-        .map(|c| (c.id.clone(), c.stake))
-        .collect();
     Summary::from_report(
         &scenario.name,
         scenario.capacity_rps(),
         report,
-        &stakes,
+        &scenario.parties(),
         Some(node),
     )
 }

@@ -27,7 +27,7 @@
 //! | 4 | `demand`: predicted calls per round (`f32`) |
 //! | 1 | `tier` |
 //! | 1 | flags: 1 staked, 2 idle |
-//! | 2 | unused |
+//! | 2 | `quiet`: rounds since its last calls |
 //! | 8 | `last_seen_ms` |
 //!
 //! Version 1 (`…v1.page.<n>`, 72-byte entries, per-request counts) is never
@@ -61,6 +61,7 @@ const GRANT: usize = 24;
 const DEMAND: usize = 32;
 const TIER: usize = 36;
 const FLAGS: usize = 37;
+const QUIET: usize = 38;
 const LAST_SEEN: usize = 40;
 
 /// One identity, as inserted.
@@ -73,6 +74,7 @@ pub struct Entry {
     pub demand: f32,
     pub tier: u8,
     pub flags: u8,
+    pub quiet: u16,
     pub last_seen_ms: u64,
 }
 
@@ -121,6 +123,7 @@ impl Page {
     field!(tokens, set_tokens, i64, TOKENS);
     field!(grant, set_grant, u64, GRANT);
     field!(demand, set_demand, f32, DEMAND);
+    field!(quiet, set_quiet, u16, QUIET);
     field!(last_seen_ms, set_last_seen_ms, u64, LAST_SEEN);
 
     pub fn tier(&self, i: usize) -> u8 {
@@ -153,6 +156,7 @@ impl Page {
             demand: self.demand(i),
             tier: self.tier(i),
             flags: self.flags(i),
+            quiet: self.quiet(i),
             last_seen_ms: self.last_seen_ms(i),
         }
     }
@@ -165,6 +169,7 @@ impl Page {
         self.set_demand(i, e.demand);
         self.set_tier(i, e.tier);
         self.set_flags(i, e.flags);
+        self.set_quiet(i, e.quiet);
         self.set_last_seen_ms(i, e.last_seen_ms);
     }
 
@@ -258,6 +263,7 @@ mod tests {
             demand: 2.5,
             tier: 3,
             flags: STAKED | IDLE,
+            quiet: 7,
             last_seen_ms: 99,
         };
         page.entry(&full);

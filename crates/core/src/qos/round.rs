@@ -47,14 +47,30 @@ struct Plan<'a> {
 }
 
 impl Plan<'_> {
-    /// `(new demand, calls this round)` for entry `i`.
-    fn demand(&self, page: &Page, i: usize) -> (f64, u32) {
+    /// Entry `i`'s demand after this round, its calls this round, and the
+    /// rounds it has now been quiet.
+    ///
+    /// A round with calls is a sample of the identity's rate: its calls
+    /// over the rounds since its previous calls (so one call every 50
+    /// rounds is a rate of 0.02, not a burst of 1 followed by nothing),
+    /// smoothed into the demand. A round without calls only caps the
+    /// demand at one call per quiet round: a client that stops falls to
+    /// half its rate after two quiet rounds, a tenth after ten, and a
+    /// sparse client keeps its rate between its calls.
+    fn demand(&self, page: &Page, i: usize) -> (f64, u32, u16) {
         let calls = self.deltas.get(&page.key(i)).map_or(0, |d| d.arrivals);
-        let per_interval = f64::from(calls) / self.intervals;
         let before = f64::from(page.demand(i));
+        let quiet = page.quiet(i);
+        if calls == 0 {
+            let quiet = quiet.saturating_add(1);
+            let cap = 1.0 / (f64::from(quiet) * self.intervals);
+            return (before.min(cap), 0, quiet);
+        }
+        let sample = f64::from(calls) / ((f64::from(quiet) + 1.0) * self.intervals);
         (
-            DEMAND_SMOOTHING * per_interval + (1.0 - DEMAND_SMOOTHING) * before,
+            DEMAND_SMOOTHING * sample + (1.0 - DEMAND_SMOOTHING) * before,
             calls,
+            0,
         )
     }
 
@@ -83,7 +99,8 @@ impl Plan<'_> {
                 page.set_flags(i, (page.flags(i) & !STAKED) | (d.flags & STAKED));
                 page.set_last_seen_ms(i, self.now_ms);
             }
-            let (demand, calls) = self.demand(page, i);
+            let (demand, calls, quiet) = self.demand(page, i);
+            page.set_quiet(i, quiet);
             let idle = calls == 0 && demand < IDLE_DEMAND;
             let flags = page.flags(i) & !IDLE;
             if idle {
@@ -191,7 +208,7 @@ pub(super) fn run(
     for (&index, news) in &visit {
         let (page, cas) = read::<Page>(store, &page_key(index))?;
         for i in 0..page.len() {
-            let (demand, calls) = plan.demand(&page, i);
+            let (demand, calls, _) = plan.demand(&page, i);
             if calls > 0 || demand >= IDLE_DEMAND {
                 claims.push(Claim {
                     demand,

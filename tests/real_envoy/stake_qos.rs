@@ -126,3 +126,103 @@ fn a_bad_qos_policy_is_rejected_and_the_old_one_keeps_serving() {
     }
     assert_eq!(http::post(&url, &[], CALL).unwrap().status, 200);
 }
+
+/// A flood from its own address for `duration`; the calls admitted after
+/// the first second.
+fn flood_alone(envoy: &Envoy, duration: Duration) -> u64 {
+    let flood = ClientSpec {
+        source: Some("127.0.9.9".parse().unwrap()),
+        ..client("flood", 1600.0, "eth_call", 100_000)
+    };
+    let report = loadgen::run(&load_h2(
+        &envoy.url("public").unwrap(),
+        vec![flood],
+        duration,
+        2,
+    ))
+    .unwrap();
+    report.clients[0]
+        .timeline
+        .iter()
+        .skip(1)
+        .map(|s| s.ok)
+        .sum()
+}
+
+#[test]
+fn a_thousand_idle_identities_take_nothing_from_an_active_client() {
+    let duration = Duration::from_secs(5);
+    let (_node, alone) = node_behind_qos(r#"{"capacityRps": 400}"#);
+    let empty = flood_alone(&alone, duration);
+    drop(alone);
+
+    let (_node, envoy) = node_behind_qos(r#"{"capacityRps": 400}"#);
+    // 1,000 clients, each from its own address, send one request each.
+    let crowd: Vec<ClientSpec> = (0..1000u32)
+        .map(|i| ClientSpec {
+            source: Some(
+                format!("127.1.{}.{}", i / 250, i % 250 + 1)
+                    .parse()
+                    .unwrap(),
+            ),
+            ..client(&format!("once-{i}"), 1.0, "eth_call", 10)
+        })
+        .collect();
+    let mut spec = load_h2(
+        &envoy.url("public").unwrap(),
+        crowd,
+        Duration::from_secs(1),
+        1,
+    );
+    spec.max_requests = 1;
+    spec.http2 = false;
+    let once = loadgen::run(&spec).unwrap();
+    assert_eq!(once.count("200"), 1000, "{:?}", once.status);
+    // They are in the table, and idle once their demand has decayed.
+    assert!(eventually(Duration::from_secs(10), || {
+        envoy.stat("wasmcustom.stakegate.qos.identities").unwrap() == 0
+    }));
+    let beside = flood_alone(&envoy, duration);
+    eprintln!("the flood alone: {empty} admitted; beside 1,000 idle identities: {beside}");
+    assert!(
+        (beside as f64 - empty as f64).abs() <= 0.02 * empty as f64,
+        "alone {empty}, beside 1,000 idle identities {beside}"
+    );
+}
+
+#[test]
+fn a_light_staker_leaves_its_share_to_the_floods_in_a_real_envoy() {
+    let out = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(stakegate_stack::paths::tool("stakegate").unwrap())
+        .args([
+            "scenario",
+            "run",
+            "partial-demand",
+            "--json",
+            "--duration",
+            "10s",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .current_dir(stakegate_stack::paths::project_root())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let error = summary["max_share_error_pp"].as_f64().unwrap();
+    let fill = summary["fill"].as_f64();
+    eprintln!("partial-demand for real: max share error {error} pp, fill {fill:?}");
+    for c in summary["clients"].as_array().unwrap() {
+        eprintln!(
+            "  {}: admitted {} rps, share {} (fair {})",
+            c["id"], c["admitted_rps"], c["admitted_share"], c["fair_share"]
+        );
+    }
+    // The shares are exact whatever the machine; the fill needs the load
+    // to have been offered, which a busy machine may fall short of.
+    assert!(error <= 1.5, "max share error {error} pp");
+    if let Some(fill) = fill {
+        assert!(fill >= 0.95, "fill {fill}");
+    }
+}

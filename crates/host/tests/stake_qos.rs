@@ -66,3 +66,220 @@ fn a_hundred_thousand_addresses_stay_within_max_identities() {
     );
     assert!(host.metric("stakegate.qos.evicted") >= 98_000);
 }
+
+/// A sender through the host: its API key (or address), calls per request,
+/// and requests per second.
+struct Sender {
+    key: Option<&'static str>,
+    address: String,
+    batch: usize,
+    rate: f64,
+}
+
+fn sender(key: &'static str, rate: f64) -> Sender {
+    Sender {
+        key: Some(key),
+        address: "10.0.0.1".into(),
+        batch: 1,
+        rate,
+    }
+}
+
+/// Runs `senders` through `host` for `run_ms` of virtual time, each request
+/// answered 5 ms later, spread over the workers; returns calls admitted
+/// per sender from `measure_from_ms` on.
+fn drive(host: &mut Host, senders: &[Sender], run_ms: u64, measure_from_ms: u64) -> Vec<u64> {
+    let mut admitted = vec![0u64; senders.len()];
+    let mut sent = vec![0u64; senders.len()];
+    let mut pending: Vec<(u64, stakegate_host::RequestId)> = Vec::new();
+    let mut turn = 0;
+    for now in 0..run_ms {
+        host.advance(Duration::from_millis(1)).unwrap();
+        pending.retain(|(at, id)| {
+            if *at > now {
+                return true;
+            }
+            host.finish(*id, 200, Duration::from_millis(5)).unwrap();
+            false
+        });
+        for (i, s) in senders.iter().enumerate() {
+            let due = (now as f64 * s.rate / 1000.0) as u64;
+            while sent[i] < due {
+                sent[i] += 1;
+                turn += 1;
+                let call = r#"{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[]}"#;
+                let body = if s.batch == 1 {
+                    call.to_string()
+                } else {
+                    format!("[{}]", vec![call; s.batch].join(","))
+                };
+                let mut request = Request::json_rpc(&body).property(
+                    &["source", "address"],
+                    format!("{}:4000", s.address).as_bytes(),
+                );
+                if let Some(key) = s.key {
+                    request = request.header("x-api-key", key);
+                }
+                if let Reply::Continue(id) = host.request(turn % host.workers(), &request).unwrap()
+                {
+                    pending.push((now + 5, id));
+                    if now >= measure_from_ms {
+                        admitted[i] += s.batch as u64;
+                    }
+                }
+            }
+        }
+    }
+    admitted
+}
+
+/// A policy of capacity `capacity` staking `key-a` .. `key-d` as given.
+fn staked(capacity: u32, stakes: &[(&str, u64)]) -> String {
+    let entries: Vec<String> = stakes
+        .iter()
+        .map(|(key, stake)| {
+            format!(
+                r#"{{"apiKeySha256": "{}", "name": "{key}", "stake": {stake}}}"#,
+                sha256(key)
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"capacityRps": {capacity}, "stakes": [{}]}}"#,
+        entries.join(",")
+    )
+}
+
+fn sha256(text: &str) -> String {
+    stakegate_core::qos::identity::sha256_hex(text.as_bytes())
+}
+
+#[test]
+fn a_light_staker_leaves_its_share_to_the_floods_through_the_module() {
+    // key-a holds 60 % of the stake and sends 100 of 1,000 rps; the floods
+    // share the other 900 by stake, 1 : 3.
+    let policy = staked(
+        1000,
+        &[
+            ("key-a", 60_000_000),
+            ("key-b", 10_000_000),
+            ("key-c", 30_000_000),
+        ],
+    );
+    let mut host = qos(&policy, 2);
+    let got = drive(
+        &mut host,
+        &[
+            sender("key-a", 100.0),
+            sender("key-b", 2000.0),
+            sender("key-c", 2000.0),
+        ],
+        8000,
+        3000,
+    );
+    let total: u64 = got.iter().sum();
+    assert!(total >= 4900, "{got:?}: {total} of 5,000");
+    assert!(got[0] >= 490, "{got:?}");
+    let b_share = got[1] as f64 / (got[1] + got[2]) as f64;
+    assert!((b_share - 0.25).abs() <= 0.01, "{got:?}");
+}
+
+#[test]
+fn a_thousand_idle_identities_take_nothing_from_an_active_one() {
+    let flood = |host: &mut Host, from_ms: u64| {
+        drive(
+            host,
+            &[Sender {
+                key: None,
+                address: "10.9.9.9".into(),
+                batch: 1,
+                rate: 1600.0,
+            }],
+            from_ms + 4000,
+            from_ms + 1000,
+        )[0]
+    };
+    let alone = flood(&mut qos(r#"{"capacityRps": 400}"#, 2), 0);
+    // 1,000 identities send one request each, then go quiet (an identity
+    // that sent once is idle after about 100 rounds, 2 s).
+    let mut host = qos(r#"{"capacityRps": 400}"#, 2);
+    let crowd: Vec<Sender> = (0..1000)
+        .map(|i| Sender {
+            key: None,
+            address: format!("10.1.{}.{}", i / 250, i % 250 + 1),
+            batch: 1,
+            rate: 1.0,
+        })
+        .collect();
+    drive(&mut host, &crowd, 1001, 0);
+    host.advance(Duration::from_millis(100)).unwrap();
+    assert!(
+        host.metric("stakegate.qos.identities") >= 900,
+        "they were seen: {}",
+        host.metric("stakegate.qos.identities")
+    );
+    // They stay in the table (the idle TTL is a minute), with no weight.
+    host.advance(Duration::from_secs(3)).unwrap();
+    assert_eq!(host.metric("stakegate.qos.identities"), 0);
+    assert!(
+        host.shared_data_size().1 >= 900 * 48,
+        "{:?}",
+        host.shared_data_size()
+    );
+    let beside = flood(&mut host, 0);
+    eprintln!("alone {alone}, beside 1,000 idle identities {beside}");
+    assert!(
+        (beside as f64 - alone as f64).abs() <= 0.02 * alone as f64,
+        "alone {alone}, beside 1,000 idle identities {beside}"
+    );
+}
+
+#[test]
+fn a_batch_pays_one_token_per_call_through_the_module() {
+    // The unstaked client's 50-call batches against a 10 M staker: shares
+    // are counted in calls, so the unstaked one gets a sliver.
+    let policy = staked(1000, &[("key-a", 10_000_000)]);
+    let mut host = qos(&policy, 2);
+    let got = drive(
+        &mut host,
+        &[
+            Sender {
+                key: None,
+                address: "10.2.2.2".into(),
+                batch: 50,
+                rate: 100.0,
+            },
+            sender("key-a", 2000.0),
+        ],
+        6000,
+        2000,
+    );
+    let share = got[0] as f64 / (got[0] + got[1]) as f64;
+    assert!(
+        share < 0.02,
+        "{got:?}: the batches got {:.1} % of calls",
+        100.0 * share
+    );
+}
+
+#[test]
+fn leases_admit_no_more_than_the_tokens_with_four_workers() {
+    let mut host = qos(r#"{"capacityRps": 1000}"#, 4);
+    let got = drive(
+        &mut host,
+        &[Sender {
+            key: None,
+            address: "10.3.3.3".into(),
+            batch: 1,
+            rate: 5000.0,
+        }],
+        6000,
+        1000,
+    )[0];
+    // 5 s at 1,000 rps, plus at most the two-round bucket (40) and one
+    // lease per worker (four of a quarter of a 20-token round).
+    assert!(got <= 5000 + 40 + 20, "{got}");
+    assert!(got >= 4900, "{got}");
+    let leases = host.metric("stakegate.qos.leases");
+    assert!(leases < 30_000 / 10, "{leases} leases for 30,000 requests");
+}

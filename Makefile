@@ -8,7 +8,7 @@ ENVOY_VERSION := 1.40.0
 WASM_TARGET := wasm32-wasip1
 FILTERS := admission-gate stake-qos
 # Test-only modules, built with the filters.
-FIXTURES := ghost-worker
+FIXTURES := ghost-worker noop-filter
 TOOLS := rpc-node stakegate-loadgen stakegate-cli
 # cargo fuzz (libFuzzer) targets under fuzz/, run on the nightly toolchain.
 FUZZ_TARGETS := gate_policy qos_policy dedup_key error_body websocket_frames

@@ -54,16 +54,22 @@ impl Plan<'_> {
     /// over the rounds since its previous calls (so one call every 50
     /// rounds is a rate of 0.02, not a burst of 1 followed by nothing),
     /// smoothed into the demand. A round without calls only caps the
-    /// demand at one call per quiet round: a client that stops falls to
-    /// half its rate after two quiet rounds, a tenth after ten, and a
-    /// sparse client keeps its rate between its calls.
+    /// demand, at one call per quiet round but the first: a client that
+    /// stops falls to one call per round after two quiet rounds and a tenth
+    /// of that after eleven, and a sparse client keeps its rate between its
+    /// calls. One quiet round is not enough, because each worker reports
+    /// once per interval at a moment of its own, and a report can miss one
+    /// round and land in the next with two intervals' calls.
     fn demand(&self, page: &Page, i: usize) -> (f64, u32, u16) {
         let calls = self.deltas.get(&page.key(i)).map_or(0, |d| d.arrivals);
         let before = f64::from(page.demand(i));
         let quiet = page.quiet(i);
         if calls == 0 {
             let quiet = quiet.saturating_add(1);
-            let cap = 1.0 / (f64::from(quiet) * self.intervals);
+            if quiet < 2 {
+                return (before, 0, quiet);
+            }
+            let cap = 1.0 / (f64::from(quiet - 1) * self.intervals);
             return (before.min(cap), 0, quiet);
         }
         let sample = f64::from(calls) / ((f64::from(quiet) + 1.0) * self.intervals);
@@ -306,4 +312,72 @@ fn read_active(store: &impl SharedStore) -> Result<(Vec<u8>, Option<u32>), Store
 fn bit(bits: &[u8], index: u32) -> bool {
     bits.get(index as usize / 8)
         .is_some_and(|b| b & (1 << (index % 8)) != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An identity's demand over a run of rounds with these calls.
+    fn demands(calls: &[u32]) -> Vec<f64> {
+        let mut page = Page::default();
+        page.entry(&Entry {
+            key: 1,
+            demand: 16.0,
+            ..Entry::default()
+        });
+        calls
+            .iter()
+            .map(|&c| {
+                let deltas: HashMap<u64, Delta> = [(
+                    1,
+                    Delta {
+                        key: 1,
+                        arrivals: c,
+                        ..Delta::default()
+                    },
+                )]
+                .into();
+                let plan = Plan {
+                    deltas: &deltas,
+                    intervals: 1.0,
+                    level: f64::INFINITY,
+                    now_ms: 0,
+                    idle_ttl_ms: 60_000,
+                    min_tokens: 2 * MILLI,
+                };
+                let (demand, _, quiet) = plan.demand(&page, 0);
+                page.set_demand(0, demand as f32);
+                page.set_quiet(0, quiet);
+                demand
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_report_that_misses_one_round_does_not_move_the_demand() {
+        // 16 calls a round; one round's report comes a round late.
+        let got = demands(&[16, 0, 32, 16]);
+        assert!(got.iter().all(|d| (d - 16.0).abs() < 1e-3), "{got:?}");
+    }
+
+    #[test]
+    fn a_client_that_stops_loses_its_demand_from_the_second_quiet_round() {
+        let got = demands(&[16, 0, 0, 0, 0]);
+        assert_eq!(&got[..2], &[16.0, 16.0]);
+        assert_eq!(&got[2..], &[1.0, 0.5, 1.0 / 3.0]);
+    }
+
+    #[test]
+    fn a_sparse_client_keeps_its_rate_between_its_calls() {
+        // One call every ten rounds settles at 0.1 a round.
+        let mut calls = Vec::new();
+        for _ in 0..30 {
+            calls.push(1);
+            calls.extend([0; 9]);
+        }
+        let got = demands(&calls);
+        let last = &got[got.len() - 10..];
+        assert!(last.iter().all(|d| (d - 0.1).abs() < 0.02), "{last:?}");
+    }
 }

@@ -10,25 +10,31 @@
 //! `T = capacity × interval` tokens (one per JSON-RPC call) by **weighted
 //! max-min over predicted demand** (`fair`):
 //!
-//! - an identity's *demand* `d` is its calls per interval (admitted or
-//!   refused: a gateway refuses where a node would queue, so a refused call
-//!   is demand too), smoothed: `d ← 0.2 × calls + 0.8 × d` each round;
+//! - an identity's *demand* `d` is its calls per interval, admitted or
+//!   refused (a gateway refuses where a node would queue, so a refused call
+//!   is demand too). A round with calls is a sample, its calls over the
+//!   rounds since the identity's previous calls, smoothed into `d` with
+//!   weight 0.2 (one call every 50 rounds is a rate of 0.02, not a burst);
+//!   a quiet round only caps `d`, from the second one in a row, at one call
+//!   per quiet round (`round::Plan::demand`);
 //! - the water level `λ` is set so that `Σ min(d, λ × stake) = T`;
 //! - an identity that wants less than its stake's part (`d ≤ λ × stake`) is
 //!   *satisfied*: it is granted `d × 1.5` (the headroom lets it grow), and
 //!   `d` of it is what the level was computed with, so capacity is filled
 //!   when total demand reaches it; the others are granted `λ × stake`;
-//! - an identity with no calls whose demand has decayed below 0.01 per
-//!   interval is *idle*: it carries no weight and gets nothing, however many
-//!   such identities the table holds. A new identity is never confused with
-//!   an idle one: its first calls make it active at once, and it starts
-//!   with `initialTokens` in its bucket.
+//! - an identity with no calls whose demand has fallen below 0.01 per
+//!   interval is *idle* (one that sent once is, after about 100 rounds): it
+//!   carries no weight and gets nothing, however many such identities the
+//!   table holds. A new identity is never confused with an idle one: its
+//!   first calls make it active at once, and it starts with
+//!   `initialTokens` in its bucket.
 //!
 //! A bucket holds at most two rounds of its grant (at least two tokens).
 //! A client whose demand rises is satisfied, and granted half as much again
 //! as it used, each round: it reaches its fair share in a few rounds (40 ms
-//! at the default interval for a tenfold rise). A client that goes quiet
-//! falls below 5 % of its demand in 14 rounds (280 ms) and idle soon after.
+//! at the default interval for a tenfold rise). A client that stops is
+//! capped at one call per round after two quiet rounds, so nearly all its
+//! share goes to the others at once.
 //!
 //! **Cost of a round.** It visits the pages that hold an active identity or
 //! one with new counts (an active-page bitmap says which), reading each

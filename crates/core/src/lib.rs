@@ -1,7 +1,8 @@
 //! stakegate-core: the policy logic both filters and the simulator share.
 //!
 //! Everything here takes plain values and returns plain values: no proxy-wasm
-//! types, and no clock (callers pass `now` in). That keeps each mechanism
+//! types, and no clock (callers pass `now` in, as a value or as a
+//! `clock::Now` read when first needed). That keeps each mechanism
 //! testable with a fake clock, runnable in the offline host in virtual time,
 //! and identical in Envoy.
 //!
@@ -9,6 +10,7 @@
 //! - `dedup`: retry-storm protection, an optional part of the gate (SEEDS.md part 4).
 //! - `qos`: stake-weighted rate shares and concurrency allowances (SEEDS.md parts 1-3).
 //! - `baseline`: Agave's stake-weighted QoS as it was (SEEDS.md part 1), for comparison.
+//! - `clock`: the time, passed in, read from the host only when needed.
 //! - `jsonrpc`: what the filters read of a JSON-RPC body without parsing it.
 //! - `rejection`: the one error shape every rejection has.
 //! - `shared`: compare-and-swap updates of records in proxy-wasm shared data.
@@ -16,6 +18,7 @@
 //! - `validate`: the toolkit policies are checked with (errors name the field).
 
 pub mod baseline;
+pub mod clock;
 pub mod dedup;
 pub mod gate;
 pub mod jsonrpc;

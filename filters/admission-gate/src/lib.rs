@@ -23,9 +23,10 @@ mod metrics;
 use metrics::GateMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
+use stakegate_core::clock::Now;
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::stream::{
-    Body, GateStream, GateWorker, Head, OnBody, OnHeaders, Refusal, Settled, Upgrade,
+    Body, GateStream, GateWorker, Head, OnBody, OnHeaders, Refusal, Settled,
 };
 use stakegate_core::gate::InflightGate;
 use stakegate_glue::facts::StreamFacts;
@@ -67,7 +68,7 @@ impl Worker {
         if self.held.is_empty() {
             return;
         }
-        let now = now_ms();
+        let mut now = Now::lazy(now_ms);
         let mut acted = false;
         let mut i = 0;
         while i < self.held.len() {
@@ -81,7 +82,7 @@ impl Worker {
                 i += 1;
                 continue;
             };
-            match stream.settle(&mut self.core, &EnvoyStore, now) {
+            match stream.settle(&mut self.core, &EnvoyStore, &mut now) {
                 Settled::ConnectionFull => i += 1,
                 Settled::GateFull => break,
                 settled => {
@@ -206,10 +207,10 @@ fn refuse(refusal: &Refusal) -> Action {
 impl GateHttp {
     /// Runs `step` on this stream with the worker; when it gave slots back,
     /// held streams retry.
-    fn with(&mut self, step: impl FnOnce(&mut GateStream, &mut GateWorker, u64) -> bool) {
+    fn with(&mut self, step: impl FnOnce(&mut GateStream, &mut GateWorker, &mut Now) -> bool) {
         let mut worker = self.worker.borrow_mut();
         let released = match self.stream.try_borrow_mut() {
-            Ok(mut stream) => step(&mut stream, &mut worker.core, now_ms()),
+            Ok(mut stream) => step(&mut stream, &mut worker.core, &mut Now::lazy(now_ms)),
             Err(_) => false,
         };
         worker.log();
@@ -231,28 +232,19 @@ impl Context for GateHttp {
 
 impl HttpContext for GateHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let method = host::request_header(":method");
-        let upgrade = match (host::request_header("upgrade"), method.as_deref()) {
-            (_, Some("CONNECT")) => Upgrade::Tunnel,
-            (Some(_), m) if m != Some("GET") => Upgrade::NotGet,
-            (Some(u), _) if u.eq_ignore_ascii_case("websocket") => Upgrade::Websocket,
-            (Some(_), _) => Upgrade::Tunnel,
-            (None, _) => Upgrade::None,
-        };
-        let head = Head {
-            end_of_stream,
-            upgrade,
-            content_length: host::request_header("content-length")
-                .and_then(|v| v.trim().parse().ok()),
-        };
         let mut worker = self.worker.borrow_mut();
+        let head = Head::read(
+            end_of_stream,
+            worker.core.dedup.is_some(),
+            host::request_header,
+        );
         let Ok(mut stream) = self.stream.try_borrow_mut() else {
             return Action::Continue;
         };
         let action = stream.headers(
             &mut worker.core,
             &EnvoyStore,
-            now_ms(),
+            &mut Now::lazy(now_ms),
             &mut StreamFacts,
             head,
         );
@@ -276,7 +268,7 @@ impl HttpContext for GateHttp {
         let action = stream.request_body(
             &mut worker.core,
             &EnvoyStore,
-            now_ms(),
+            &mut Now::lazy(now_ms),
             body_size,
             end_of_stream,
             &mut HostBody(BodyOf::Request),
@@ -339,7 +331,7 @@ impl Drop for GateHttp {
     fn drop(&mut self) {
         if let Ok(mut worker) = self.worker.try_borrow_mut() {
             if let Ok(mut stream) = self.stream.try_borrow_mut() {
-                stream.done(&mut worker.core, &EnvoyStore, now_ms());
+                stream.done(&mut worker.core, &EnvoyStore, &mut Now::lazy(now_ms));
             }
         }
     }

@@ -31,6 +31,7 @@ pub mod policy;
 pub mod shards;
 pub mod stream;
 
+use crate::clock::Now;
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
 use crate::shared::{update, Change, SharedStore, StoreError};
 use class::RequestClass;
@@ -173,7 +174,7 @@ impl InflightGate {
     pub fn admit(
         &mut self,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         class: RequestClass,
         websocket: bool,
     ) -> Admission {
@@ -189,7 +190,7 @@ impl InflightGate {
             (_, true) => SlotKind::Websocket,
             (class, false) => slot_of(class),
         };
-        let taken = self.take(store, now_ms, slot);
+        let taken = self.take(store, now, slot);
         if taken.ok {
             Admission {
                 decision: Decision::Admit(Ticket {
@@ -212,8 +213,8 @@ impl InflightGate {
 
     /// Takes one `slot`: a spare one if this VM has it, else one from the
     /// shared pool by CAS if the limits allow.
-    pub fn take(&mut self, store: &impl SharedStore, now_ms: u64, slot: SlotKind) -> Taken {
-        self.take_n(store, now_ms, slot, 1)
+    pub fn take(&mut self, store: &impl SharedStore, now: &mut Now, slot: SlotKind) -> Taken {
+        self.take_n(store, now, slot, 1)
     }
 
     /// Takes `n` `slot`s at once, or none: from this VM's spares if it has
@@ -221,7 +222,7 @@ impl InflightGate {
     pub fn take_n(
         &mut self,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         slot: SlotKind,
         n: u32,
     ) -> Taken {
@@ -233,6 +234,7 @@ impl InflightGate {
                 store_error: None,
             };
         }
+        let now_ms = now.ms();
         let vm = match self.join(store, now_ms) {
             Ok(vm) => vm,
             Err(e) => return Taken::failed(0, e),
@@ -378,10 +380,10 @@ mod tests {
     fn internal_traffic_is_never_rejected_nor_counted() {
         let store = MemoryStore::default();
         let mut worker = gate(r#"{"maxInflight": 1}"#, 1);
-        let first = worker.admit(&store, 0, RequestClass::Default, false);
+        let first = worker.admit(&store, &mut Now::fixed(0), RequestClass::Default, false);
         assert!(matches!(first.decision, Decision::Admit(_)));
         for _ in 0..100 {
-            let internal = worker.admit(&store, 0, RequestClass::Internal, false);
+            let internal = worker.admit(&store, &mut Now::fixed(0), RequestClass::Internal, false);
             assert_eq!(
                 internal.decision,
                 Decision::Admit(Ticket {
@@ -392,7 +394,7 @@ mod tests {
         }
         assert!(matches!(
             worker
-                .admit(&store, 0, RequestClass::Default, false)
+                .admit(&store, &mut Now::fixed(0), RequestClass::Default, false)
                 .decision,
             Decision::Reject(_)
         ));
@@ -402,9 +404,9 @@ mod tests {
     fn a_rejection_has_the_unified_shape() {
         let store = MemoryStore::default();
         let mut worker = gate(r#"{"maxInflight": 1}"#, 1);
-        worker.admit(&store, 0, RequestClass::Default, false);
+        worker.admit(&store, &mut Now::fixed(0), RequestClass::Default, false);
         let Decision::Reject(rejection) = worker
-            .admit(&store, 0, RequestClass::Default, false)
+            .admit(&store, &mut Now::fixed(0), RequestClass::Default, false)
             .decision
         else {
             panic!("admitted over the limit");
@@ -421,14 +423,16 @@ mod tests {
         let store = MemoryStore::default();
         let mut a = gate(r#"{"maxInflight": 2}"#, 1);
         let mut b = gate(r#"{"maxInflight": 2}"#, 2);
-        let _held = ticket(a.admit(&store, 0, RequestClass::Default, false));
-        let _held = ticket(b.admit(&store, 0, RequestClass::Default, false));
+        let _held = ticket(a.admit(&store, &mut Now::fixed(0), RequestClass::Default, false));
+        let _held = ticket(b.admit(&store, &mut Now::fixed(0), RequestClass::Default, false));
         assert!(matches!(
-            a.admit(&store, 0, RequestClass::Default, false).decision,
+            a.admit(&store, &mut Now::fixed(0), RequestClass::Default, false)
+                .decision,
             Decision::Reject(_)
         ));
         assert!(matches!(
-            b.admit(&store, 0, RequestClass::Default, false).decision,
+            b.admit(&store, &mut Now::fixed(0), RequestClass::Default, false)
+                .decision,
             Decision::Reject(_)
         ));
         assert_ne!(a.vm(), b.vm());
@@ -439,10 +443,10 @@ mod tests {
         let store = MemoryStore::default();
         let mut a = gate(r#"{"maxInflight": 1}"#, 1);
         let mut b = gate(r#"{"maxInflight": 1}"#, 2);
-        let first = ticket(a.admit(&store, 0, RequestClass::Default, false));
+        let first = ticket(a.admit(&store, &mut Now::fixed(0), RequestClass::Default, false));
         a.release(first);
         let (_, cas_before) = store.load(SHARED_KEY).unwrap();
-        let reuse = a.admit(&store, 0, RequestClass::Default, false);
+        let reuse = a.admit(&store, &mut Now::fixed(0), RequestClass::Default, false);
         assert!(matches!(reuse.decision, Decision::Admit(_)));
         assert_eq!(reuse.totals, None, "served from the spare slot");
         assert_eq!(
@@ -454,7 +458,8 @@ mod tests {
         a.release(ticket(reuse));
         assert!(
             matches!(
-                b.admit(&store, 0, RequestClass::Default, false).decision,
+                b.admit(&store, &mut Now::fixed(0), RequestClass::Default, false)
+                    .decision,
                 Decision::Reject(_)
             ),
             "a spare still counts against the limit"
@@ -462,7 +467,8 @@ mod tests {
         let beat = a.heartbeat(&store, 1).unwrap();
         assert_eq!(beat.totals, Totals::default(), "the heartbeat returned it");
         assert!(matches!(
-            b.admit(&store, 2, RequestClass::Default, false).decision,
+            b.admit(&store, &mut Now::fixed(2), RequestClass::Default, false)
+                .decision,
             Decision::Admit(_)
         ));
     }
@@ -471,9 +477,9 @@ mod tests {
     fn spares_are_only_reused_by_their_own_kind() {
         let store = MemoryStore::default();
         let mut a = gate(r#"{"maxInflight": 2, "reserved": 1}"#, 1);
-        let priority = ticket(a.admit(&store, 0, RequestClass::Priority, false));
+        let priority = ticket(a.admit(&store, &mut Now::fixed(0), RequestClass::Priority, false));
         a.release(priority);
-        let default = a.admit(&store, 0, RequestClass::Default, false);
+        let default = a.admit(&store, &mut Now::fixed(0), RequestClass::Default, false);
         assert!(matches!(default.decision, Decision::Admit(_)));
         assert_eq!(
             default.totals.unwrap().default,
@@ -483,7 +489,8 @@ mod tests {
         assert_eq!(default.totals.unwrap().priority, 0);
         assert!(
             matches!(
-                a.admit(&store, 0, RequestClass::Default, false).decision,
+                a.admit(&store, &mut Now::fixed(0), RequestClass::Default, false)
+                    .decision,
                 Decision::Reject(_)
             ),
             "default still cannot take the reserve"
@@ -495,19 +502,21 @@ mod tests {
         let store = MemoryStore::default();
         let policy = r#"{"maxInflight": 2}"#;
         let (mut old, mut new) = (gate(policy, 1), gate(policy, 2));
-        let done = ticket(old.admit(&store, 0, RequestClass::Default, false));
-        let open = ticket(old.admit(&store, 0, RequestClass::Default, false));
+        let done = ticket(old.admit(&store, &mut Now::fixed(0), RequestClass::Default, false));
+        let open = ticket(old.admit(&store, &mut Now::fixed(0), RequestClass::Default, false));
         old.release(done);
         assert!(
             matches!(
-                new.admit(&store, 0, RequestClass::Default, false).decision,
+                new.admit(&store, &mut Now::fixed(0), RequestClass::Default, false)
+                    .decision,
                 Decision::Reject(_)
             ),
             "the spare still counts"
         );
         assert_eq!(old.leave(&store, 10).unwrap(), 1, "one request still open");
         assert!(matches!(
-            new.admit(&store, 10, RequestClass::Default, false).decision,
+            new.admit(&store, &mut Now::fixed(10), RequestClass::Default, false)
+                .decision,
             Decision::Admit(_)
         ));
         // The open request's slot stays counted until the stale-slot TTL.
@@ -561,7 +570,7 @@ mod tests {
             for op in ops {
                 match op {
                     Op::Admit { worker, class, websocket } => {
-                        let admission = workers[worker].admit(&store, 0, class, websocket);
+                        let admission = workers[worker].admit(&store, &mut Now::fixed(0), class, websocket);
                         if let Decision::Admit(ticket) = admission.decision {
                             held[worker].push(ticket);
                         }
@@ -598,12 +607,12 @@ mod tests {
         let policy = r#"{"maxInflight": 2, "heartbeatMs": 100, "staleSlotTtlMs": 1000}"#;
         let mut dead = gate(policy, 1);
         let mut alive = gate(policy, 2);
-        let _held = ticket(dead.admit(&store, 0, RequestClass::Default, false));
-        let _held = ticket(dead.admit(&store, 0, RequestClass::Default, false));
+        let _held = ticket(dead.admit(&store, &mut Now::fixed(0), RequestClass::Default, false));
+        let _held = ticket(dead.admit(&store, &mut Now::fixed(0), RequestClass::Default, false));
         drop(dead); // never heartbeats again
         assert!(matches!(
             alive
-                .admit(&store, 500, RequestClass::Default, false)
+                .admit(&store, &mut Now::fixed(500), RequestClass::Default, false)
                 .decision,
             Decision::Reject(_)
         ));
@@ -613,7 +622,7 @@ mod tests {
         assert_eq!((beat.expired_slots, beat.totals.inflight()), (2, 0));
         assert!(matches!(
             alive
-                .admit(&store, 1002, RequestClass::Default, false)
+                .admit(&store, &mut Now::fixed(1002), RequestClass::Default, false)
                 .decision,
             Decision::Admit(_)
         ));
@@ -624,7 +633,7 @@ mod tests {
         let store = MemoryStore::default();
         store.store(SHARED_KEY, &[7, 0, 0], None).unwrap();
         let mut worker = gate(r#"{"maxInflight": 2}"#, 1);
-        let admission = worker.admit(&store, 0, RequestClass::Default, false);
+        let admission = worker.admit(&store, &mut Now::fixed(0), RequestClass::Default, false);
         assert!(matches!(admission.decision, Decision::Reject(_)));
         assert_eq!(
             admission.store_error.unwrap().to_string(),
@@ -632,7 +641,7 @@ mod tests {
         );
         assert!(matches!(
             worker
-                .admit(&store, 0, RequestClass::Internal, false)
+                .admit(&store, &mut Now::fixed(0), RequestClass::Internal, false)
                 .decision,
             Decision::Admit(_)
         ));

@@ -30,6 +30,7 @@
 //! piece with more messages than the gate has slots closes the socket.
 //! Internal WebSockets are never held.
 
+use crate::clock::Now;
 use crate::dedup::{client_name, Dedup, Pending, Verdict, DUPLICATE_STATUS};
 use crate::gate::class::{classify, RequestClass, RequestFacts};
 use crate::gate::shards::{SlotKind, Totals};
@@ -44,6 +45,44 @@ pub struct Head {
     pub end_of_stream: bool,
     pub upgrade: Upgrade,
     pub content_length: Option<u64>,
+}
+
+impl Head {
+    /// Reads what the gate needs from the request headers, and no more:
+    /// each read is a host call every request pays for. `upgrade` (absent
+    /// on a plain request, which is cheap) always; `:method` only for an
+    /// upgrade, or, with dedup on, for a body of unknown length (a CONNECT
+    /// tunnel must not be held as a body); `content-length` only with
+    /// dedup, which skips a body too large to check before holding it.
+    pub fn read(
+        end_of_stream: bool,
+        dedup: bool,
+        mut header: impl FnMut(&str) -> Option<String>,
+    ) -> Head {
+        let upgrade = header("upgrade");
+        let content_length = if dedup && upgrade.is_none() && !end_of_stream {
+            header("content-length").and_then(|v| v.trim().parse().ok())
+        } else {
+            None
+        };
+        let method = if upgrade.is_some() || (dedup && !end_of_stream && content_length.is_none()) {
+            header(":method")
+        } else {
+            None
+        };
+        let upgrade = match (upgrade, method.as_deref()) {
+            (_, Some("CONNECT")) => Upgrade::Tunnel,
+            (Some(_), m) if m != Some("GET") => Upgrade::NotGet,
+            (Some(u), _) if u.eq_ignore_ascii_case("websocket") => Upgrade::Websocket,
+            (Some(_), _) => Upgrade::Tunnel,
+            (None, _) => Upgrade::None,
+        };
+        Head {
+            end_of_stream,
+            upgrade,
+            content_length,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,7 +222,7 @@ impl GateWorker {
     fn admit(
         &mut self,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         class: RequestClass,
         upgrade: bool,
     ) -> Result<Ticket, Refusal> {
@@ -192,7 +231,7 @@ impl GateWorker {
             cas_retries,
             store_error,
             ..
-        } = self.gate.admit(store, now_ms, class, upgrade);
+        } = self.gate.admit(store, now, class, upgrade);
         self.counts.cas_retries += u64::from(cas_retries);
         if let Some(e) = store_error {
             self.note_store_error("admission failed closed", e);
@@ -340,7 +379,7 @@ impl GateStream {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         facts: &mut impl RequestFacts,
         head: Head,
     ) -> OnHeaders {
@@ -358,7 +397,7 @@ impl GateStream {
         let policy = w.gate.policy();
         let class = classify(&policy.internal, &policy.priority, facts);
         if head.upgrade != Upgrade::None {
-            let ticket = match w.admit(store, now_ms, class, true) {
+            let ticket = match w.admit(store, now, class, true) {
                 Ok(ticket) => ticket,
                 Err(refusal) => return OnHeaders::Refuse(refusal),
             };
@@ -378,7 +417,7 @@ impl GateStream {
             self.state = State::Tunnel(ticket);
             return OnHeaders::Continue;
         }
-        let ticket = match w.admit(store, now_ms, class, false) {
+        let ticket = match w.admit(store, now, class, false) {
             Ok(ticket) => ticket,
             Err(refusal) => return OnHeaders::Refuse(refusal),
         };
@@ -408,13 +447,13 @@ impl GateStream {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         size: usize,
         end_of_stream: bool,
         body: &mut impl Body,
     ) -> OnBody {
         match &mut self.state {
-            State::Http(request) => request.body(w, store, now_ms, size, end_of_stream, body),
+            State::Http(request) => request.body(w, store, now, size, end_of_stream, body),
             State::Websocket(ws) => {
                 if size > ws.fed {
                     let bytes = body.read(ws.fed, size - ws.fed);
@@ -423,7 +462,7 @@ impl GateStream {
                     ws.waiting += messages.requests;
                     ws.fed = size;
                 }
-                match ws.settle(w, store, now_ms) {
+                match ws.settle(w, store, now) {
                     Settled::Through => {
                         ws.fed = 0;
                         OnBody::Continue
@@ -448,10 +487,15 @@ impl GateStream {
 
     /// Retries the slots a held WebSocket's messages wait for. On
     /// `Through` the glue resumes the stream.
-    pub fn settle(&mut self, w: &mut GateWorker, store: &impl SharedStore, now_ms: u64) -> Settled {
+    pub fn settle(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now: &mut Now,
+    ) -> Settled {
         match &mut self.state {
             State::Websocket(ws) => {
-                let settled = ws.settle(w, store, now_ms);
+                let settled = ws.settle(w, store, now);
                 if settled == Settled::Through {
                     ws.fed = 0;
                 }
@@ -471,10 +515,10 @@ impl GateStream {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         end_of_stream: bool,
     ) -> bool {
-        end_of_stream && self.response_ended(w, store, now_ms)
+        end_of_stream && self.response_ended(w, store, now)
     }
 
     /// A piece of response body. Returns whether slots were given back
@@ -483,7 +527,7 @@ impl GateStream {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         size: usize,
         end_of_stream: bool,
         body: &mut impl Body,
@@ -498,7 +542,7 @@ impl GateStream {
             }
             return answered > 0;
         }
-        end_of_stream && self.response_ended(w, store, now_ms)
+        end_of_stream && self.response_ended(w, store, now)
     }
 
     /// Response trailers end the response.
@@ -506,9 +550,9 @@ impl GateStream {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
     ) -> bool {
-        self.response_ended(w, store, now_ms)
+        self.response_ended(w, store, now)
     }
 
     /// The node's response has ended: an HTTP request's slot goes back.
@@ -516,10 +560,10 @@ impl GateStream {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
     ) -> bool {
         if matches!(self.state, State::Http(_)) {
-            self.done(w, store, now_ms);
+            self.done(w, store, now);
             return true;
         }
         false
@@ -527,12 +571,12 @@ impl GateStream {
 
     /// The stream is over (done, reset, or deleted): everything it holds
     /// goes back. Safe to call more than once.
-    pub fn done(&mut self, w: &mut GateWorker, store: &impl SharedStore, now_ms: u64) {
+    pub fn done(&mut self, w: &mut GateWorker, store: &impl SharedStore, now: &mut Now) {
         match std::mem::take(&mut self.state) {
             State::Idle => {}
             State::Http(request) => {
                 if let (Some(pending), Some(dedup)) = (request.sent, w.dedup.as_ref()) {
-                    match dedup.complete(store, pending, now_ms) {
+                    match dedup.complete(store, pending, now.ms()) {
                         Ok((purged, retries)) => {
                             w.counts.dedup.purged += purged;
                             w.counts.cas_retries += u64::from(retries);
@@ -558,7 +602,7 @@ impl HttpRequest {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         size: usize,
         end_of_stream: bool,
         body: &mut impl Body,
@@ -594,7 +638,7 @@ impl HttpRequest {
             w.counts.dedup.skipped += 1;
             return OnBody::Continue;
         };
-        let checked = match dedup.check(store, &keyed, vm, now_ms) {
+        let checked = match dedup.check(store, &keyed, vm, now.ms()) {
             Ok(checked) => checked,
             Err(e) => {
                 w.note_store_error("dedup check passed a request", e);
@@ -633,7 +677,7 @@ impl Websocket {
     /// piece of data cannot be let through in part, and taking some slots
     /// while waiting for others could leave two sockets holding half the
     /// gate each, forever.
-    fn settle(&mut self, w: &mut GateWorker, store: &impl SharedStore, now_ms: u64) -> Settled {
+    fn settle(&mut self, w: &mut GateWorker, store: &impl SharedStore, now: &mut Now) -> Settled {
         if self.waiting == 0 {
             self.waited = false;
             return Settled::Through;
@@ -648,7 +692,7 @@ impl Websocket {
         } else if self.held >= limits.per_websocket {
             Settled::ConnectionFull
         } else {
-            let taken = w.gate.take_n(store, now_ms, self.kind, self.waiting);
+            let taken = w.gate.take_n(store, now, self.kind, self.waiting);
             w.taken(&taken);
             if taken.ok {
                 self.held += self.waiting;
@@ -717,6 +761,57 @@ mod tests {
         content_length: None,
     };
 
+    /// `Head::read` over `headers`, and the names it read.
+    fn read_head(
+        end_of_stream: bool,
+        dedup: bool,
+        headers: &[(&str, &str)],
+    ) -> (Head, Vec<String>) {
+        let mut reads = Vec::new();
+        let head = Head::read(end_of_stream, dedup, |name| {
+            reads.push(name.to_string());
+            headers
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        });
+        (head, reads)
+    }
+
+    #[test]
+    fn a_plain_request_costs_one_header_read() {
+        let post = [(":method", "POST"), ("content-length", "64")];
+        let (head, reads) = read_head(false, false, &post);
+        assert_eq!((head.upgrade, head.content_length), (Upgrade::None, None));
+        assert_eq!(reads, ["upgrade"]);
+        let (head, reads) = read_head(false, true, &post);
+        assert_eq!(
+            (head.upgrade, head.content_length),
+            (Upgrade::None, Some(64))
+        );
+        assert_eq!(reads, ["upgrade", "content-length"]);
+        // With dedup, a body of unknown length may be a CONNECT tunnel.
+        let (head, reads) = read_head(false, true, &[(":method", "CONNECT")]);
+        assert_eq!(head.upgrade, Upgrade::Tunnel);
+        assert_eq!(reads, ["upgrade", "content-length", ":method"]);
+        let (head, _) = read_head(false, true, &[(":method", "POST")]);
+        assert_eq!(head.upgrade, Upgrade::None);
+    }
+
+    #[test]
+    fn upgrades_are_told_apart_by_method_and_protocol() {
+        let head = |method: &str, upgrade: &str| {
+            read_head(false, false, &[(":method", method), ("upgrade", upgrade)])
+                .0
+                .upgrade
+        };
+        assert_eq!(head("GET", "websocket"), Upgrade::Websocket);
+        assert_eq!(head("GET", "WebSocket"), Upgrade::Websocket);
+        assert_eq!(head("GET", "h2c"), Upgrade::Tunnel);
+        assert_eq!(head("POST", "websocket"), Upgrade::NotGet);
+        assert_eq!(head("CONNECT", "websocket"), Upgrade::Tunnel);
+    }
+
     fn frame(payload: &str, masked: bool) -> Vec<u8> {
         let mut out = vec![0x81, (u8::from(masked) << 7) | payload.len() as u8];
         let mask = [1, 2, 3, 4];
@@ -758,13 +853,13 @@ mod tests {
         let mut w = worker(r#"{"maxInflight": 4, "maxInflightPerWebsocket": 8}"#, 1);
         let mut a = GateStream::default();
         assert_eq!(
-            a.headers(&mut w, &store, 0, &mut Public, WEBSOCKET),
+            a.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, WEBSOCKET),
             OnHeaders::ContinueWebsocket
         );
         let mut sent = calls(3);
         let size = sent.0.len();
         assert_eq!(
-            a.request_body(&mut w, &store, 0, size, false, &mut sent),
+            a.request_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut sent),
             OnBody::Continue
         );
         assert_eq!(inflight(&mut w, &store), 3, "one slot per message");
@@ -772,11 +867,11 @@ mod tests {
         // A second socket's two calls do not both fit: they wait, and
         // take nothing meanwhile.
         let mut b = GateStream::default();
-        b.headers(&mut w, &store, 0, &mut Public, WEBSOCKET);
+        b.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, WEBSOCKET);
         let mut more = calls(2);
         let size = more.0.len();
         assert_eq!(
-            b.request_body(&mut w, &store, 0, size, false, &mut more),
+            b.request_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut more),
             OnBody::Hold
         );
         assert!(b.waiting());
@@ -785,20 +880,23 @@ mod tests {
         // The last slot goes to an HTTP request; the next finds none.
         let mut http = GateStream::default();
         assert_eq!(
-            http.headers(&mut w, &store, 0, &mut Public, GET),
+            http.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Continue
         );
         assert!(matches!(
-            GateStream::default().headers(&mut w, &store, 0, &mut Public, GET),
+            GateStream::default().headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Refuse(_)
         ));
-        http.done(&mut w, &store, 0);
+        http.done(&mut w, &store, &mut Now::fixed(0));
 
         // Answers on the first socket free slots; the second goes through.
         let mut back = answers(2);
         let size = back.0.len();
-        assert!(a.response_body(&mut w, &store, 0, size, false, &mut back));
-        assert_eq!(b.settle(&mut w, &store, 0), Settled::Through);
+        assert!(a.response_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut back));
+        assert_eq!(
+            b.settle(&mut w, &store, &mut Now::fixed(0)),
+            Settled::Through
+        );
         assert!(!b.waiting());
         // A subscription notification frees nothing.
         let mut push = Bytes(frame(
@@ -806,10 +904,10 @@ mod tests {
             false,
         ));
         let size = push.0.len();
-        assert!(!a.response_body(&mut w, &store, 0, size, false, &mut push));
+        assert!(!a.response_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut push));
 
-        a.done(&mut w, &store, 0);
-        b.done(&mut w, &store, 0);
+        a.done(&mut w, &store, &mut Now::fixed(0));
+        b.done(&mut w, &store, &mut Now::fixed(0));
         let totals = w.tick(&store, 1).0.unwrap();
         assert_eq!((totals.inflight(), totals.websocket), (0, 0));
     }
@@ -819,12 +917,12 @@ mod tests {
         let store = MemoryStore::default();
         let mut w = worker(r#"{"maxInflight": 100, "maxInflightPerWebsocket": 2}"#, 1);
         let mut ws = GateStream::default();
-        ws.headers(&mut w, &store, 0, &mut Public, WEBSOCKET);
+        ws.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, WEBSOCKET);
         // One piece of three messages goes through whole (past the share).
         let mut first = calls(3);
         let size = first.0.len();
         assert_eq!(
-            ws.request_body(&mut w, &store, 0, size, false, &mut first),
+            ws.request_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut first),
             OnBody::Continue
         );
         assert_eq!(inflight(&mut w, &store), 3);
@@ -832,28 +930,34 @@ mod tests {
         let mut second = calls(2);
         let size = second.0.len();
         assert_eq!(
-            ws.request_body(&mut w, &store, 0, size, false, &mut second),
+            ws.request_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut second),
             OnBody::Hold
         );
         // More data while held: only the new bytes are read.
         let mut grown = Bytes([second.0.clone(), calls(1).0].concat());
         let size = grown.0.len();
         assert_eq!(
-            ws.request_body(&mut w, &store, 0, size, false, &mut grown),
+            ws.request_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut grown),
             OnBody::Hold
         );
         let mut back = answers(1);
         let size = back.0.len();
-        ws.response_body(&mut w, &store, 0, size, false, &mut back);
-        assert_eq!(ws.settle(&mut w, &store, 0), Settled::ConnectionFull);
-        ws.response_body(&mut w, &store, 0, size, false, &mut back);
-        assert_eq!(ws.settle(&mut w, &store, 0), Settled::Through);
+        ws.response_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut back);
+        assert_eq!(
+            ws.settle(&mut w, &store, &mut Now::fixed(0)),
+            Settled::ConnectionFull
+        );
+        ws.response_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut back);
+        assert_eq!(
+            ws.settle(&mut w, &store, &mut Now::fixed(0)),
+            Settled::Through
+        );
         assert_eq!(
             inflight(&mut w, &store),
             1 + 3,
             "one left, three taken together"
         );
-        ws.done(&mut w, &store, 0);
+        ws.done(&mut w, &store, &mut Now::fixed(0));
         assert_eq!(inflight(&mut w, &store), 0);
     }
 
@@ -862,11 +966,11 @@ mod tests {
         let store = MemoryStore::default();
         let mut w = worker(r#"{"maxInflight": 4}"#, 1);
         let mut ws = GateStream::default();
-        ws.headers(&mut w, &store, 0, &mut Public, WEBSOCKET);
+        ws.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, WEBSOCKET);
         let mut flood = calls(5);
         let size = flood.0.len();
         assert_eq!(
-            ws.request_body(&mut w, &store, 0, size, false, &mut flood),
+            ws.request_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut flood),
             OnBody::Close
         );
         assert_eq!(inflight(&mut w, &store), 0, "it took nothing");
@@ -880,24 +984,30 @@ mod tests {
         let mut busy: Vec<GateStream> = (0..2).map(|_| GateStream::default()).collect();
         for request in &mut busy {
             assert_eq!(
-                request.headers(&mut w, &store, 0, &mut Public, GET),
+                request.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
                 OnHeaders::Continue
             );
         }
         let mut sockets: Vec<GateStream> = (0..2).map(|_| GateStream::default()).collect();
         for ws in &mut sockets {
-            ws.headers(&mut w, &store, 0, &mut Public, WEBSOCKET);
+            ws.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, WEBSOCKET);
             let mut three = calls(3);
             let size = three.0.len();
             assert_eq!(
-                ws.request_body(&mut w, &store, 0, size, false, &mut three),
+                ws.request_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut three),
                 OnBody::Hold
             );
         }
         assert_eq!(inflight(&mut w, &store), 2, "neither took a part");
-        busy[0].done(&mut w, &store, 0);
-        assert_eq!(sockets[0].settle(&mut w, &store, 0), Settled::Through);
-        assert_eq!(sockets[1].settle(&mut w, &store, 0), Settled::GateFull);
+        busy[0].done(&mut w, &store, &mut Now::fixed(0));
+        assert_eq!(
+            sockets[0].settle(&mut w, &store, &mut Now::fixed(0)),
+            Settled::Through
+        );
+        assert_eq!(
+            sockets[1].settle(&mut w, &store, &mut Now::fixed(0)),
+            Settled::GateFull
+        );
     }
 
     #[test]
@@ -906,18 +1016,18 @@ mod tests {
         let mut w = worker(r#"{"maxInflight": 1}"#, 1);
         let mut first = GateStream::default();
         assert_eq!(
-            first.headers(&mut w, &store, 0, &mut Public, GET),
+            first.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Continue
         );
-        assert!(!first.response_headers(&mut w, &store, 0, false));
+        assert!(!first.response_headers(&mut w, &store, &mut Now::fixed(0), false));
         let mut nothing = Bytes(Vec::new());
-        assert!(first.response_body(&mut w, &store, 0, 0, true, &mut nothing));
+        assert!(first.response_body(&mut w, &store, &mut Now::fixed(0), 0, true, &mut nothing));
         // The client is still reading, but the node is done.
         assert_eq!(
-            GateStream::default().headers(&mut w, &store, 0, &mut Public, GET),
+            GateStream::default().headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Continue
         );
-        first.done(&mut w, &store, 0);
+        first.done(&mut w, &store, &mut Now::fixed(0));
         assert_eq!(w.counts.admitted[RequestClass::Default.index()], 2);
     }
 
@@ -931,13 +1041,13 @@ mod tests {
         };
         for _ in 0..2 {
             let mut stream = GateStream::default();
-            stream.headers(&mut w, &store, 0, &mut Public, post);
+            stream.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post);
             let mut piece = Bytes(b"{\"id\":".to_vec());
             assert_eq!(
-                stream.request_body(&mut w, &store, 0, 6, false, &mut piece),
+                stream.request_body(&mut w, &store, &mut Now::fixed(0), 6, false, &mut piece),
                 OnBody::Continue
             );
-            stream.done(&mut w, &store, 0);
+            stream.done(&mut w, &store, &mut Now::fixed(0));
         }
         assert_eq!(w.counts.bodies_streamed, 2);
         assert_eq!(w.take_log().len(), 1);

@@ -32,10 +32,13 @@ pub struct Identity {
 }
 
 /// Resolves the request's identity; `None` only when no source applies and
-/// the address is unknown.
+/// the address is unknown. A source the stake table has no entry for is not
+/// read at all: each fact is a host call, and the request pays for it.
 pub fn identify(policy: &QosPolicy, facts: &mut impl RequestFacts) -> Option<Identity> {
     for source in &policy.order {
         let found = match source {
+            Source::ApiKey if policy.by_api_key.is_empty() => None,
+            Source::PeerCertificate if policy.by_peer.is_empty() => None,
             Source::ApiKey => facts
                 .header(&policy.api_key_header)
                 .map(|key| sha256_hex(key.as_bytes()))
@@ -138,6 +141,8 @@ mod tests {
         ip: Option<IpAddr>,
         headers: Vec<(&'static str, String)>,
         san: Option<String>,
+        /// What was read, in order.
+        reads: Vec<String>,
     }
 
     impl RequestFacts for Facts {
@@ -145,12 +150,15 @@ mod tests {
             None
         }
         fn source_ip(&mut self) -> Option<IpAddr> {
+            self.reads.push("address".into());
             self.ip
         }
         fn peer_uri_san(&mut self) -> Option<String> {
+            self.reads.push("peer".into());
             self.san.clone()
         }
         fn header(&mut self, name: &str) -> Option<String> {
+            self.reads.push(name.into());
             self.headers
                 .iter()
                 .find(|(n, _)| *n == name)
@@ -202,6 +210,30 @@ mod tests {
             id.stake, 1000,
             "a stake under unstakedStake is raised to it"
         );
+    }
+
+    #[test]
+    fn sources_with_no_stake_entries_are_not_read() {
+        let plain = QosPolicy::parse(br#"{"capacityRps": 100}"#).unwrap();
+        let mut facts = from("203.0.113.9");
+        identify(&plain, &mut facts).unwrap();
+        assert_eq!(facts.reads, ["address"]);
+
+        let keys_only = QosPolicy::parse(
+            format!(
+                r#"{{"capacityRps": 100, "stakes": [{{"apiKeySha256": "{}", "name": "a", "stake": 5}}]}}"#,
+                sha256_hex(b"k")
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let mut facts = from("203.0.113.9");
+        identify(&keys_only, &mut facts).unwrap();
+        assert_eq!(facts.reads, ["x-api-key", "address"]);
+
+        let mut facts = from("203.0.113.9");
+        identify(&policy(""), &mut facts).unwrap();
+        assert_eq!(facts.reads, ["x-api-key", "peer", "address"]);
     }
 
     #[test]

@@ -57,12 +57,12 @@ fn json_rpc_round_trips_through_envoy() {
 
 #[test]
 fn the_shipped_configs_validate() {
-    for template in ["passthrough.yaml", "bench/no-filter.yaml"] {
-        let builder = EnvoyBuilder::new(template)
-            .var("RPC_NODE_HOST", "127.0.0.1")
-            .var("RPC_NODE_PORT", 8545);
-        envoy::validate(&builder).unwrap_or_else(|e| panic!("{template}: {e:#}"));
-    }
+    let passthrough = EnvoyBuilder::new("passthrough.yaml")
+        .var("RPC_NODE_HOST", "127.0.0.1")
+        .var("RPC_NODE_PORT", 8545);
+    envoy::validate(&passthrough).unwrap_or_else(|e| panic!("passthrough.yaml: {e:#}"));
+    let direct = envoy::direct_response(&[("a", ""), ("b", "")]).unwrap();
+    envoy::validate(&direct).unwrap_or_else(|e| panic!("bench/direct.yaml: {e:#}"));
 }
 
 #[test]

@@ -1,13 +1,14 @@
 //! The load generator keeps its schedule: against a fast upstream (Envoy
 //! answering by itself), the offered rate is the requested one.
 
-use stakegate_stack::{loadgen, EnvoyBuilder};
+use stakegate_stack::{envoy, loadgen};
 use stakegate_tests::{client, load};
 use std::time::Duration;
 
 #[test]
 fn offered_rate_is_within_two_percent_at_2000_rps() {
-    let envoy = EnvoyBuilder::new("bench/no-filter.yaml")
+    let envoy = envoy::direct_response(&[("public", "")])
+        .unwrap()
         .concurrency(1)
         .start()
         .unwrap();

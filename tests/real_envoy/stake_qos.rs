@@ -226,4 +226,3 @@ fn a_light_staker_leaves_its_share_to_the_floods_in_a_real_envoy() {
         assert!(fill >= 0.95, "fill {fill}");
     }
 }
-

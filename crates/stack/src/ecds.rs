@@ -51,6 +51,50 @@ impl FilterConfig {
         }
     }
 
+    /// Any other proxy-wasm module as a filter of its own (`name`, its own
+    /// vm_id), e.g. the bench's no-op reference filter.
+    pub fn other(name: &str, module: impl Into<PathBuf>, policy: impl Into<String>) -> Self {
+        Self {
+            name: format!("stakegate.{name}"),
+            plugin: format!("stakegate.{name}"),
+            file: format!("{name}.yaml"),
+            vm_id: format!("stakegate.{name}"),
+            module: module.into(),
+            policy: policy.into(),
+        }
+    }
+
+    /// A copy under its own names and VM (`suffix` appended), to run beside
+    /// another config of the same filter in one Envoy: VMs with different
+    /// ids share no data.
+    pub fn named(&self, suffix: &str) -> Self {
+        let stem = self.file.trim_end_matches(".yaml");
+        Self {
+            name: format!("{}.{suffix}", self.name),
+            plugin: format!("{}.{suffix}", self.plugin),
+            file: format!("{stem}.{suffix}.yaml"),
+            vm_id: format!("{}.{suffix}", self.vm_id),
+            ..self.clone()
+        }
+    }
+
+    /// This filter's entry in an HTTP connection manager's `http_filters`,
+    /// loaded through file-based ECDS from `{{ECDS_DIR}}`, indented as in
+    /// `envoy-config/bench/listener.yaml`.
+    pub fn http_filter_entry(&self) -> String {
+        format!(
+            r#"          - name: {name}
+            config_discovery:
+              config_source:
+                path_config_source:
+                  path: {{{{ECDS_DIR}}}}/{file}
+                  watched_directory: {{ path: {{{{ECDS_DIR}}}} }}
+              type_urls: ["type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm"]"#,
+            name = self.name,
+            file = self.file,
+        )
+    }
+
     /// The filter's warm-up slot: a disabled filter beside it in the
     /// gateway configs, same vm_id and module, where a deploy stages a new
     /// module so that V8 compiles it before the real swap.

@@ -124,9 +124,41 @@ impl EnvoyBuilder {
     }
 }
 
+/// `envoy-config/bench/direct.yaml` with one listener per `(name,
+/// http_filters)`: Envoy answering by itself behind each filter chain.
+/// The Wasm filters among them still have to be given to the builder.
+pub fn direct_response(listeners: &[(&str, &str)]) -> anyhow::Result<EnvoyBuilder> {
+    let path = paths::envoy_config("bench/listener.yaml");
+    let template =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let blocks: Vec<String> = listeners
+        .iter()
+        .map(|(name, filters)| {
+            template
+                .replace("{{LISTENER_NAME}}", name)
+                .replace("{{HTTP_FILTERS}}", filters)
+        })
+        .collect();
+    Ok(EnvoyBuilder::new("bench/direct.yaml").var("LISTENERS", blocks.join("\n")))
+}
+
 /// Replaces `{{NAME}}` placeholders. Unset `*_PORT` placeholders become 0;
-/// any other unset placeholder is an error naming it.
+/// any other unset placeholder is an error naming it. A value may itself
+/// hold placeholders (a block of config naming `{{ECDS_DIR}}`): they are
+/// filled from the same variables, one level deep.
 pub fn render(text: &str, vars: &BTreeMap<String, String>) -> anyhow::Result<String> {
+    let mut filled = vars.clone();
+    for (name, value) in filled.iter_mut() {
+        if value.contains("{{") {
+            let mut others = vars.clone();
+            others.remove(name);
+            *value = render_once(value, &others)?;
+        }
+    }
+    render_once(text, &filled)
+}
+
+fn render_once(text: &str, vars: &BTreeMap<String, String>) -> anyhow::Result<String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     let mut missing = Vec::new();
@@ -355,6 +387,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, "port: 0 host: 127.0.0.1:8545");
+    }
+
+    #[test]
+    fn a_value_may_name_other_placeholders() {
+        let out = render(
+            "filters: {{FILTERS}}",
+            &vars(&[("FILTERS", "path {{DIR}}/a.yaml"), ("DIR", "/tmp/x")]),
+        )
+        .unwrap();
+        assert_eq!(out, "filters: path /tmp/x/a.yaml");
     }
 
     #[test]

@@ -105,11 +105,12 @@ fmt:
 demo: setup build
 	./target/tools/stakegate demo
 
-## bench: the admission gate's overhead and the QoS refill cost in Envoy (installs wrk from Debian if missing).
+## bench: every filter chain against Envoy with no filter, the QoS refill round, QoS at 10 to 100k identities (installs wrk from Debian if missing).
 bench: setup build
 	@command -v wrk >/dev/null || { apt-get install -y wrk || { echo "install wrk (apt-get install wrk)"; exit 1; }; }
-	./target/tools/stakegate bench gate-overhead --rounds 9
+	./target/tools/stakegate bench filters
 	./target/tools/stakegate bench qos-refill
+	./target/tools/stakegate bench qos-scale
 
 clean:
 	cargo clean

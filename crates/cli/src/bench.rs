@@ -1,120 +1,421 @@
 //! `stakegate bench`: what the filters cost a real Envoy.
 //!
-//! `gate-overhead`: what the admission gate costs Envoy's throughput.
-//! Two Envoys at `--concurrency 1` answer every request with a
-//! direct_response, one with the gate in front (at a limit it never
-//! reaches). wrk loads them in alternating rounds, so both see the same
-//! machine noise, and the result is the median of the per-round
-//! throughput ratios gate / no-filter. On a machine with at least two
-//! cores, Envoy is pinned to the last core and wrk to the first, so the two
-//! do not take turns on one core.
+//! `filters`: every filter chain side by side, from one run. One Envoy
+//! (`--concurrency 1`, pinned to the last core when there are two) has a
+//! listener per chain; each answers by itself (direct_response) behind the
+//! buffer filter, as the gateway configs put it first, then the chain: no
+//! filter, Envoy's own `local_ratelimit`, a no-op proxy-wasm filter, or
+//! stakegate's filters and their chain. wrk (on the first core) POSTs
+//! JSON-RPC calls whose params differ per request, as real traffic does,
+//! over kept-alive connections, to each listener in turn, round after
+//! round, starting each round one chain further on, so every chain sees the
+//! same process and the same machine noise. A chain's result is the median
+//! and the interquartile range of its per-round ratio to no filter, and
+//! the median time it adds to a request (Envoy's one worker is busy the
+//! whole run, so a request costs `1 / rps` of it).
+//!
+//! `qos-refill`: how long a stake QoS refill round takes as the identity
+//! table fills. `qos-scale`: what a request costs stake QoS at 10 to
+//! 100,000 identities, and Envoy's memory.
 
 use anyhow::{bail, Context};
 use serde::Serialize;
 use stakegate_stack::admin::Quantile;
-use stakegate_stack::{paths, Envoy, EnvoyBuilder, FilterConfig};
-use std::path::PathBuf;
+use stakegate_stack::{envoy, paths, Envoy, EnvoyBuilder, FilterConfig};
+use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct GateOverheadArgs {
-    /// Rounds per side.
-    #[arg(long, default_value_t = 5)]
+pub struct FiltersArgs {
+    /// Rounds (each runs every chain once).
+    #[arg(long, default_value_t = 30)]
     pub rounds: usize,
     /// Length of one wrk run.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub duration: Duration,
     /// wrk connections.
     #[arg(long, default_value_t = 32)]
     pub connections: u32,
-    /// Where summary.json goes.
-    #[arg(long, default_value = "results/gate-overhead")]
+    /// Where summary.json and the chart go.
+    #[arg(long, default_value = "results/bench")]
     pub out: PathBuf,
-    /// Measure another module in the gate's place, e.g. a pass-through
-    /// proxy-wasm module to see the cost of Envoy's Wasm runtime alone.
-    #[arg(long)]
-    pub module: Option<PathBuf>,
+}
+
+/// One filter of a chain.
+#[derive(Clone)]
+enum Element {
+    /// Envoy's own filter, as its `http_filters` entry.
+    Native(&'static str),
+    /// A proxy-wasm module through file-based ECDS.
+    Wasm(FilterConfig),
+}
+
+/// A chain under test, and what it is.
+struct Chain {
+    name: &'static str,
+    what: &'static str,
+    elements: Vec<Element>,
+    /// Most answers are refusals (wrk counts them as non-2xx).
+    refuses: bool,
+}
+
+/// Envoy's local rate limit with a bucket that never empties.
+const LOCAL_RATELIMIT: &str = r#"          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: bench
+              token_bucket: { max_tokens: 1000000000, tokens_per_fill: 1000000000, fill_interval: 1s }
+              filter_enabled: { runtime_key: bench_enabled, default_value: { numerator: 100, denominator: HUNDRED } }
+              filter_enforced: { runtime_key: bench_enforced, default_value: { numerator: 100, denominator: HUNDRED } }"#;
+
+const GATE: &str = r#"{"maxInflight": 1000000}"#;
+/// Room for every call of a 1 s window at the rates a core reaches.
+const GATE_DEDUP: &str = r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536}}"#;
+const QOS_BELOW: &str = r#"{"capacityRps": 10000000}"#;
+const QOS_THROTTLING: &str = r#"{"capacityRps": 100}"#;
+
+fn chains() -> anyhow::Result<Vec<Chain>> {
+    let gate = |policy: &str| -> anyhow::Result<Element> {
+        Ok(Element::Wasm(FilterConfig::admission_gate(
+            paths::wasm_module("admission_gate")?,
+            policy,
+        )))
+    };
+    let qos = |policy: &str| -> anyhow::Result<Element> {
+        Ok(Element::Wasm(FilterConfig::stake_qos(
+            paths::wasm_module("stake_qos")?,
+            policy,
+        )))
+    };
+    let noop = Element::Wasm(FilterConfig::other(
+        "noop",
+        paths::wasm_module("noop_filter")?,
+        "",
+    ));
+    let chain = |name, what, elements, refuses| Chain {
+        name,
+        what,
+        elements,
+        refuses,
+    };
+    Ok(vec![
+        chain("no filter", "Envoy answering by itself", vec![], false),
+        chain(
+            "local_ratelimit",
+            "Envoy's own rate limit, a bucket that never empties",
+            vec![Element::Native(LOCAL_RATELIMIT)],
+            false,
+        ),
+        chain(
+            NOOP,
+            "a proxy-wasm filter that does nothing",
+            vec![noop],
+            false,
+        ),
+        chain(
+            "gate",
+            "the admission gate, under its limit",
+            vec![gate(GATE)?],
+            false,
+        ),
+        chain(
+            "gate + dedup",
+            "the gate with retry-storm protection, every call new",
+            vec![gate(GATE_DEDUP)?],
+            false,
+        ),
+        chain(
+            "QoS below",
+            "stake QoS below its threshold",
+            vec![qos(QOS_BELOW)?],
+            false,
+        ),
+        chain(
+            "QoS throttling",
+            "stake QoS over its threshold: mostly 429s",
+            vec![qos(QOS_THROTTLING)?],
+            true,
+        ),
+        chain(
+            "full chain",
+            "stake QoS, then the gate with dedup",
+            vec![qos(QOS_BELOW)?, gate(GATE_DEDUP)?],
+            false,
+        ),
+    ])
+}
+
+const NOOP: &str = "no-op Wasm";
+
+/// One Envoy answering by itself, with a listener per `(name, elements)`.
+/// A Wasm filter in several chains gets its own names and VM in each.
+fn direct(listeners: &[(String, Vec<Element>)]) -> anyhow::Result<EnvoyBuilder> {
+    let mut blocks = Vec::new();
+    let mut configs = Vec::new();
+    for (i, (name, elements)) in listeners.iter().enumerate() {
+        let entries: Vec<String> = elements
+            .iter()
+            .map(|element| match element {
+                Element::Native(entry) => entry.to_string(),
+                Element::Wasm(config) => {
+                    let config = config.named(&format!("c{i}"));
+                    let entry = config.http_filter_entry();
+                    configs.push(config);
+                    entry
+                }
+            })
+            .collect();
+        blocks.push((name.as_str(), entries.join("\n")));
+    }
+    let refs: Vec<(&str, &str)> = blocks.iter().map(|(n, f)| (*n, f.as_str())).collect();
+    Ok(configs
+        .into_iter()
+        .fold(envoy::direct_response(&refs)?, EnvoyBuilder::filter))
+}
+
+/// One chain's results.
+#[derive(Debug, Serialize)]
+struct ChainResult {
+    chain: &'static str,
+    what: &'static str,
+    rps: Vec<f64>,
+    /// Per round, this chain's rps over no filter's.
+    ratios: Vec<f64>,
+    median_rps: f64,
+    median_ratio: f64,
+    /// The middle half of the per-round ratios.
+    ratio_iqr: [f64; 2],
+    /// Per round, this chain's rps over the no-op Wasm filter's.
+    median_ratio_to_noop: f64,
+    /// Median of what the chain adds to a request's cost, in µs of Envoy's
+    /// one worker: `1/rps - 1/rps(no filter)` per round.
+    added_us: f64,
+    /// Median share of the run Envoy's threads were on a CPU (1.0: one core
+    /// busy the whole time, so Envoy was the bottleneck).
+    envoy_busy: f64,
 }
 
 #[derive(Debug, Serialize)]
-struct OverheadSummary {
+struct FiltersSummary {
+    machine: String,
     rounds: usize,
     duration_s: f64,
     connections: u32,
-    no_filter_rps: Vec<f64>,
-    gate_rps: Vec<f64>,
-    ratios: Vec<f64>,
-    median_no_filter_rps: f64,
-    median_gate_rps: f64,
-    median_ratio: f64,
+    pinned: bool,
+    chains: Vec<ChainResult>,
 }
 
-pub fn gate_overhead(args: &GateOverheadArgs) -> anyhow::Result<()> {
+/// The machine, as the summary describes it.
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{cores} cores ({cpu})")
+}
+
+pub fn filters(args: &FiltersArgs) -> anyhow::Result<()> {
     require_wrk()?;
-    let policy = r#"{"maxInflight": 1000000}"#;
-    let module = match &args.module {
-        Some(module) => module.clone(),
-        None => paths::wasm_module("admission_gate")?,
-    };
-    let gate = FilterConfig::admission_gate(module, policy);
-    let no_filter = EnvoyBuilder::new("bench/no-filter.yaml")
-        .concurrency(1)
-        .start()?;
-    let gated = with_filter(gate).concurrency(1).start()?;
-    let pinned = pin(&[&no_filter, &gated]);
+    let chains = chains()?;
+    let listeners: Vec<(String, Vec<Element>)> = (0..chains.len())
+        .map(|i| (format!("chain-{i}"), chains[i].elements.clone()))
+        .collect();
+    let envoy = direct(&listeners)?.concurrency(1).start()?;
+    let pinned = pin(&[&envoy]);
+    let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
+    std::fs::write(script.path(), UNIQUE_CALLS)?;
     println!(
-        "gate overhead: wrk -c{} for {:?} per round, {} alternating rounds, Envoy --concurrency 1{}",
+        "filters: one Envoy --concurrency 1, a listener per chain; wrk -c{} for {:?} per chain and round, {} rounds, on {}{}",
         args.connections,
         args.duration,
         args.rounds,
-        if pinned { ", Envoy and wrk pinned to separate cores" } else { "" }
+        machine(),
+        if pinned { "; Envoy on the last core, wrk on the first" } else { "" }
     );
-    // Warm both up (VM start, connection pools) before measuring.
-    for envoy in [&no_filter, &gated] {
-        wrk(envoy, args.connections, Duration::from_secs(1))?;
+    let url = |i: usize| envoy.url(&listeners[i].0);
+    for (i, chain) in chains.iter().enumerate() {
+        check_in_path(&envoy, chain, || {
+            wrk(
+                &url(i)?,
+                args.connections,
+                Duration::from_secs(1),
+                script.path(),
+                chain.refuses,
+            )
+        })?;
     }
-    let (mut plain, mut with_gate, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 1..=args.rounds {
-        let a = wrk(&no_filter, args.connections, args.duration)?;
-        let b = wrk(&gated, args.connections, args.duration)?;
-        println!(
-            "round {round}: no filter {a:>9.0} rps   gate {b:>9.0} rps   ratio {:.3}",
-            b / a
+    let mut runs: Vec<Vec<Run>> = (0..chains.len()).map(|_| Vec::new()).collect();
+    for round in 0..args.rounds {
+        for k in 0..chains.len() {
+            let i = (round + k) % chains.len();
+            let busy = Busy::start(&envoy)?;
+            let mut run = wrk(
+                &url(i)?,
+                args.connections,
+                args.duration,
+                script.path(),
+                chains[i].refuses,
+            )?;
+            run.busy = busy.share()?;
+            runs[i].push(run);
+        }
+        let line: Vec<String> = chains
+            .iter()
+            .zip(&runs)
+            .map(|(c, r)| format!("{} {:.0}", c.name, r[round].rps))
+            .collect();
+        println!("round {}: {}", round + 1, line.join(", "));
+    }
+    let rps: Vec<Vec<f64>> = runs
+        .iter()
+        .map(|r| r.iter().map(|x| x.rps).collect())
+        .collect();
+    let per_round = |i: usize, base: usize| -> Vec<f64> {
+        rps[i].iter().zip(&rps[base]).map(|(a, b)| a / b).collect()
+    };
+    let noop = chains.iter().position(|c| c.name == NOOP).unwrap_or(0);
+    let results: Vec<ChainResult> = chains
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let ratios = per_round(i, 0);
+            let added: Vec<f64> = rps[i]
+                .iter()
+                .zip(&rps[0])
+                .map(|(a, b)| 1e6 / a - 1e6 / b)
+                .collect();
+            ChainResult {
+                chain: c.name,
+                what: c.what,
+                median_rps: median(&rps[i]),
+                median_ratio: median(&ratios),
+                ratio_iqr: [quantile(&ratios, 0.25), quantile(&ratios, 0.75)],
+                median_ratio_to_noop: median(&per_round(i, noop)),
+                added_us: median(&added),
+                envoy_busy: median(&runs[i].iter().map(|r| r.busy).collect::<Vec<_>>()),
+                ratios,
+                rps: rps[i].clone(),
+            }
+        })
+        .collect();
+    println!("\n{}", table(&results));
+    if let Some(idle) = results.iter().find(|r| r.envoy_busy < 0.9) {
+        eprintln!(
+            "warning: Envoy was busy only {:.0}% of the {} runs: the load, not Envoy, set their pace",
+            idle.envoy_busy * 100.0,
+            idle.chain
         );
-        plain.push(a);
-        with_gate.push(b);
-        ratios.push(b / a);
     }
-    let admitted = gated.stat("wasmcustom.stakegate.gate.admitted.default")?;
-    if admitted == 0 && args.module.is_none() {
-        bail!("the gate admitted nothing: it was not in the request path");
-    }
-    let summary = OverheadSummary {
+    let summary = FiltersSummary {
+        machine: machine(),
         rounds: args.rounds,
         duration_s: args.duration.as_secs_f64(),
         connections: args.connections,
-        median_no_filter_rps: median(&plain),
-        median_gate_rps: median(&with_gate),
-        median_ratio: median(&ratios),
-        no_filter_rps: plain,
-        gate_rps: with_gate,
-        ratios,
+        pinned,
+        chains: results,
     };
-    println!(
-        "median: no filter {:.0} rps, gate {:.0} rps, gate/no-filter {:.3} (target >= 0.80); the gate admitted {admitted} requests",
-        summary.median_no_filter_rps, summary.median_gate_rps, summary.median_ratio
-    );
-    crate::summary::write(&args.out, &summary)
+    crate::summary::write(&args.out, &summary)?;
+    let chart = args.out.join("filters.png");
+    let bars: Vec<(String, f64, [f64; 2])> = summary
+        .chains
+        .iter()
+        .map(|c| (c.chain.to_string(), c.median_ratio, c.ratio_iqr))
+        .collect();
+    crate::scenario::plot::bars(
+        &bars,
+        "throughput against Envoy with no filter (median, interquartile range)",
+        &chart,
+    )?;
+    eprintln!("chart written to {}", chart.display());
+    Ok(())
 }
 
-/// Envoy answering by itself, behind `filter`.
-fn with_filter(filter: FilterConfig) -> EnvoyBuilder {
-    EnvoyBuilder::new("bench/filter.yaml")
-        .var("FILTER_NAME", &filter.name)
-        .var("FILTER_FILE", &filter.file)
-        .filter(filter)
+/// How long every filter may take to hand Envoy its counts (the gate's
+/// heartbeat is a second by default).
+const COUNTS_FLUSHED: Duration = Duration::from_secs(10);
+
+/// Runs `send` through `chain` and checks that each of its stakegate
+/// filters counted every request it sent: the filter was in the path. The
+/// filters' stats are shared by every VM, so the other chains' counts must
+/// be in before this one sends (each check waits for its own).
+fn check_in_path(
+    envoy: &Envoy,
+    chain: &Chain,
+    send: impl FnOnce() -> anyhow::Result<Run>,
+) -> anyhow::Result<()> {
+    let counted = |config: &FilterConfig| -> anyhow::Result<i64> {
+        Ok(if config.name.starts_with("stakegate.admission_gate") {
+            envoy.stat("wasmcustom.stakegate.gate.admitted.default")?
+        } else if config.name.starts_with("stakegate.stake_qos") {
+            envoy.stat("wasmcustom.stakegate.qos.admitted.unstaked")?
+                + envoy.stat("wasmcustom.stakegate.qos.throttled.unstaked")?
+        } else {
+            0
+        })
+    };
+    let ours: Vec<&FilterConfig> = chain
+        .elements
+        .iter()
+        .filter_map(|e| match e {
+            Element::Wasm(c) if !c.name.starts_with("stakegate.noop") => Some(c),
+            _ => None,
+        })
+        .collect();
+    let before: Vec<i64> = ours
+        .iter()
+        .map(|c| counted(c))
+        .collect::<anyhow::Result<_>>()?;
+    let sent = send()?.requests as i64;
+    for (config, before) in ours.iter().zip(before) {
+        let started = Instant::now();
+        while counted(config)? - before < sent {
+            if started.elapsed() > COUNTS_FLUSHED {
+                bail!(
+                    "{} counted {} of the {sent} requests sent through {}: it is not in the path",
+                    config.name,
+                    counted(config)? - before,
+                    chain.name
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Ok(())
 }
+
+fn table(results: &[ChainResult]) -> String {
+    let mut out = format!(
+        "{:<16} {:>8} {:>13} {:>13} {:>14} {:>10}\n",
+        "chain", "rps", "vs no filter", "IQR", "vs no-op Wasm", "added µs"
+    );
+    for r in results {
+        out.push_str(&format!(
+            "{:<16} {:>8.0} {:>13.3} {:>13} {:>14.3} {:>10.1}\n",
+            r.chain,
+            r.median_rps,
+            r.median_ratio,
+            format!("{:.2}-{:.2}", r.ratio_iqr[0], r.ratio_iqr[1]),
+            r.median_ratio_to_noop,
+            r.added_us
+        ));
+    }
+    out
+}
+
+/// A wrk script that POSTs an eth_call whose params differ per request.
+const UNIQUE_CALLS: &str = r#"local n = 0
+request = function()
+  n = n + 1
+  local body = string.format('{"jsonrpc":"2.0","id":%d,"method":"eth_call","params":[{"to":"0x%040d","data":"0x%d"},"latest"]}', n, n, n)
+  return wrk.format("POST", "/", {["content-type"] = "application/json"}, body)
+end
+"#;
 
 fn require_wrk() -> anyhow::Result<()> {
     if Command::new("wrk").arg("--version").output().is_err() {
@@ -123,39 +424,93 @@ fn require_wrk() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Requests per second wrk reached against the envoy's public listener,
-/// with an optional Lua script shaping the requests.
-fn wrk(envoy: &Envoy, connections: u32, duration: Duration) -> anyhow::Result<f64> {
-    wrk_with(envoy, connections, duration, None)
+/// One wrk run.
+#[derive(Debug, Clone, Copy, Default)]
+struct Run {
+    rps: f64,
+    requests: u64,
+    /// Set by the caller: Envoy's share of the run on a CPU.
+    busy: f64,
 }
 
-fn wrk_with(
-    envoy: &Envoy,
+/// One wrk run against `url` (on core 0 when pinning), with `script`
+/// shaping the requests; `refusals` allows non-2xx answers.
+fn wrk(
+    url: &str,
     connections: u32,
     duration: Duration,
-    script: Option<&std::path::Path>,
-) -> anyhow::Result<f64> {
-    let mut command = Command::new("taskset");
-    command.args(["-c", "0", "wrk"]).args([
-        "-t1",
-        &format!("-c{connections}"),
-        &format!("-d{}s", duration.as_secs().max(1)),
-    ]);
-    if let Some(script) = script {
-        command.arg("-s").arg(script);
-    }
-    let output = command
-        .arg(envoy.url("public")?)
+    script: &Path,
+    refusals: bool,
+) -> anyhow::Result<Run> {
+    let output = Command::new("taskset")
+        .args(["-c", "0", "wrk", "-t1"])
+        .arg(format!("-c{connections}"))
+        .arg(format!("-d{}s", duration.as_secs().max(1)))
+        .arg("-s")
+        .arg(script)
+        .arg(url)
         .output()
         .context("running wrk")?;
     let text = String::from_utf8_lossy(&output.stdout);
-    if text.contains("Non-2xx") || text.contains("Socket errors") {
+    if text.contains("Socket errors") || (!refusals && text.contains("Non-2xx")) {
         bail!("wrk saw errors:\n{text}");
     }
-    text.lines()
+    let rps = text
+        .lines()
         .find_map(|line| line.strip_prefix("Requests/sec:"))
         .and_then(|rps| rps.trim().parse().ok())
-        .with_context(|| format!("no Requests/sec in wrk's output:\n{text}"))
+        .with_context(|| format!("no Requests/sec in wrk's output:\n{text}"))?;
+    let requests = text
+        .lines()
+        .find_map(|line| line.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.trim().parse().ok())
+        .with_context(|| format!("no request count in wrk's output:\n{text}"))?;
+    Ok(Run {
+        rps,
+        requests,
+        busy: 0.0,
+    })
+}
+
+/// Envoy's CPU time over a stretch of wall time.
+struct Busy {
+    pid: u32,
+    cpu_ns: u64,
+    started: Instant,
+}
+
+impl Busy {
+    fn start(envoy: &Envoy) -> anyhow::Result<Self> {
+        Ok(Self {
+            pid: envoy.pid(),
+            cpu_ns: cpu_ns(envoy.pid())?,
+            started: Instant::now(),
+        })
+    }
+
+    /// CPU time over wall time since `start`.
+    fn share(&self) -> anyhow::Result<f64> {
+        let cpu = cpu_ns(self.pid)?.saturating_sub(self.cpu_ns) as f64 / 1e9;
+        Ok(cpu / self.started.elapsed().as_secs_f64())
+    }
+}
+
+/// Time on a CPU of every thread of `pid`, from /proc (schedstat).
+fn cpu_ns(pid: u32) -> anyhow::Result<u64> {
+    let tasks = format!("/proc/{pid}/task");
+    let mut total = 0;
+    for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+        let path = task?.path().join("schedstat");
+        // A thread that ended since the listing has nothing to add.
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            total += text
+                .split_whitespace()
+                .next()
+                .and_then(|ns| ns.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(total)
 }
 
 /// Pins every thread of each Envoy to the last core; wrk runs on core 0.
@@ -178,12 +533,20 @@ fn pin(envoys: &[&Envoy]) -> bool {
 }
 
 fn median(values: &[f64]) -> f64 {
+    quantile(values, 0.5)
+}
+
+/// The `q` quantile, interpolated between the nearest ranks.
+fn quantile(values: &[f64], q: f64) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     match sorted.len() {
         0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        n => {
+            let at = q * (n - 1) as f64;
+            let (low, high) = (at.floor() as usize, at.ceil() as usize);
+            sorted[low] + (sorted[high] - sorted[low]) * (at - low as f64)
+        }
     }
 }
 
@@ -243,7 +606,10 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
         r#"{{"capacityRps": 1000000, "maxIdentities": {max_identities}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
     );
     let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
-    let envoy = with_filter(qos).concurrency(args.concurrency).start()?;
+    let envoy = direct(&[("public".into(), vec![Element::Wasm(qos)])])?
+        .concurrency(args.concurrency)
+        .start()?;
+    let url = envoy.url("public")?;
     let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
     std::fs::write(script.path(), addresses_script(args.identities))?;
     println!(
@@ -287,7 +653,7 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
     };
     measure("empty", STATS_FLUSH)?;
     let sender = std::thread::scope(|scope| {
-        let sending = scope.spawn(|| wrk_with(&envoy, 16, args.duration, Some(script.path())));
+        let sending = scope.spawn(|| wrk(&url, 16, args.duration, script.path(), false));
         // The last full flush window inside wrk's run.
         std::thread::sleep(args.duration.saturating_sub(STATS_FLUSH));
         let loaded = measure("loaded", STATS_FLUSH);
@@ -296,7 +662,7 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
     let rps = match sender {
         (Ok(rps), loaded) => {
             loaded?;
-            rps?
+            rps?.rps
         }
         (Err(_), _) => bail!("the wrk thread panicked"),
     };
@@ -326,4 +692,198 @@ request = function()
 end
 "#
     )
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct QosScaleArgs {
+    /// Identity counts to compare (distinct client addresses).
+    #[arg(long, value_delimiter = ',', default_value = "10,1000,10000,100000")]
+    pub identities: Vec<u32>,
+    /// Rounds (each runs every Envoy once).
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Length of one wrk run.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+    /// wrk connections.
+    #[arg(long, default_value_t = 32)]
+    pub connections: u32,
+    /// Where summary.json goes.
+    #[arg(long, default_value = "results/qos-scale")]
+    pub out: PathBuf,
+}
+
+/// The two ways stake QoS runs: below its threshold every request is
+/// admitted without shared data; over it (capacity far below what wrk
+/// sends) every identity takes token leases from its page and most
+/// requests are refused.
+const SCALE_MODES: [(&str, f64); 2] = [("below", 10_000_000.0), ("throttling", 1_000.0)];
+
+/// Longest warm-up: long enough for one core to send from 100,000
+/// addresses a few times over.
+const WARMUP_LIMIT: Duration = Duration::from_secs(90);
+
+#[derive(Debug, Serialize)]
+struct ScaleResult {
+    mode: &'static str,
+    identities_sent: u32,
+    /// The identities gauge after the rounds.
+    identities: i64,
+    rps: Vec<f64>,
+    median_rps: f64,
+    /// Median of the per-round ratio to the fewest identities, same mode.
+    median_ratio: f64,
+    ratio_iqr: [f64; 2],
+    rss_mib: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct ScaleSummary {
+    machine: String,
+    rounds: usize,
+    duration_s: f64,
+    connections: u32,
+    max_identities: u32,
+    refill_interval_ms: u64,
+    pinned: bool,
+    results: Vec<ScaleResult>,
+}
+
+/// `stakegate bench qos-scale`: requests per second through stake QoS at
+/// each identity count, and Envoy's memory, from one run. One Envoy
+/// (`--concurrency 1`) per count and mode, all with the same policy: a
+/// table for the largest count, refilled as often as the page budget
+/// allows. wrk cycles through the addresses (x-forwarded-for behind a
+/// trusted 127.0.0.1); each Envoy is warmed up until its identity gauge
+/// holds the addresses, then the Envoys take turns, round after round.
+pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
+    use stakegate_core::qos::policy::MAX_PAGE_VISITS_PER_S;
+    require_wrk()?;
+    let largest = args
+        .identities
+        .iter()
+        .copied()
+        .max()
+        .context("no --identities")?;
+    let max_identities = largest + largest / 4 + 64;
+    let pages = u64::from(max_identities.div_ceil(64));
+    let refill_interval_ms = (pages * 1000).div_ceil(MAX_PAGE_VISITS_PER_S).max(20);
+    let mut runs = Vec::new();
+    for (mode, capacity) in SCALE_MODES {
+        for &count in &args.identities {
+            let policy = format!(
+                r#"{{"capacityRps": {capacity}, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
+            );
+            let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
+            let envoy = direct(&[("public".into(), vec![Element::Wasm(qos)])])?
+                .concurrency(1)
+                .start()?;
+            let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
+            std::fs::write(script.path(), addresses_script(count))?;
+            runs.push((mode, count, envoy, script));
+        }
+    }
+    let pinned = pin(&runs.iter().map(|(_, _, e, _)| e).collect::<Vec<_>>());
+    println!(
+        "qos scale: {:?} identities, wrk -c{} for {:?} per Envoy and round, {} rounds, maxIdentities {max_identities}, refill every {refill_interval_ms} ms, on {}",
+        args.identities,
+        args.connections,
+        args.duration,
+        args.rounds,
+        machine()
+    );
+    for (mode, count, envoy, script) in &runs {
+        let started = std::time::Instant::now();
+        // Every address sent at least once, or the table is as full as it gets.
+        while envoy.stat("wasmcustom.stakegate.qos.identities")? < i64::from(*count) * 95 / 100 {
+            if started.elapsed() > WARMUP_LIMIT {
+                bail!("{mode}, {count} identities: the table did not fill in {WARMUP_LIMIT:?}");
+            }
+            wrk(
+                &envoy.url("public")?,
+                args.connections,
+                Duration::from_secs(2),
+                script.path(),
+                true,
+            )?;
+        }
+    }
+    let mut rps = vec![Vec::new(); runs.len()];
+    for round in 1..=args.rounds {
+        for (i, (mode, _, envoy, script)) in runs.iter().enumerate() {
+            let url = envoy.url("public")?;
+            rps[i].push(
+                wrk(
+                    &url,
+                    args.connections,
+                    args.duration,
+                    script.path(),
+                    *mode != "below",
+                )?
+                .rps,
+            );
+        }
+        let line: Vec<String> = runs
+            .iter()
+            .zip(&rps)
+            .map(|((mode, count, ..), r)| format!("{mode} {count} {:.0}", r[round - 1]))
+            .collect();
+        println!("round {round}: {}", line.join(", "));
+    }
+    let mut results = Vec::new();
+    for (i, (mode, count, envoy, _)) in runs.iter().enumerate() {
+        let base = runs.iter().position(|(m, ..)| m == mode).unwrap_or(i);
+        let ratios: Vec<f64> = rps[i].iter().zip(&rps[base]).map(|(a, b)| a / b).collect();
+        results.push(ScaleResult {
+            mode,
+            identities_sent: *count,
+            identities: envoy.stat("wasmcustom.stakegate.qos.identities")?,
+            median_rps: median(&rps[i]),
+            median_ratio: median(&ratios),
+            ratio_iqr: [quantile(&ratios, 0.25), quantile(&ratios, 0.75)],
+            rss_mib: rss_kib(envoy.pid())? as f64 / 1024.0,
+            rps: rps[i].clone(),
+        });
+    }
+    let mut table = format!(
+        "\n{:<11} {:>10} {:>10} {:>10} {:>14} {:>17} {:>9}\n",
+        "mode", "addresses", "in table", "rps", "vs the fewest", "IQR", "RSS MiB"
+    );
+    for r in &results {
+        table.push_str(&format!(
+            "{:<11} {:>10} {:>10} {:>10.0} {:>14.3} {:>17} {:>9.1}\n",
+            r.mode,
+            r.identities_sent,
+            r.identities,
+            r.median_rps,
+            r.median_ratio,
+            format!("{:.3}-{:.3}", r.ratio_iqr[0], r.ratio_iqr[1]),
+            r.rss_mib
+        ));
+    }
+    println!("{table}");
+    crate::summary::write(
+        &args.out,
+        &ScaleSummary {
+            machine: machine(),
+            rounds: args.rounds,
+            duration_s: args.duration.as_secs_f64(),
+            connections: args.connections,
+            max_identities,
+            refill_interval_ms,
+            pinned,
+            results,
+        },
+    )
+}
+
+/// A process's resident memory, from /proc.
+fn rss_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS in /proc/<pid>/status")
 }

@@ -49,10 +49,12 @@ enum ScenarioCommand {
 
 #[derive(Debug, Subcommand)]
 enum Bench {
-    /// Throughput of Envoy with the admission gate vs without (needs wrk).
-    GateOverhead(bench::GateOverheadArgs),
+    /// Every filter chain's throughput against Envoy with no filter, side by side (needs wrk).
+    Filters(bench::FiltersArgs),
     /// How long a stake QoS refill round takes in Envoy as identities grow (needs wrk).
     QosRefill(bench::QosRefillArgs),
+    /// What a request costs stake QoS, and Envoy's memory, at 10 to 100,000 identities (needs wrk).
+    QosScale(bench::QosScaleArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -76,7 +78,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Run(args)) => scenario::run::run(&args),
         Command::Scenario(ScenarioCommand::Stack(args)) => scenario::stack::write(&args),
         Command::Probe { url } => scenario::stack::probe(&url),
-        Command::Bench(Bench::GateOverhead(args)) => bench::gate_overhead(&args),
+        Command::Bench(Bench::Filters(args)) => bench::filters(&args),
         Command::Bench(Bench::QosRefill(args)) => bench::qos_refill(&args),
+        Command::Bench(Bench::QosScale(args)) => bench::qos_scale(&args),
     }
 }

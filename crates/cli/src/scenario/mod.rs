@@ -2,7 +2,7 @@
 //! real ones (`stakegate scenario run`, in [`run`]). Documented in
 //! `scenarios/README.md`.
 
-mod plot;
+pub mod plot;
 pub mod run;
 pub mod stack;
 

@@ -256,14 +256,7 @@ fn shares(summary: &Summary, path: &Path) -> anyhow::Result<()> {
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(names.len() * 2 + 1)
-        .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            if (x - i as f64 - 0.5).abs() < 0.01 {
-                names.get(i).map(|n| n.to_string()).unwrap_or_default()
-            } else {
-                String::new()
-            }
-        })
+        .x_label_formatter(&|x| category(&names, *x))
         .y_desc("% of admitted requests / of stake")
         .draw()?;
     let blue = BLUE.mix(0.8);
@@ -285,4 +278,59 @@ fn shares(summary: &Summary, path: &Path) -> anyhow::Result<()> {
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], grey.filled()));
     }
     legend_and_save(&mut chart, &root)
+}
+
+/// The name of the category whose bar is centred at `x` (categories sit at
+/// 0..1, 1..2, …), empty between them.
+fn category(names: &[&str], x: f64) -> String {
+    let i = x.floor() as usize;
+    if (x - i as f64 - 0.5).abs() < 0.01 {
+        names.get(i).map(|n| n.to_string()).unwrap_or_default()
+    } else {
+        String::new()
+    }
+}
+
+/// One bar per `(name, value, [low, high])`, with a whisker from low to
+/// high and a dashed line at 1.0: the bench's ratios.
+pub fn bars(bars: &[(String, f64, [f64; 2])], caption: &str, path: &Path) -> anyhow::Result<()> {
+    load_font()?;
+    let names: Vec<&str> = bars.iter().map(|(n, ..)| n.as_str()).collect();
+    let top = bars
+        .iter()
+        .map(|(_, v, [_, high])| v.max(*high))
+        .fold(1.0, f64::max)
+        * 1.1;
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..names.len() as f64, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(names.len() * 2 + 1)
+        .x_label_formatter(&|x| category(&names, *x))
+        .y_desc("ratio")
+        .draw()?;
+    let blue = BLUE.mix(0.7);
+    chart.draw_series(bars.iter().enumerate().map(|(i, (_, value, _))| {
+        let x = i as f64;
+        Rectangle::new([(x + 0.2, 0.0), (x + 0.8, *value)], blue.filled())
+    }))?;
+    chart.draw_series(bars.iter().enumerate().map(|(i, (_, _, [low, high]))| {
+        let x = i as f64 + 0.5;
+        PathElement::new([(x, *low), (x, *high)], BLACK.stroke_width(2))
+    }))?;
+    chart.draw_series(DashedLineSeries::new(
+        [(0.0, 1.0), (names.len() as f64, 1.0)],
+        6,
+        4,
+        BLACK.mix(0.5).stroke_width(1),
+    ))?;
+    root.present()?;
+    Ok(())
 }

@@ -27,6 +27,17 @@ pub trait Record: Default {
     /// Decodes the stored bytes; the error says what is wrong with them.
     fn decode(bytes: &[u8]) -> Result<Self, String>;
     fn encode(&self) -> Vec<u8>;
+
+    /// `decode`, from bytes the caller gives up (a record that is its
+    /// bytes keeps them rather than copying).
+    fn decode_owned(bytes: Vec<u8>) -> Result<Self, String> {
+        Self::decode(&bytes)
+    }
+
+    /// `encode`, borrowed where the record is its bytes.
+    fn encoded(&self) -> std::borrow::Cow<'_, [u8]> {
+        self.encode().into()
+    }
 }
 
 /// Attempts before an update gives up.
@@ -93,7 +104,7 @@ pub fn read<R: Record>(
     key: &str,
 ) -> Result<(R, Option<u32>), StoreError> {
     let (bytes, cas) = store.load(key)?;
-    let record = R::decode(bytes.as_deref().unwrap_or_default()).map_err(StoreError::Layout)?;
+    let record = R::decode_owned(bytes.unwrap_or_default()).map_err(StoreError::Layout)?;
     Ok((record, cas))
 }
 
@@ -135,7 +146,7 @@ pub fn update_from<T, R: Record>(
             Change::Write(value) => value,
         };
         match store
-            .store(key, &table.encode(), cas)
+            .store(key, &table.encoded(), cas)
             .map_err(|e| (e, attempt))?
         {
             Write::Stored => {

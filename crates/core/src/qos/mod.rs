@@ -98,10 +98,10 @@ use std::collections::HashMap;
 
 pub use round::RoundReport;
 
-pub const STATE_KEY: &str = "stakegate.stake_qos.v2.state";
+pub const STATE_KEY: &str = "stakegate.stake_qos.v3.state";
 /// A bitmap of the pages that hold an active identity, written by the round.
-pub const ACTIVE_KEY: &str = "stakegate.stake_qos.v2.active";
-const PAGE_KEY_PREFIX: &str = "stakegate.stake_qos.v2.page.";
+pub const ACTIVE_KEY: &str = "stakegate.stake_qos.v3.active";
+const PAGE_KEY_PREFIX: &str = "stakegate.stake_qos.v3.page.";
 /// Weight of the newest round in the demand prediction.
 pub const DEMAND_SMOOTHING: f64 = 0.2;
 /// Demand (calls per interval) under which an identity with no calls is idle.
@@ -222,6 +222,9 @@ pub struct StakeQos {
     state: QosState,
     jitter: Jitter,
     locals: HashMap<u64, Local>,
+    /// Local identities with counts since the last report (so a report
+    /// visits those, not every identity this worker knows).
+    unreported: Vec<u64>,
     /// Counts of local identities dropped before they were reported.
     orphans: Vec<Delta>,
     last_sweep_ms: u64,
@@ -240,6 +243,7 @@ impl StakeQos {
             state,
             jitter: Jitter::new(seed),
             locals: HashMap::new(),
+            unreported: Vec::new(),
             orphans: Vec::new(),
             last_sweep_ms: 0,
         }
@@ -303,6 +307,10 @@ impl StakeQos {
         local.tier = identity.tier as u8;
         local.staked = identity.staked;
         local.last_seen_ms = now_ms;
+        if local.delta.is_empty() {
+            // It is being counted: the next report visits it.
+            self.unreported.push(identity.key);
+        }
         local
     }
 
@@ -440,6 +448,9 @@ impl StakeQos {
         let extra = calls.saturating_sub(1);
         let throttling = self.state.throttling;
         if let Some(local) = self.locals.get_mut(&ticket.key) {
+            if local.delta.is_empty() && extra > 0 {
+                self.unreported.push(ticket.key);
+            }
             local.delta.arrivals = local.delta.arrivals.saturating_add(extra);
             if throttling {
                 local.lease = local.lease.saturating_sub(i64::from(extra) * MILLI);
@@ -496,6 +507,9 @@ impl StakeQos {
         } else {
             (alpha * sample + (1.0 - alpha) * f64::from(local.latency_us)) as u32
         };
+        if local.delta.is_empty() {
+            self.unreported.push(ticket.key);
+        }
         let d = &mut local.delta;
         d.completions = d.completions.saturating_add(1);
         d.latency_sum_ms = d.latency_sum_ms.saturating_add(latency_ms as u32);
@@ -571,7 +585,10 @@ impl StakeQos {
     /// Puts this worker's counts since its last report on the queue.
     fn report(&mut self, queue: &impl ReportQueue) -> Result<usize, StoreError> {
         let mut deltas = std::mem::take(&mut self.orphans);
-        for local in self.locals.values_mut() {
+        for key in self.unreported.drain(..) {
+            let Some(local) = self.locals.get_mut(&key) else {
+                continue;
+            };
             if !local.delta.is_empty() {
                 local.delta.stake = local.stake;
                 local.delta.tier = local.tier;

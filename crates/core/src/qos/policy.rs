@@ -274,12 +274,12 @@ pub const MAX_CAPACITY_RPS: f64 = 10_000_000.0;
 /// A stake above this is a typo (Solana's whole stake is about 4e17 lamports).
 pub const MAX_STAKE: u64 = 1_000_000_000_000_000_000;
 pub const MAX_STAKE_ENTRIES: usize = 100_000;
-/// The refill round's budget: identity pages visited per second. A round
-/// visits every page (`maxIdentities / 64`), `1000 / refillIntervalMs`
-/// times a second; at the cost measured in Envoy (about 11 µs a page, see
-/// `policies/stake-qos.md`), 20,000 visits a second is about a fifth of a
-/// core, and the default (10,000 identities every 20 ms) is 7,850.
-pub const MAX_PAGE_VISITS_PER_S: u64 = 20_000;
+/// The refill round's budget: identity slots visited per second. A round
+/// visits at most every slot of the table (`maxIdentities`), `1000 /
+/// refillIntervalMs` times a second; at the cost measured in Envoy (see
+/// `policies/stake-qos.md`), 1,280,000 a second is about a fifth of a
+/// core, and the default (10,000 identities every 20 ms) is 500,000.
+pub const MAX_REFILL_VISITS_PER_S: u64 = 1_280_000;
 
 /// The fields that are lists; an array anywhere else is refused.
 const LISTS: &[&str] = &["stakes", "identity.order", "identity.trustedProxies"];
@@ -303,12 +303,11 @@ impl QosPolicy {
         })?;
         let idle_ttl_ms = range("idleTtlMs", doc.idle_ttl_ms, min_idle, 86_400_000)?;
         let max_identities = range("maxIdentities", doc.max_identities, 1, MAX_IDENTITIES)?;
-        let pages = u64::from(max_identities.div_ceil(crate::qos::page::ENTRIES_PER_PAGE as u32));
-        let visits = pages * 1000 / refill_interval_ms;
-        ensure(visits <= MAX_PAGE_VISITS_PER_S, "maxIdentities", || {
+        let visits = u64::from(max_identities) * 1000 / refill_interval_ms;
+        ensure(visits <= MAX_REFILL_VISITS_PER_S, "maxIdentities", || {
             format!(
-                "{max_identities} identities ({pages} pages) refilled every {refill_interval_ms} ms \
-                 is {visits} page visits a second, over the budget of {MAX_PAGE_VISITS_PER_S} \
+                "{max_identities} identities refilled every {refill_interval_ms} ms \
+                 is {visits} identity visits a second, over the budget of {MAX_REFILL_VISITS_PER_S} \
                  (about a fifth of a core): lower maxIdentities or raise refillIntervalMs"
             )
         })?;
@@ -601,7 +600,7 @@ mod tests {
             ),
             (
                 r#"{"capacityRps": 100, "maxIdentities": 1000000, "refillIntervalMs": 5}"#,
-                "maxIdentities: 1000000 identities (15625 pages) refilled every 5 ms is 3125000 page visits a second, over the budget of 20000",
+                "maxIdentities: 1000000 identities refilled every 5 ms is 200000000 identity visits a second, over the budget of 1280000",
             ),
             (
                 r#"{"capacityRps": 1, "reactive": {"decrease": 1.2}}"#,

@@ -5,7 +5,7 @@
 //! requests never write shared data for their counts, and no two workers
 //! ever race on a report.
 //!
-//! # Layout (version 1), on the queue `stakegate.stake_qos.v2.reports`
+//! # Layout (version 1), on the queue `stakegate.stake_qos.v3.reports`
 //!
 //! Version `u8`, entry count `u32`, then 34-byte entries, little-endian:
 //! `key` u64, `stake` u64, `tier` u8, flags u8 (1: staked), `arrivals`
@@ -14,7 +14,7 @@
 
 use crate::shared::{Reader, StoreError};
 
-pub const QUEUE: &str = "stakegate.stake_qos.v2.reports";
+pub const QUEUE: &str = "stakegate.stake_qos.v3.reports";
 pub const LAYOUT_VERSION: u8 = 1;
 const HEADER_LEN: usize = 5;
 const ENTRY_LEN: usize = 34;

@@ -3,7 +3,7 @@
 //! find the water level, and grant every active identity its part.
 
 use super::fair::{self, Claim};
-use super::page::{Entry, Page, IDLE, MILLI, STAKED};
+use super::page::{Entry, Page, ENTRIES_PER_PAGE, IDLE, MILLI, STAKED};
 use super::policy::{Mode, QosPolicy};
 use super::reactive::{self, Finished};
 use super::report::{self, Delta, ReportQueue};
@@ -36,8 +36,7 @@ pub struct RoundReport {
 }
 
 /// What the round needs of an entry's page, and what it computes for it.
-struct Plan<'a> {
-    deltas: &'a HashMap<u64, Delta>,
+struct Plan {
     /// Arrivals are per round; demand is per interval.
     intervals: f64,
     level: f64,
@@ -46,7 +45,7 @@ struct Plan<'a> {
     min_tokens: i64,
 }
 
-impl Plan<'_> {
+impl Plan {
     /// Entry `i`'s demand after this round, its calls this round, and the
     /// rounds it has now been quiet.
     ///
@@ -60,8 +59,8 @@ impl Plan<'_> {
     /// calls. One quiet round is not enough, because each worker reports
     /// once per interval at a moment of its own, and a report can miss one
     /// round and land in the next with two intervals' calls.
-    fn demand(&self, page: &Page, i: usize) -> (f64, u32, u16) {
-        let calls = self.deltas.get(&page.key(i)).map_or(0, |d| d.arrivals);
+    fn demand(&self, page: &Page, i: usize, delta: Option<&Delta>) -> (f64, u32, u16) {
+        let calls = delta.map_or(0, |d| d.arrivals);
         let before = f64::from(page.demand(i));
         let quiet = page.quiet(i);
         if calls == 0 {
@@ -80,12 +79,13 @@ impl Plan<'_> {
         )
     }
 
-    /// Applies the round to one page: new identities from the reports,
-    /// demand, idleness, grants, eviction. Returns (active identities,
-    /// evicted).
-    fn apply(&self, page: &mut Page, news: &[&Delta]) -> (u64, u64) {
+    /// Applies the round to one page: new identities from the reports
+    /// (`deltas`, this page's), demand, idleness, grants, eviction.
+    /// Returns (active identities, evicted).
+    fn apply(&self, page: &mut Page, deltas: &[&Delta]) -> (u64, u64) {
         let mut evicted = 0;
-        for d in news {
+        let mut by_entry = [None; ENTRIES_PER_PAGE];
+        for d in deltas {
             let (i, out) = page.entry(&Entry {
                 key: d.key,
                 stake: d.stake,
@@ -95,17 +95,17 @@ impl Plan<'_> {
                 ..Entry::default()
             });
             evicted += u64::from(out);
-            page.set_demand(i, 0.0);
+            by_entry[i] = Some(*d);
         }
         let mut active = 0;
-        for i in 0..page.len() {
-            if let Some(d) = self.deltas.get(&page.key(i)) {
+        for (i, delta) in by_entry.into_iter().enumerate().take(page.len()) {
+            if let Some(d) = delta {
                 page.set_stake(i, d.stake);
                 page.set_tier(i, d.tier);
                 page.set_flags(i, (page.flags(i) & !STAKED) | (d.flags & STAKED));
                 page.set_last_seen_ms(i, self.now_ms);
             }
-            let (demand, calls, quiet) = self.demand(page, i);
+            let (demand, calls, quiet) = self.demand(page, i, delta);
             page.set_quiet(i, quiet);
             let idle = calls == 0 && demand < IDLE_DEMAND;
             let flags = page.flags(i) & !IDLE;
@@ -201,7 +201,6 @@ pub(super) fn run(
 
     let intervals = intervals.clamp(1, MAX_CATCH_UP) as f64;
     let mut plan = Plan {
-        deltas: &deltas,
         intervals,
         level: f64::INFINITY,
         now_ms,
@@ -211,10 +210,20 @@ pub(super) fn run(
     // Pass one: every active identity's demand, for the level.
     let mut claims = Vec::new();
     let mut read_pages = Vec::with_capacity(visit.len());
-    for (&index, news) in &visit {
+    for (&index, page_deltas) in &visit {
         let (page, cas) = read::<Page>(store, &page_key(index))?;
-        for i in 0..page.len() {
-            let (demand, calls, _) = plan.demand(&page, i);
+        let mut by_entry = [None; ENTRIES_PER_PAGE];
+        for d in page_deltas {
+            match page.find(d.key) {
+                Some(i) => by_entry[i] = Some(*d),
+                None => claims.push(Claim {
+                    demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / intervals,
+                    weight: d.stake.max(1) as f64,
+                }),
+            }
+        }
+        for (i, delta) in by_entry.into_iter().enumerate().take(page.len()) {
+            let (demand, calls, _) = plan.demand(&page, i, delta);
             if calls > 0 || demand >= IDLE_DEMAND {
                 claims.push(Claim {
                     demand,
@@ -222,15 +231,7 @@ pub(super) fn run(
                 });
             }
         }
-        for d in news {
-            if page.find(d.key).is_none() {
-                claims.push(Claim {
-                    demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / intervals,
-                    weight: d.stake.max(1) as f64,
-                });
-            }
-        }
-        read_pages.push((index, page, cas));
+        read_pages.push((index, page_deltas, page, cas));
     }
     let per_interval = previous.capacity_rps * policy.refill_interval_ms as f64 / 1000.0;
     plan.level = fair::level(&claims, per_interval);
@@ -238,28 +239,12 @@ pub(super) fn run(
     // Pass two: grant, from what pass one read (read again only if a
     // worker wrote the page in between).
     let mut active_after = vec![0u8; (pages as usize).div_ceil(8)];
-    for (index, page, cas) in read_pages {
-        let news: Vec<&Delta> = visit
-            .get(&index)
-            .map(|n| {
-                n.iter()
-                    .copied()
-                    .filter(|d| page.find(d.key).is_none())
-                    .collect()
-            })
-            .unwrap_or_default();
+    for (index, page_deltas, page, cas) in read_pages {
         let updated = update_from(
             store,
             &page_key(index),
             Some((page, cas)),
-            |p: &mut Page| {
-                let news: Vec<&Delta> = news
-                    .iter()
-                    .copied()
-                    .filter(|d| p.find(d.key).is_none())
-                    .collect();
-                Change::Write(plan.apply(p, &news))
-            },
+            |p: &mut Page| Change::Write(plan.apply(p, page_deltas)),
         )
         .map_err(|(e, _)| e)?;
         let (active, evicted) = updated.value;
@@ -329,24 +314,19 @@ mod tests {
         calls
             .iter()
             .map(|&c| {
-                let deltas: HashMap<u64, Delta> = [(
-                    1,
-                    Delta {
-                        key: 1,
-                        arrivals: c,
-                        ..Delta::default()
-                    },
-                )]
-                .into();
+                let delta = Delta {
+                    key: 1,
+                    arrivals: c,
+                    ..Delta::default()
+                };
                 let plan = Plan {
-                    deltas: &deltas,
                     intervals: 1.0,
                     level: f64::INFINITY,
                     now_ms: 0,
                     idle_ttl_ms: 60_000,
                     min_tokens: 2 * MILLI,
                 };
-                let (demand, _, quiet) = plan.demand(&page, 0);
+                let (demand, _, quiet) = plan.demand(&page, 0, Some(&delta));
                 page.set_demand(0, demand as f32);
                 page.set_quiet(0, quiet);
                 demand

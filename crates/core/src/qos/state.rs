@@ -1,5 +1,5 @@
 //! The gateway-wide QoS state, one shared-data record
-//! (`stakegate.stake_qos.v2.state`) written only by the elected refiller and
+//! (`stakegate.stake_qos.v3.state`) written only by the elected refiller and
 //! read by every VM at its tick: the round clock, the load estimate,
 //! whether throttling is on, the (possibly discovered) capacity, the water
 //! level of the last allocation, and the active identities.

@@ -590,6 +590,12 @@ struct RefillSummary {
     phases: Vec<RefillPhase>,
 }
 
+/// A `maxIdentities` with room for `addresses`: identities hash into pages,
+/// so a table sized exactly would evict from its fullest pages.
+fn table_for(addresses: u32) -> u32 {
+    addresses + addresses / 4 + stakegate_core::qos::page::ENTRIES_PER_PAGE as u32
+}
+
 /// `stakegate bench qos-refill`: how long one stake QoS refill round takes
 /// in a real Envoy as the identity table fills. wrk sends from
 /// `--identities` distinct addresses (in x-forwarded-for, behind a trusted
@@ -599,9 +605,7 @@ struct RefillSummary {
 /// and with the table full but no traffic.
 pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
     require_wrk()?;
-    // Room for every address: identities hash into pages of 64, so a table
-    // sized exactly would evict from its fullest pages.
-    let max_identities = args.identities + args.identities / 4 + 64;
+    let max_identities = table_for(args.identities);
     let policy = format!(
         r#"{{"capacityRps": 1000000, "maxIdentities": {max_identities}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
     );
@@ -727,7 +731,7 @@ const WARMUP_LIMIT: Duration = Duration::from_secs(90);
 struct ScaleResult {
     mode: &'static str,
     identities_sent: u32,
-    /// The identities gauge after the rounds.
+    /// The identities gauge after a run (median over the rounds).
     identities: i64,
     rps: Vec<f64>,
     median_rps: f64,
@@ -757,7 +761,7 @@ struct ScaleSummary {
 /// trusted 127.0.0.1); each Envoy is warmed up until its identity gauge
 /// holds the addresses, then the Envoys take turns, round after round.
 pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
-    use stakegate_core::qos::policy::MAX_PAGE_VISITS_PER_S;
+    use stakegate_core::qos::policy::MAX_REFILL_VISITS_PER_S;
     require_wrk()?;
     let largest = args
         .identities
@@ -765,9 +769,10 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
         .copied()
         .max()
         .context("no --identities")?;
-    let max_identities = largest + largest / 4 + 64;
-    let pages = u64::from(max_identities.div_ceil(64));
-    let refill_interval_ms = (pages * 1000).div_ceil(MAX_PAGE_VISITS_PER_S).max(20);
+    let max_identities = table_for(largest);
+    let refill_interval_ms = (u64::from(max_identities) * 1000)
+        .div_ceil(MAX_REFILL_VISITS_PER_S)
+        .max(20);
     let mut runs = Vec::new();
     for (mode, capacity) in SCALE_MODES {
         for &count in &args.identities {
@@ -809,6 +814,9 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
         }
     }
     let mut rps = vec![Vec::new(); runs.len()];
+    // The identity gauge right after each run (an Envoy waiting its turn
+    // sees its identities go idle).
+    let mut gauges = vec![Vec::new(); runs.len()];
     for round in 1..=args.rounds {
         for (i, (mode, _, envoy, script)) in runs.iter().enumerate() {
             let url = envoy.url("public")?;
@@ -822,6 +830,7 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
                 )?
                 .rps,
             );
+            gauges[i].push(envoy.stat("wasmcustom.stakegate.qos.identities")? as f64);
         }
         let line: Vec<String> = runs
             .iter()
@@ -837,7 +846,7 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
         results.push(ScaleResult {
             mode,
             identities_sent: *count,
-            identities: envoy.stat("wasmcustom.stakegate.qos.identities")?,
+            identities: median(&gauges[i]) as i64,
             median_rps: median(&rps[i]),
             median_ratio: median(&ratios),
             ratio_iqr: [quantile(&ratios, 0.25), quantile(&ratios, 0.75)],

@@ -93,6 +93,7 @@ offline-images: setup
 	bash scripts/offline-images.sh
 
 lint:
+	$(PYTHON) scripts/check-references.py
 	cargo fmt --all -- --check
 	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 	cargo clippy --workspace --all-targets -- -D warnings

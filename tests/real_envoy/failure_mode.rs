@@ -1,4 +1,4 @@
-//! The failure mode the admission gate exists for (SEEDS.md part 5), with
+//! The failure mode the admission gate exists for (docs/background.md part 5), with
 //! traffic straight to rpc-node: a blocking read-slot queue starves the
 //! node's own sync loop and it loses the chain tip.
 

@@ -1,4 +1,4 @@
-//! `stakegate demo`: "tip under RPC flood" (SEEDS.md part 5), for real.
+//! `stakegate demo`: "tip under RPC flood" (docs/background.md part 5), for real.
 //!
 //! rpc-node runs with few read slots and its sync loop; an eth_call flood at
 //! four times its capacity goes through Envoy's public listener while the

@@ -35,7 +35,7 @@ pub struct SimArgs {
     #[arg(long)]
     pub json: bool,
     /// Also show what another mechanism would have admitted per client from
-    /// the same traffic: agave-ema-legacy or agave-threshold (SEEDS.md part 1).
+    /// the same traffic: agave-ema-legacy or agave-threshold (docs/background.md part 1).
     #[arg(long = "baseline", value_parser = ["agave-ema-legacy", "agave-threshold"])]
     pub baselines: Vec<String>,
     /// Runs the same traffic with no filters in the way: what the node

@@ -1,4 +1,4 @@
-//! Agave's stake-weighted QoS as it was (SEEDS.md part 1), for side-by-side
+//! Agave's stake-weighted QoS as it was (docs/background.md part 1), for side-by-side
 //! comparison with stakegate's policies in the simulator. Requests stand in
 //! for streams.
 //!
@@ -184,7 +184,7 @@ mod tests {
 
     #[test]
     fn the_catch_up_bug_and_its_fix_match_the_source() {
-        // SEEDS part 1: a 15 ms gap with load 1000, from 0: 450 with the
+        // docs/background.md part 1: a 15 ms gap with load 1000, from 0: 450 with the
         // bug, 121 when missed intervals decay with zero load.
         for (bug, expected) in [(true, 450), (false, 121)] {
             let mut ema = LoadEma::new(10, bug);

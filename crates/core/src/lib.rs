@@ -6,10 +6,10 @@
 //! testable with a fake clock, runnable in the offline host in virtual time,
 //! and identical in Envoy.
 //!
-//! - `gate`: the RPC admission gate (SEEDS.md part 5).
-//! - `dedup`: retry-storm protection, an optional part of the gate (SEEDS.md part 4).
-//! - `qos`: stake-weighted rate shares and concurrency allowances (SEEDS.md parts 1-3).
-//! - `baseline`: Agave's stake-weighted QoS as it was (SEEDS.md part 1), for comparison.
+//! - `gate`: the RPC admission gate (docs/background.md part 5).
+//! - `dedup`: retry-storm protection, an optional part of the gate (docs/background.md part 4).
+//! - `qos`: stake-weighted rate shares and concurrency allowances (docs/background.md parts 1-3).
+//! - `baseline`: Agave's stake-weighted QoS as it was (docs/background.md part 1), for comparison.
 //! - `clock`: the time, passed in, read from the host only when needed.
 //! - `jsonrpc`: what the filters read of a JSON-RPC body without parsing it.
 //! - `rejection`: the one error shape every rejection has.

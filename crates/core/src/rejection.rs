@@ -1,9 +1,8 @@
-//! The one shape every stakegate rejection has (PRODUCT.md, "Every
-//! rejection"): a JSON-RPC 2.0 error body with code -32005, the request `id`
-//! when known, otherwise `null`.
+//! The one shape every stakegate rejection has: a JSON-RPC 2.0 error body
+//! with code -32005, the request `id` when known, otherwise `null`.
 
 /// JSON-RPC error code for "limit exceeded", shared by both gates
-/// (SEEDS.md part 5, follow-ups).
+/// (docs/background.md part 5, follow-ups).
 pub const LIMIT_EXCEEDED: i32 = -32005;
 
 /// JSON-RPC error code for a request that is not a valid request.

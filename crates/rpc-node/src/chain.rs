@@ -5,7 +5,7 @@
 //! lag* is how long the oldest block that is not yet executed has been
 //! waiting: `now - arrived(oldest pending)`, or zero when caught up. The tip
 //! counts as lost once that lag exceeds `lost_after` (a multiple of the block
-//! interval), mirroring SEEDS.md part 5's "the node lost the chain tip".
+//! interval), mirroring docs/background.md part 5's "the node lost the chain tip".
 //!
 //! Time is passed in, so the logic is tested with fabricated instants.
 

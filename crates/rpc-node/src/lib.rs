@@ -1,5 +1,5 @@
 //! rpc-node: a mock JSON-RPC 2.0 node that fails the way a real node fails
-//! under an RPC flood (SEEDS.md part 5).
+//! under an RPC flood (docs/background.md part 5).
 //!
 //! - `slots`: the blocking read-slot semaphore that RPC and sync share.
 //! - `costs`: the service time of each method, spent while holding a slot.

@@ -1,7 +1,7 @@
 //! The node's read slots: a semaphore that RPC requests and the sync loop
 //! share, with a *blocking* acquire and an unbounded FIFO wait queue.
 //!
-//! This is the pre-fix Erigon behaviour of SEEDS.md part 5: every RPC request
+//! This is the pre-fix Erigon behaviour of docs/background.md part 5: every RPC request
 //! waits for a database read transaction however long the queue is. Once the
 //! queue is long, the sync loop's own acquire sits behind all of it, and the
 //! node falls behind the chain tip. tokio's semaphore is fair (first come,

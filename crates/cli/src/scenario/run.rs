@@ -11,7 +11,7 @@
 //! so Envoy tells them apart by address.
 //!
 //! Results go to `--out` (default `results/<name>`): summary.json (the
-//! PRODUCT.md format, `mode: "real"`), timeline.csv and three PNG plots.
+//! format in `scenarios/README.md`, `mode: "real"`), timeline.csv and three PNG plots.
 
 use super::stack::Stack;
 use super::{plot, Scenario, DEFAULT_SOURCE};

@@ -1,4 +1,4 @@
-//! Retry-storm protection (SEEDS.md part 4, Agave's outstanding-request
+//! Retry-storm protection (docs/background.md part 4, Agave's outstanding-request
 //! map, at the gateway): a request identical to one still in flight, or
 //! started less than `windowMs` ago, is not sent upstream again. The
 //! duplicate gets 429 with `retry-after` set to what is left of the window.

@@ -7,7 +7,7 @@
 //! `retry-after` is the time the current in-flight set needs to drain at
 //! that rate, `base = ceil(inflight / rate)`, at least 1 s, plus a random
 //! extra of up to `max(base, 2)` seconds, so clients rejected together come
-//! back spread over a window instead of in lockstep (SEEDS.md part 5,
+//! back spread over a window instead of in lockstep (docs/background.md part 5,
 //! follow-ups). With a fast node (base 1 s) that is 1, 2 or 3 s.
 
 /// Weight of the newest sample in the EMA.

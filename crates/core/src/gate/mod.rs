@@ -1,4 +1,4 @@
-//! The RPC admission gate (SEEDS.md part 5, the "outer gate"), as seen by
+//! The RPC admission gate (docs/background.md part 5, the "outer gate"), as seen by
 //! one worker VM.
 //!
 //! - `policy`: the policy document and its validation.

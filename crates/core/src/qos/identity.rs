@@ -13,7 +13,7 @@
 //!    `x-forwarded-for` hop that is not a trusted proxy.
 //!
 //! Unstaked clients weigh `unstakedStake` (1000); so does any smaller stake,
-//! since that is also the floor for staked ones (SEEDS.md part 2).
+//! since that is also the floor for staked ones (docs/background.md part 2).
 
 use crate::gate::class::{Cidr, RequestFacts};
 use crate::qos::policy::{QosPolicy, Source, StakeEntry, TIER_UNSTAKED};

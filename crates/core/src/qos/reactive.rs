@@ -1,5 +1,5 @@
 //! Reactive mode: the capacity shares are cut from follows upstream
-//! back-pressure instead of a configured number (SEEDS.md part 2, open
+//! back-pressure instead of a configured number (docs/background.md part 2, open
 //! questions). Stake shares still decide *who* is throttled.
 //!
 //! The rule is AIMD anchored on what the upstream delivered, evaluated by

@@ -585,7 +585,7 @@ struct RefillPhase {
 struct RefillSummary {
     identities_sent: u32,
     max_identities: u32,
-    refill_interval_ms: u32,
+    refill_interval_ms: u64,
     concurrency: u32,
     phases: Vec<RefillPhase>,
 }
@@ -594,6 +594,15 @@ struct RefillSummary {
 /// so a table sized exactly would evict from its fullest pages.
 fn table_for(addresses: u32) -> u32 {
     addresses + addresses / 4 + stakegate_core::qos::page::ENTRIES_PER_PAGE as u32
+}
+
+/// The shortest refill interval the policy's refill budget allows for a
+/// table of `max_identities` (20 ms, the default, when it fits).
+fn refill_for(max_identities: u32) -> u64 {
+    use stakegate_core::qos::policy::MAX_REFILL_VISITS_PER_S;
+    (u64::from(max_identities) * 1000)
+        .div_ceil(MAX_REFILL_VISITS_PER_S)
+        .max(20)
 }
 
 /// `stakegate bench qos-refill`: how long one stake QoS refill round takes
@@ -606,8 +615,9 @@ fn table_for(addresses: u32) -> u32 {
 pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
     require_wrk()?;
     let max_identities = table_for(args.identities);
+    let refill_interval_ms = refill_for(max_identities);
     let policy = format!(
-        r#"{{"capacityRps": 1000000, "maxIdentities": {max_identities}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
+        r#"{{"capacityRps": 1000000, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
     );
     let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
     let envoy = direct(&[("public".into(), vec![Element::Wasm(qos)])])?
@@ -615,9 +625,9 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
         .start()?;
     let url = envoy.url("public")?;
     let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
-    std::fs::write(script.path(), addresses_script(args.identities))?;
+    std::fs::write(script.path(), addresses_script(args.identities, 0))?;
     println!(
-        "qos refill: {} addresses through Envoy --concurrency {} (maxIdentities {max_identities}), refill every 20 ms",
+        "qos refill: {} addresses through Envoy --concurrency {} (maxIdentities {max_identities}), refill every {refill_interval_ms} ms",
         args.identities, args.concurrency
     );
     let mut phases = Vec::new();
@@ -675,7 +685,7 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
     let summary = RefillSummary {
         identities_sent: args.identities,
         max_identities,
-        refill_interval_ms: 20,
+        refill_interval_ms,
         concurrency: args.concurrency,
         phases,
     };
@@ -684,9 +694,9 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
 
 /// A wrk script that POSTs eth_blockNumber from `count` addresses in turn
 /// (10.0.0.0 upwards), each in x-forwarded-for.
-fn addresses_script(count: u32) -> String {
+fn addresses_script(count: u32, start: u64) -> String {
     format!(
-        r#"local n = 0
+        r#"local n = {start}
 local body = '{{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}}'
 request = function()
   local i = n % {count}
@@ -731,7 +741,8 @@ const WARMUP_LIMIT: Duration = Duration::from_secs(90);
 struct ScaleResult {
     mode: &'static str,
     identities_sent: u32,
-    /// The identities gauge after a run (median over the rounds).
+    /// The most identities with demand at once (an Envoy waiting its turn
+    /// sees its identities go idle, so the gauge after a run is lower).
     identities: i64,
     rps: Vec<f64>,
     median_rps: f64,
@@ -753,6 +764,42 @@ struct ScaleSummary {
     results: Vec<ScaleResult>,
 }
 
+/// One Envoy of `qos-scale`, and how far wrk has got through its addresses
+/// (each run starts where the last stopped, so every address is sent).
+struct ScaleRun {
+    mode: &'static str,
+    count: u32,
+    envoy: Envoy,
+    script: tempfile::NamedTempFile,
+    sent: u64,
+    /// The most identities with demand seen at once.
+    peak: i64,
+}
+
+impl ScaleRun {
+    fn send(&mut self, connections: u32, duration: Duration) -> anyhow::Result<Run> {
+        let start = self.sent % u64::from(self.count);
+        std::fs::write(self.script.path(), addresses_script(self.count, start))?;
+        let url = self.envoy.url("public")?;
+        let run = wrk(
+            &url,
+            connections,
+            duration,
+            self.script.path(),
+            self.mode != "below",
+        )?;
+        self.sent += run.requests;
+        Ok(run)
+    }
+
+    /// The identity gauge now (identities with demand in the last round).
+    fn identities(&mut self) -> anyhow::Result<i64> {
+        let now = self.envoy.stat("wasmcustom.stakegate.qos.identities")?;
+        self.peak = self.peak.max(now);
+        Ok(now)
+    }
+}
+
 /// `stakegate bench qos-scale`: requests per second through stake QoS at
 /// each identity count, and Envoy's memory, from one run. One Envoy
 /// (`--concurrency 1`) per count and mode, all with the same policy: a
@@ -761,7 +808,6 @@ struct ScaleSummary {
 /// trusted 127.0.0.1); each Envoy is warmed up until its identity gauge
 /// holds the addresses, then the Envoys take turns, round after round.
 pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
-    use stakegate_core::qos::policy::MAX_REFILL_VISITS_PER_S;
     require_wrk()?;
     let largest = args
         .identities
@@ -770,9 +816,7 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
         .max()
         .context("no --identities")?;
     let max_identities = table_for(largest);
-    let refill_interval_ms = (u64::from(max_identities) * 1000)
-        .div_ceil(MAX_REFILL_VISITS_PER_S)
-        .max(20);
+    let refill_interval_ms = refill_for(max_identities);
     let mut runs = Vec::new();
     for (mode, capacity) in SCALE_MODES {
         for &count in &args.identities {
@@ -783,12 +827,17 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
             let envoy = direct(&[("public".into(), vec![Element::Wasm(qos)])])?
                 .concurrency(1)
                 .start()?;
-            let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
-            std::fs::write(script.path(), addresses_script(count))?;
-            runs.push((mode, count, envoy, script));
+            runs.push(ScaleRun {
+                mode,
+                count,
+                envoy,
+                script: tempfile::Builder::new().suffix(".lua").tempfile()?,
+                sent: 0,
+                peak: 0,
+            });
         }
     }
-    let pinned = pin(&runs.iter().map(|(_, _, e, _)| e).collect::<Vec<_>>());
+    let pinned = pin(&runs.iter().map(|r| &r.envoy).collect::<Vec<_>>());
     println!(
         "qos scale: {:?} identities, wrk -c{} for {:?} per Envoy and round, {} rounds, maxIdentities {max_identities}, refill every {refill_interval_ms} ms, on {}",
         args.identities,
@@ -797,66 +846,59 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
         args.rounds,
         machine()
     );
-    for (mode, count, envoy, script) in &runs {
+    for run in &mut runs {
         let started = std::time::Instant::now();
         // Every address sent at least once, or the table is as full as it gets.
-        while envoy.stat("wasmcustom.stakegate.qos.identities")? < i64::from(*count) * 95 / 100 {
-            if started.elapsed() > WARMUP_LIMIT {
-                bail!("{mode}, {count} identities: the table did not fill in {WARMUP_LIMIT:?}");
+        loop {
+            let active = run.identities()?;
+            if active >= i64::from(run.count) * 95 / 100 {
+                break;
             }
-            wrk(
-                &envoy.url("public")?,
-                args.connections,
-                Duration::from_secs(2),
-                script.path(),
-                true,
-            )?;
+            if started.elapsed() > WARMUP_LIMIT {
+                bail!(
+                    "{}, {} identities: {active} active after {WARMUP_LIMIT:?} of warm-up",
+                    run.mode,
+                    run.count
+                );
+            }
+            let sent = run.send(args.connections, Duration::from_secs(2))?;
+            eprintln!(
+                "warm-up: {} {}: {:.0} rps, {active} active before",
+                run.mode, run.count, sent.rps
+            );
         }
     }
     let mut rps = vec![Vec::new(); runs.len()];
-    // The identity gauge right after each run (an Envoy waiting its turn
-    // sees its identities go idle).
-    let mut gauges = vec![Vec::new(); runs.len()];
     for round in 1..=args.rounds {
-        for (i, (mode, _, envoy, script)) in runs.iter().enumerate() {
-            let url = envoy.url("public")?;
-            rps[i].push(
-                wrk(
-                    &url,
-                    args.connections,
-                    args.duration,
-                    script.path(),
-                    *mode != "below",
-                )?
-                .rps,
-            );
-            gauges[i].push(envoy.stat("wasmcustom.stakegate.qos.identities")? as f64);
+        for (i, run) in runs.iter_mut().enumerate() {
+            rps[i].push(run.send(args.connections, args.duration)?.rps);
+            run.identities()?;
         }
         let line: Vec<String> = runs
             .iter()
             .zip(&rps)
-            .map(|((mode, count, ..), r)| format!("{mode} {count} {:.0}", r[round - 1]))
+            .map(|(run, r)| format!("{} {} {:.0}", run.mode, run.count, r[round - 1]))
             .collect();
         println!("round {round}: {}", line.join(", "));
     }
     let mut results = Vec::new();
-    for (i, (mode, count, envoy, _)) in runs.iter().enumerate() {
-        let base = runs.iter().position(|(m, ..)| m == mode).unwrap_or(i);
+    for (i, run) in runs.iter().enumerate() {
+        let base = runs.iter().position(|r| r.mode == run.mode).unwrap_or(i);
         let ratios: Vec<f64> = rps[i].iter().zip(&rps[base]).map(|(a, b)| a / b).collect();
         results.push(ScaleResult {
-            mode,
-            identities_sent: *count,
-            identities: median(&gauges[i]) as i64,
+            mode: run.mode,
+            identities_sent: run.count,
+            identities: run.peak,
             median_rps: median(&rps[i]),
             median_ratio: median(&ratios),
             ratio_iqr: [quantile(&ratios, 0.25), quantile(&ratios, 0.75)],
-            rss_mib: rss_kib(envoy.pid())? as f64 / 1024.0,
+            rss_mib: rss_kib(run.envoy.pid())? as f64 / 1024.0,
             rps: rps[i].clone(),
         });
     }
     let mut table = format!(
         "\n{:<11} {:>10} {:>10} {:>10} {:>14} {:>17} {:>9}\n",
-        "mode", "addresses", "in table", "rps", "vs the fewest", "IQR", "RSS MiB"
+        "mode", "addresses", "peak", "rps", "vs the fewest", "IQR", "RSS MiB"
     );
     for r in &results {
         table.push_str(&format!(

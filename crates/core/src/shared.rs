@@ -1,5 +1,6 @@
 //! Compare-and-swap updates of records in proxy-wasm shared data: the
-//! gate's shard table and the QoS filter's bucket pages.
+//! gate's shard table, dedup's pages, and the QoS filter's state and
+//! identity pages.
 //!
 //! Every change is: read the value and its CAS token, apply a pure change
 //! to the decoded table, write back with the token. If another worker wrote
@@ -15,9 +16,12 @@
 //! (`stakegate.gate.cas_retries`, `stakegate.qos.cas_retries`).
 //!
 //! **When CAS keeps failing** (more than `MAX_ATTEMPTS` in a row), the step
-//! gives up: an admission is then refused (fail closed, so the limit stays
-//! exact), and a release is kept as debt by the caller and settled by its
-//! next successful write, so no slot leaks.
+//! gives up with `StoreError::Contended` and the caller decides: the gate
+//! refuses the admission (fail closed, so the limit stays exact) and keeps
+//! a finished request's slot as a local spare, handed back by a later
+//! heartbeat; stake QoS admits a request whose lease it cannot take (fail
+//! open: the gate still guards the node). Each filter counts these
+//! (`store_errors`).
 
 use std::fmt;
 
@@ -110,8 +114,9 @@ pub fn read<R: Record>(
 
 /// Applies `change` to the record under `key` by compare-and-swap.
 ///
-/// `change` may run several times and must depend only on the record it is
-/// given. An absent key is written unconditionally: for the gate that can
+/// `change` may run several times, each time on a freshly read record, so
+/// what it decides must come from that record (and from values that do not
+/// change between attempts). An absent key is written unconditionally: for the gate that can
 /// only happen before any VM has joined (see `ShardTable::join`), when no
 /// slot exists to be lost; a QoS page starts empty.
 pub fn update<T, R: Record>(

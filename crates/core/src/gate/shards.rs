@@ -1,5 +1,5 @@
 //! The gate's shared state: one record of per-worker shards, kept in one
-//! shared-data key and changed only by compare-and-swap (see `store`).
+//! shared-data key and changed only by compare-and-swap (see `crate::shared`).
 //!
 //! # Layout (version 1)
 //!

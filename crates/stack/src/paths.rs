@@ -76,8 +76,10 @@ pub fn tool(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// A filter module built by `make build` (`admission_gate`, `stake_qos`),
-/// or in `$STAKEGATE_MODULES`.
+/// or in `$STAKEGATE_MODULES`. A module built here that is older than a
+/// source it is built from is refused, so a test cannot pass on stale code.
 pub fn wasm_module(name: &str) -> anyhow::Result<PathBuf> {
+    let built_here = std::env::var_os("STAKEGATE_MODULES").is_none();
     let module = dir_from("STAKEGATE_MODULES", || {
         target_dir().join("wasm32-wasip1/release")
     })
@@ -85,10 +87,79 @@ pub fn wasm_module(name: &str) -> anyhow::Result<PathBuf> {
     if !module.is_file() {
         bail!("{} is missing: run `make build`", module.display());
     }
+    if built_here {
+        if let Some(source) = newer_source(&module) {
+            bail!(
+                "{} is older than {}: run `make build`",
+                module.display(),
+                source.display()
+            );
+        }
+    }
     Ok(module)
+}
+
+/// A source of `module` changed after it was built, if any: the sources
+/// are those cargo's dep-info file beside it lists (none without one, as
+/// in an image).
+fn newer_source(module: &Path) -> Option<PathBuf> {
+    let built = std::fs::metadata(module).and_then(|m| m.modified()).ok()?;
+    let deps = std::fs::read_to_string(module.with_extension("d")).ok()?;
+    let (_, sources) = deps.lines().next()?.split_once(": ")?;
+    sources
+        .replace("\\ ", "\0")
+        .split_whitespace()
+        .map(|s| PathBuf::from(s.replace('\0', " ")))
+        .find(|source| {
+            std::fs::metadata(source)
+                .and_then(|m| m.modified())
+                .is_ok_and(|modified| modified > built)
+        })
 }
 
 /// A file under `envoy-config/`.
 pub fn envoy_config(name: &str) -> PathBuf {
     project_root().join("envoy-config").join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn touch(path: &Path, at: SystemTime) {
+        std::fs::File::options()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .unwrap()
+            .set_modified(at)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_module_older_than_a_source_its_dep_info_lists_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let module = dir.path().join("filter.wasm");
+        let source = dir.path().join("with space.rs");
+        let other = dir.path().join("lib.rs");
+        let built = SystemTime::now() - Duration::from_secs(60);
+        touch(&module, built);
+        touch(&source, built - Duration::from_secs(1));
+        touch(&other, built - Duration::from_secs(1));
+        let deps = format!(
+            "{}: {} {}\n",
+            module.display(),
+            source.display().to_string().replace(' ', "\\ "),
+            other.display()
+        );
+        std::fs::write(dir.path().join("filter.d"), deps).unwrap();
+        assert_eq!(newer_source(&module), None);
+        touch(&source, built + Duration::from_secs(1));
+        assert_eq!(newer_source(&module), Some(source));
+        // Without dep-info (an image), nothing is known to be newer.
+        std::fs::remove_file(dir.path().join("filter.d")).unwrap();
+        assert_eq!(newer_source(&module), None);
+    }
 }

@@ -4,10 +4,11 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stakegate_core::gate::class::{MetadataScope, RequestFacts};
+use stakegate_core::clock::Now;
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::stream::{GateStream, GateWorker, Head, Upgrade};
 use stakegate_core::gate::InflightGate;
+use stakegate_core::request::{MetadataScope, RequestFacts};
 use stakegate_core::shared::MemoryStore;
 
 struct Public;
@@ -47,8 +48,8 @@ fuzz_target!(|data: &[u8]| {
                 upgrade,
                 content_length: Some(u64::MAX),
             };
-            let _ = stream.headers(&mut worker, &store, now, &mut Public, head);
-            stream.done(&mut worker, &store, now);
+            let _ = stream.headers(&mut worker, &store, &mut Now::fixed(now), &mut Public, head);
+            stream.done(&mut worker, &store, &mut Now::fixed(now));
         }
         let _ = worker.tick(&store, now);
     }

@@ -12,7 +12,9 @@
 //! - `baseline`: Agave's stake-weighted QoS as it was (docs/background.md part 1), for comparison.
 //! - `clock`: the time, passed in, read from the host only when needed.
 //! - `jsonrpc`: what the filters read of a JSON-RPC body without parsing it.
-//! - `rejection`: the one error shape every rejection has.
+//! - `rejection`: the one error shape every rejection has, and its `retry-after`.
+//! - `request`: what a filter can tell about a request (`RequestFacts`), and
+//!   the address networks policies match.
 //! - `shared`: compare-and-swap updates of records in proxy-wasm shared data.
 //! - `websocket`: WebSocket frames read in passing, counted as JSON-RPC messages.
 //! - `validate`: the toolkit policies are checked with (errors name the field).
@@ -24,6 +26,7 @@ pub mod gate;
 pub mod jsonrpc;
 pub mod qos;
 pub mod rejection;
+pub mod request;
 pub mod shared;
 pub mod validate;
 pub mod websocket;

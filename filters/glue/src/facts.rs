@@ -2,7 +2,7 @@
 //! Envoy only when asked.
 
 use crate::{host, property_string};
-use stakegate_core::gate::class::{parse_socket_ip, MetadataScope, RequestFacts};
+use stakegate_core::request::{parse_socket_ip, MetadataScope, RequestFacts};
 use std::net::IpAddr;
 
 pub struct StreamFacts;

@@ -26,11 +26,11 @@ pub mod key;
 pub mod policy;
 pub mod table;
 
-use crate::gate::class::RequestFacts;
 use crate::gate::shards::ShardTable;
 use crate::gate::SHARED_KEY as SHARDS_KEY;
 use crate::qos::identity::sha256_hex;
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
+use crate::request::RequestFacts;
 use crate::shared::{read, update, Change, SharedStore, StoreError};
 use key::{Body, Key, Unkeyed};
 use policy::{DedupPolicy, Scope};
@@ -366,9 +366,9 @@ pub fn client_name(policy: &DedupPolicy, facts: &mut impl RequestFacts) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::class::MetadataScope;
     use crate::gate::policy::GatePolicy;
     use crate::gate::shards::Shard;
+    use crate::request::MetadataScope;
     use crate::shared::MemoryStore;
     use std::net::IpAddr;
 

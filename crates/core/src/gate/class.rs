@@ -8,7 +8,7 @@
 //! condition). The facts are read lazily: a policy with only CIDR matchers
 //! never reads a header or metadata.
 
-use std::net::IpAddr;
+use crate::request::{Cidr, MetadataScope, RequestFacts};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RequestClass {
@@ -42,13 +42,6 @@ impl RequestClass {
     }
 }
 
-/// Where `filter_metadata.stakegate.class` is read from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetadataScope {
-    Listener,
-    Route,
-}
-
 #[derive(Debug, Clone, PartialEq)]
 pub enum Matcher {
     /// `filter_metadata.stakegate.class` of the listener or route equals this.
@@ -60,18 +53,6 @@ pub enum Matcher {
         name: String,
         value: String,
     },
-}
-
-/// What the filter can tell about a request, read on demand.
-pub trait RequestFacts {
-    fn metadata_class(&mut self, scope: MetadataScope) -> Option<String>;
-    fn source_ip(&mut self) -> Option<IpAddr>;
-    fn peer_uri_san(&mut self) -> Option<String>;
-    /// The peer certificate's subject, for hosts that can tell.
-    fn peer_subject(&mut self) -> Option<String> {
-        None
-    }
-    fn header(&mut self, name: &str) -> Option<String>;
 }
 
 impl Matcher {
@@ -106,74 +87,10 @@ pub fn classify(
     }
 }
 
-/// An IPv4 or IPv6 network, `addr/prefix`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    network: IpAddr,
-    prefix: u8,
-}
-
-impl Cidr {
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let (addr, prefix) = match text.split_once('/') {
-            Some((addr, prefix)) => (addr, Some(prefix)),
-            None => (text, None),
-        };
-        let network: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("invalid address {addr:?}"))?;
-        let max = if network.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            None => max,
-            Some(p) => p
-                .parse::<u8>()
-                .ok()
-                .filter(|p| *p <= max)
-                .ok_or_else(|| format!("invalid prefix length {p:?} (0..={max})"))?,
-        };
-        Ok(Self { network, prefix })
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        // An IPv4-mapped IPv6 source (::ffff:a.b.c.d) is its IPv4 address.
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        match (self.network, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => same_prefix(
-                u128::from(u32::from(net)) << 96,
-                u128::from(u32::from(ip)) << 96,
-                self.prefix,
-            ),
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                same_prefix(u128::from(net), u128::from(ip), self.prefix)
-            }
-            _ => false,
-        }
-    }
-}
-
-fn same_prefix(a: u128, b: u128, prefix: u8) -> bool {
-    if prefix == 0 {
-        return true;
-    }
-    let mask = u128::MAX << (128 - u32::from(prefix));
-    a & mask == b & mask
-}
-
-/// Parses Envoy's `source.address` property: `1.2.3.4:5678` or `[::1]:5678`.
-pub fn parse_socket_ip(address: &str) -> Option<IpAddr> {
-    address
-        .parse::<std::net::SocketAddr>()
-        .map(|s| s.ip())
-        .ok()
-        .or_else(|| address.parse().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
     #[derive(Default)]
     struct Facts {
@@ -211,45 +128,6 @@ mod tests {
 
     fn cidr(text: &str) -> Cidr {
         Cidr::parse(text).unwrap()
-    }
-
-    #[test]
-    fn cidrs_match_their_networks() {
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        assert!(cidr("10.0.0.0/8").contains(ip("10.200.3.4")));
-        assert!(!cidr("10.0.0.0/8").contains(ip("11.0.0.1")));
-        assert!(cidr("192.168.1.7").contains(ip("192.168.1.7")));
-        assert!(!cidr("192.168.1.7").contains(ip("192.168.1.8")));
-        assert!(cidr("0.0.0.0/0").contains(ip("8.8.8.8")));
-        assert!(cidr("fd00::/8").contains(ip("fd12::1")));
-        assert!(!cidr("fd00::/8").contains(ip("fe80::1")));
-        assert!(
-            cidr("127.0.0.0/8").contains(ip("::ffff:127.0.0.1")),
-            "mapped IPv4"
-        );
-        assert!(!cidr("::1/128").contains(ip("127.0.0.1")));
-    }
-
-    #[test]
-    fn bad_cidrs_say_why() {
-        assert_eq!(
-            Cidr::parse("10.0.0.0/33").unwrap_err(),
-            "invalid prefix length \"33\" (0..=32)"
-        );
-        assert_eq!(
-            Cidr::parse("nope/8").unwrap_err(),
-            "invalid address \"nope\""
-        );
-    }
-
-    #[test]
-    fn socket_addresses_parse() {
-        assert_eq!(
-            parse_socket_ip("127.0.0.1:4242"),
-            Some("127.0.0.1".parse().unwrap())
-        );
-        assert_eq!(parse_socket_ip("[::1]:4242"), Some("::1".parse().unwrap()));
-        assert_eq!(parse_socket_ip("garbage"), None);
     }
 
     #[test]

@@ -33,9 +33,10 @@ pub mod stream;
 
 use crate::clock::Now;
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
+use crate::rejection::{retry_after_s, Jitter};
 use crate::shared::{update, Change, SharedStore, StoreError};
 use class::RequestClass;
-use drain::{retry_after_s, DrainRate, Jitter};
+use drain::DrainRate;
 use policy::GatePolicy;
 use shards::{ShardTable, SlotKind, Spare, Totals};
 

@@ -3,8 +3,9 @@
 //! `policies/admission-gate.md`.
 
 use crate::dedup::policy::{DedupDoc, DedupPolicy};
-use crate::gate::class::{Cidr, Matcher, MetadataScope};
+use crate::gate::class::Matcher;
 use crate::gate::shards::Limits;
+use crate::request::{Cidr, MetadataScope};
 use crate::validate::{
     ensure, header_name, max_len, non_empty, parse_json, range, PolicyError, Warning, Warnings,
 };

@@ -32,10 +32,11 @@
 
 use crate::clock::Now;
 use crate::dedup::{client_name, Dedup, Pending, Verdict, DUPLICATE_STATUS};
-use crate::gate::class::{classify, RequestClass, RequestFacts};
+use crate::gate::class::{classify, RequestClass};
 use crate::gate::shards::{SlotKind, Totals};
 use crate::gate::{slot_of, Admission, Decision, Heartbeat, InflightGate, Taken, Ticket};
 use crate::rejection::{json_rpc_error_body, INVALID_REQUEST};
+use crate::request::RequestFacts;
 use crate::shared::SharedStore;
 use crate::websocket::{FrameReader, Side};
 
@@ -713,8 +714,8 @@ impl Websocket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::class::MetadataScope;
     use crate::gate::policy::GatePolicy;
+    use crate::request::MetadataScope;
     use crate::shared::MemoryStore;
     use std::net::IpAddr;
 

@@ -15,8 +15,8 @@
 //! Unstaked clients weigh `unstakedStake` (1000); so does any smaller stake,
 //! since that is also the floor for staked ones (docs/background.md part 2).
 
-use crate::gate::class::{Cidr, RequestFacts};
 use crate::qos::policy::{QosPolicy, Source, StakeEntry, TIER_UNSTAKED};
+use crate::request::{Cidr, RequestFacts};
 use sha2::{Digest, Sha256};
 use std::net::IpAddr;
 
@@ -134,7 +134,7 @@ fn key_of(name: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::class::MetadataScope;
+    use crate::request::MetadataScope;
 
     #[derive(Default)]
     struct Facts {

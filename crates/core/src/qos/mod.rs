@@ -86,8 +86,8 @@ pub mod report;
 mod round;
 pub mod state;
 
-use crate::gate::drain::{retry_after_s, Jitter};
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
+use crate::rejection::{retry_after_s, Jitter};
 use crate::shared::{read, update, SharedStore, StoreError, Write};
 use identity::Identity;
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};

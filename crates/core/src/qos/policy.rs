@@ -2,7 +2,7 @@
 //! validated runtime values. The format is documented in
 //! `policies/stake-qos.md`.
 
-use crate::gate::class::Cidr;
+use crate::request::Cidr;
 use crate::validate::{
     ensure, finite_range, header_name, max_len, non_empty, parse_json, range, PolicyError, Warning,
     Warnings,

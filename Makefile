@@ -94,6 +94,7 @@ offline-images: setup
 
 lint:
 	$(PYTHON) scripts/check-references.py
+	$(PYTHON) scripts/check-layering.py
 	cargo fmt --all -- --check
 	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 	cargo clippy --workspace --all-targets -- -D warnings

@@ -38,7 +38,7 @@
 use crate::check::check;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
-use stakegate_core::qos::identity::sha256_hex;
+use stakegate_core::request::sha256_hex;
 use stakegate_stack::admin::Admin;
 use stakegate_stack::ecds::{self, EcdsUpdate, FilterConfig};
 use std::path::{Path, PathBuf};

@@ -24,6 +24,16 @@ pub trait RequestFacts {
     fn header(&mut self, name: &str) -> Option<String>;
 }
 
+/// `bytes` as policies name a secret they must not hold: its sha256, in
+/// lowercase hex (API keys in stake tables, dedup's key scope).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// An IPv4 or IPv6 network, `addr/prefix`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cidr {

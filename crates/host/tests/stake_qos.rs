@@ -151,7 +151,7 @@ fn staked(capacity: u32, stakes: &[(&str, u64)]) -> String {
 }
 
 fn sha256(text: &str) -> String {
-    stakegate_core::qos::identity::sha256_hex(text.as_bytes())
+    stakegate_core::request::sha256_hex(text.as_bytes())
 }
 
 #[test]

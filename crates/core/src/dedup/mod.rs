@@ -28,9 +28,8 @@ pub mod table;
 
 use crate::gate::shards::ShardTable;
 use crate::gate::SHARED_KEY as SHARDS_KEY;
-use crate::qos::identity::sha256_hex;
 use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
-use crate::request::RequestFacts;
+use crate::request::{sha256_hex, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore, StoreError};
 use key::{Body, Key, Unkeyed};
 use policy::{DedupPolicy, Scope};

@@ -16,8 +16,7 @@
 //! since that is also the floor for staked ones (docs/background.md part 2).
 
 use crate::qos::policy::{QosPolicy, Source, StakeEntry, TIER_UNSTAKED};
-use crate::request::{Cidr, RequestFacts};
-use sha2::{Digest, Sha256};
+use crate::request::{sha256_hex, Cidr, RequestFacts};
 use std::net::IpAddr;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,13 +113,6 @@ pub fn client_ip(policy: &QosPolicy, facts: &mut impl RequestFacts) -> Option<Ip
         }
     }
     Some(client)
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 /// FNV-1a, 64 bits; 0 marks an empty table entry, so it is never a key.

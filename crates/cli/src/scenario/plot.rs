@@ -162,12 +162,14 @@ fn admitted(summary: &Summary, path: &Path) -> anyhow::Result<()> {
     legend_and_save(&mut chart, &root)
 }
 
-type Chart<'a> = ChartContext<'a, BitMapBackend<'a>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+/// A chart drawn on `root` (borrowed for `'a`) of a bitmap backend (`'b`).
+type Chart<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 /// Draws the chart's legend, top right, and writes the file.
-fn legend_and_save(
-    chart: &mut Chart<'_>,
-    root: &DrawingArea<BitMapBackend<'_>, Shift>,
+fn legend_and_save<'a, 'b: 'a>(
+    chart: &mut Chart<'a, 'b>,
+    root: &DrawingArea<BitMapBackend<'b>, Shift>,
 ) -> anyhow::Result<()> {
     chart
         .configure_series_labels()
@@ -246,19 +248,13 @@ fn shares(summary: &Summary, path: &Path) -> anyhow::Result<()> {
     } else {
         "admitted share (no stakes in this scenario)".to_string()
     };
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title(summary, &caption), ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..names.len() as f64, 0f64..top)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(names.len() * 2 + 1)
-        .x_label_formatter(&|x| category(&names, *x))
-        .y_desc("% of admitted requests / of stake")
-        .draw()?;
+    let mut chart = category_chart(
+        &root,
+        (&title(summary, &caption), 20),
+        &names,
+        top,
+        "% of admitted requests / of stake",
+    )?;
     let blue = BLUE.mix(0.8);
     let grey = BLACK.mix(0.35);
     chart
@@ -278,6 +274,31 @@ fn shares(summary: &Summary, path: &Path) -> anyhow::Result<()> {
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], grey.filled()));
     }
     legend_and_save(&mut chart, &root)
+}
+
+/// A chart from 0 to `top` with one category per name along x (category
+/// `i` spans `i..i + 1`), labelled under its middle.
+fn category_chart<'a, 'b>(
+    root: &'a DrawingArea<BitMapBackend<'b>, Shift>,
+    (caption, size): (&str, u32),
+    names: &[&str],
+    top: f64,
+    y_desc: &str,
+) -> anyhow::Result<Chart<'a, 'b>> {
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", size))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..names.len() as f64, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(names.len() * 2 + 1)
+        .x_label_formatter(&|x| category(names, *x))
+        .y_desc(y_desc)
+        .draw()?;
+    Ok(chart)
 }
 
 /// The name of the category whose bar is centred at `x` (categories sit at
@@ -303,19 +324,7 @@ pub fn bars(bars: &[(String, f64, [f64; 2])], caption: &str, path: &Path) -> any
         * 1.1;
     let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(caption, ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0f64..names.len() as f64, 0f64..top)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(names.len() * 2 + 1)
-        .x_label_formatter(&|x| category(&names, *x))
-        .y_desc("ratio")
-        .draw()?;
+    let mut chart = category_chart(&root, (caption, 18), &names, top, "ratio")?;
     let blue = BLUE.mix(0.7);
     chart.draw_series(bars.iter().enumerate().map(|(i, (_, value, _))| {
         let x = i as f64;
@@ -333,4 +342,22 @@ pub fn bars(bars: &[(String, f64, [f64; 2])], caption: &str, path: &Path) -> any
     ))?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bar_chart_is_a_png() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bars.png");
+        let rows = vec![
+            ("no filter".to_string(), 1.0, [1.0, 1.0]),
+            ("gate".to_string(), 0.8, [0.7, 0.9]),
+        ];
+        bars(&rows, "ratio to no filter", &path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG"), "{} bytes", bytes.len());
+    }
 }

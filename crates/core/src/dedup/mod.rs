@@ -61,7 +61,8 @@ pub struct Keyed {
 }
 
 /// An entry this VM wrote; `complete` it when the stream ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "an entry written stays in flight until it is completed"]
 pub struct Pending {
     key: Key,
     start_ms: u64,
@@ -71,7 +72,7 @@ pub struct Pending {
 /// The status a duplicate gets.
 pub const DUPLICATE_STATUS: u32 = 429;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Not a duplicate: send it (its entry is written).
     Send(Pending),
@@ -82,7 +83,7 @@ pub enum Verdict {
 }
 
 /// A verdict plus what the filter counts.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Checked {
     pub verdict: Verdict,
     /// Expired entries removed on the way.
@@ -465,12 +466,12 @@ mod tests {
         );
         // Another request, or the same from another client, is not a duplicate.
         let b = keyed(&d, &call("2"), ALICE);
-        pending(verdict(&d, &store, &b, 1, 10_100));
+        let _in_flight = pending(verdict(&d, &store, &b, 1, 10_100));
         let bob = Client {
             ip: "192.0.2.2",
             key: None,
         };
-        pending(verdict(&d, &store, &keyed(&d, &call("1"), bob), 1, 10_100));
+        let _in_flight = pending(verdict(&d, &store, &keyed(&d, &call("1"), bob), 1, 10_100));
         // Completing early does not end the window...
         assert_eq!(d.complete(&store, sent, 10_300).unwrap().0, 0);
         assert_eq!(retry_after(&verdict(&d, &store, &a, 1, 12_000)), Some(1));
@@ -491,7 +492,7 @@ mod tests {
         assert_eq!(d.sweep(&store, 2, 5000).unwrap().entries, 1);
         // It completes after its window: the entry goes at once.
         assert_eq!(d.complete(&store, sent, 6000).unwrap().0, 1);
-        pending(verdict(&d, &store, &a, 2, 6001));
+        let _in_flight = pending(verdict(&d, &store, &a, 2, 6001));
     }
 
     #[test]
@@ -501,14 +502,14 @@ mod tests {
         // VM 1 sends, then vanishes: its last heartbeat is at 0, and its
         // stream never completes.
         shards(&store, &[(1, 0), (2, 4900)]);
-        pending(verdict(&d, &store, &a, 1, 0));
+        let _in_flight = pending(verdict(&d, &store, &a, 1, 0));
         assert_eq!(retry_after(&verdict(&d, &store, &a, 2, 4999)), Some(1));
         let checked = d.check(&store, &a, 2, 5000).unwrap();
         assert!(matches!(checked.verdict, Verdict::Send(_)), "{checked:?}");
         assert_eq!(checked.purged, 1);
         // A sweep purges lost entries too.
         let b = keyed(&d, &call("2"), ALICE);
-        pending(verdict(&d, &store, &b, 1, 100));
+        let _in_flight = pending(verdict(&d, &store, &b, 1, 100));
         let sweep = d.sweep(&store, 2, 5100).unwrap();
         assert_eq!((sweep.purged, sweep.entries), (1, 1));
     }
@@ -538,7 +539,7 @@ mod tests {
         assert_eq!(d.sweep(&store, 1, 999).unwrap().entries, 64);
         let sweep = d.sweep(&store, 1, 1000).unwrap();
         assert_eq!((sweep.purged, sweep.entries), (64, 0));
-        pending(verdict(&d, &store, &keys[64], 1, 1000));
+        let _in_flight = pending(verdict(&d, &store, &keys[64], 1, 1000));
     }
 
     #[test]
@@ -546,7 +547,7 @@ mod tests {
         let d = Dedup::new(dedup(r#"{"windowMs": 600000}"#).policy().clone(), 1000, 30);
         let store = MemoryStore::default();
         let a = keyed(&d, &call("1"), ALICE);
-        pending(verdict(&d, &store, &a, 1, 0));
+        let _in_flight = pending(verdict(&d, &store, &a, 1, 0));
         assert_eq!(retry_after(&verdict(&d, &store, &a, 1, 1)), Some(30));
     }
 

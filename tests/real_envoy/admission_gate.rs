@@ -358,51 +358,54 @@ fn a_bad_policy_is_rejected_with_its_reason_and_the_previous_one_keeps_serving()
 
 #[test]
 fn slots_of_a_vanished_worker_expire_after_the_stale_slot_ttl() {
-    let policy = r#"{"maxInflight": 4, "heartbeatMs": 200, "staleSlotTtlMs": 1500}"#;
-    let (_node, mut envoy) = node_behind_gate(policy, &[]);
+    // The TTL is long enough that two ECDS updates and one request fit in
+    // it on a loaded machine; the bounds below are on counts and on "not
+    // before the TTL", never on how soon after it.
+    const TTL: Duration = Duration::from_secs(5);
+    let policy = format!(
+        r#"{{"maxInflight": 4, "heartbeatMs": 200, "staleSlotTtlMs": {}}}"#,
+        TTL.as_millis()
+    );
+    // No request before the ghost: a worker VM keeps a released slot spare
+    // until its next heartbeat, and would admit with it whatever the ghost
+    // holds (the spare counts against the limit, so that is exact).
+    let (_node, mut envoy) = node_behind_gate(&policy, &[]);
     let url = envoy.url("public").unwrap();
-    assert_eq!(http::post(&url, &[], CHAIN_ID).unwrap().status, 200);
 
     // A module under the gate's vm_id takes every slot and goes silent.
     let ghost = FilterConfig {
         module: stakegate_stack::paths::wasm_module("ghost_worker").unwrap(),
         policy: r#"{"hold": 4}"#.into(),
-        ..gate_filter(policy)
+        ..gate_filter(&policy)
     };
     // Taken before the ghost exists, so its slots cannot expire sooner
     // than TTL after this instant.
     let vanished = std::time::Instant::now();
     assert_eq!(envoy.update_filter(&ghost).unwrap(), EcdsUpdate::Applied);
     assert_eq!(
-        envoy.update_filter(&gate_filter(policy)).unwrap(),
+        envoy.update_filter(&gate_filter(&policy)).unwrap(),
         EcdsUpdate::Applied
     );
 
     let first = http::post(&url, &[], CHAIN_ID).unwrap();
     assert_eq!(
-        first.status, 503,
-        "the vanished worker's slots are still counted"
+        first.status,
+        503,
+        "the vanished worker's slots are still counted ({:?} after it took them)",
+        vanished.elapsed()
     );
-    assert!(stat(&envoy, "inflight.default") >= 4);
+    // Stats are published once per heartbeat.
+    assert!(eventually(Duration::from_secs(2), || stat(
+        &envoy,
+        "inflight.default"
+    ) >= 4));
     assert!(
-        eventually(Duration::from_secs(10), || http::post(&url, &[], CHAIN_ID)
-            .unwrap()
-            .status
-            == 200),
+        eventually(TTL * 6, || http::post(&url, &[], CHAIN_ID).unwrap().status == 200),
         "the slots never came back"
     );
     let recovered = vanished.elapsed();
-    eprintln!(
-        "slots recovered {recovered:?} after the worker vanished (TTL 1.5 s, heartbeat 0.2 s)"
-    );
-    assert!(
-        recovered >= Duration::from_millis(1500),
-        "not before the TTL: {recovered:?}"
-    );
-    assert!(
-        recovered < Duration::from_millis(3000),
-        "within TTL + a few heartbeats: {recovered:?}"
-    );
+    eprintln!("slots recovered {recovered:?} after the worker vanished (TTL {TTL:?}, heartbeat 0.2 s)");
+    assert!(recovered >= TTL, "not before the TTL: {recovered:?}");
     assert!(eventually(Duration::from_secs(5), || stat(
         &envoy,
         "expired_slots"

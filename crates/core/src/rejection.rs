@@ -1,6 +1,40 @@
-//! The one shape every stakegate rejection has: a JSON-RPC 2.0 error body
-//! with code -32005, the request `id` when known, otherwise `null`; and its
-//! jittered `retry-after`.
+//! The one shape every stakegate rejection has, whichever filter sends it:
+//! a status, a jittered `retry-after`, any headers of its own, and a
+//! JSON-RPC 2.0 error body with code -32005 (or -32600 for a request that
+//! is wrong rather than early), the request `id` when known, otherwise
+//! `null`.
+
+/// A request stakegate answers itself instead of passing on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    pub status: u32,
+    /// Seconds for `retry-after`; 0 for a request that is wrong rather than
+    /// early (no `retry-after` is sent).
+    pub retry_after_s: u32,
+    /// Headers beyond `content-type` and `retry-after` (QoS's
+    /// `RateLimit-Policy` and `RateLimit`).
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
+}
+
+impl Rejection {
+    /// The gate: the node is at its in-flight limit.
+    pub const OVERLOADED: u32 = 503;
+    /// QoS and dedup: this client is over its share, or repeating itself.
+    pub const TOO_MANY_REQUESTS: u32 = 429;
+    /// A request that can never be served as sent.
+    pub const BAD_REQUEST: u32 = 400;
+
+    /// A rejection with no headers of its own.
+    pub fn new(status: u32, retry_after_s: u32, body: String) -> Self {
+        Self {
+            status,
+            retry_after_s,
+            headers: Vec::new(),
+            body,
+        }
+    }
+}
 
 /// JSON-RPC error code for "limit exceeded", shared by both gates
 /// (docs/background.md part 5, follow-ups).

@@ -26,9 +26,10 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::clock::Now;
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::stream::{
-    Body, GateStream, GateWorker, Head, OnBody, OnHeaders, Refusal, Settled,
+    Body, GateStream, GateWorker, Head, OnBody, OnHeaders, Settled,
 };
 use stakegate_core::gate::InflightGate;
+use stakegate_core::rejection::Rejection;
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf};
 use stakegate_glue::{now_ms, EnvoyStore};
@@ -199,8 +200,8 @@ impl Body for HostBody {
     }
 }
 
-fn refuse(refusal: &Refusal) -> Action {
-    stakegate_glue::reject(refusal.status, refusal.retry_after_s, &[], &refusal.body);
+fn refuse(rejection: &Rejection) -> Action {
+    stakegate_glue::reject(rejection);
     Action::Pause
 }
 

@@ -9,6 +9,7 @@ pub mod metrics;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel, Status};
 use stakegate_core::qos::report::ReportQueue;
+use stakegate_core::rejection::Rejection;
 use stakegate_core::shared::{SharedStore, StoreError, Write};
 
 /// Declares which stakegate filter a module is, in a custom section named
@@ -95,19 +96,19 @@ pub fn property_string(path: &[&str]) -> Option<String> {
     host::property(path).and_then(|bytes| String::from_utf8(bytes).ok())
 }
 
-/// Answers the request locally with a stakegate rejection, the shape every
-/// filter's refusal has: `status`, `retry-after` in whole seconds (left out
-/// when 0: the request is wrong, not early), a JSON content type, any
-/// `extra` headers, and the JSON-RPC error `body`.
-pub fn reject(status: u32, retry_after_s: u32, extra: &[(&str, &str)], body: &str) {
-    let retry_after = retry_after_s.to_string();
+/// Answers the request locally with `rejection`: its status, a JSON
+/// content type, `retry-after` in whole seconds (left out when 0: the
+/// request is wrong, not early), its own headers, and its JSON-RPC error
+/// body.
+pub fn reject(rejection: &Rejection) {
+    let retry_after = rejection.retry_after_s.to_string();
     let mut headers = vec![("content-type", "application/json")];
-    if retry_after_s > 0 {
+    if rejection.retry_after_s > 0 {
         headers.push(("retry-after", retry_after.as_str()));
     }
-    headers.extend_from_slice(extra);
+    headers.extend(rejection.headers.iter().map(|(n, v)| (*n, v.as_str())));
     // Fails only if the stream is already gone: nothing left to answer.
-    host::send_response(status, &headers, body.as_bytes());
+    host::send_response(rejection.status, &headers, rejection.body.as_bytes());
 }
 
 /// Logs with the filter's name in front, so Envoy's log says who spoke.

@@ -201,13 +201,7 @@ impl HttpContext for QosStream {
         match self.admit() {
             Ok(()) => Action::Continue,
             Err(throttled) => {
-                let [(policy_name, policy), (limit_name, limit)] = throttled.rate_limit_headers();
-                stakegate_glue::reject(
-                    Throttled::STATUS,
-                    throttled.retry_after_s,
-                    &[(policy_name, &policy), (limit_name, &limit)],
-                    &throttled.body,
-                );
+                stakegate_glue::reject(&throttled.rejection);
                 Action::Pause
             }
         }

@@ -28,7 +28,7 @@ pub mod table;
 
 use crate::gate::shards::ShardTable;
 use crate::gate::SHARED_KEY as SHARDS_KEY;
-use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
+use crate::rejection::{json_rpc_error_body, Rejection, LIMIT_EXCEEDED};
 use crate::request::{sha256_hex, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore, StoreError};
 use key::{Body, Key, Unkeyed};
@@ -69,15 +69,12 @@ pub struct Pending {
     owner: u32,
 }
 
-/// The status a duplicate gets.
-pub const DUPLICATE_STATUS: u32 = 429;
-
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
     /// Not a duplicate: send it (its entry is written).
     Send(Pending),
     /// A duplicate: answer 429.
-    Duplicate { retry_after_s: u32, body: String },
+    Duplicate(Rejection),
     /// Its page has no room: send it, unrecorded.
     TableFull,
 }
@@ -235,14 +232,15 @@ impl Dedup {
             });
             let purged = (before - page.entries.len()) as u64;
             let verdict = match found {
-                Some(left) => Verdict::Duplicate {
-                    retry_after_s: self.retry_after_s(left),
-                    body: json_rpc_error_body(
+                Some(left) => Verdict::Duplicate(Rejection::new(
+                    Rejection::TOO_MANY_REQUESTS,
+                    self.retry_after_s(left),
+                    json_rpc_error_body(
                         keyed.id.as_deref(),
                         LIMIT_EXCEEDED,
                         "duplicate request: an identical request is already in flight or was sent moments ago; retry after the retry-after header",
                     ),
-                },
+                )),
                 None if page.entries.len() < ENTRIES_PER_PAGE => {
                     page.entries.push(Entry {
                         key: keyed.key,
@@ -422,7 +420,7 @@ mod tests {
 
     fn retry_after(verdict: &Verdict) -> Option<u32> {
         match verdict {
-            Verdict::Duplicate { retry_after_s, .. } => Some(*retry_after_s),
+            Verdict::Duplicate(rejection) => Some(rejection.retry_after_s),
             _ => None,
         }
     }
@@ -458,7 +456,7 @@ mod tests {
         let sent = pending(verdict(&d, &store, &a, 1, 10_000));
         let dup = verdict(&d, &store, &a, 1, 10_100);
         assert_eq!(retry_after(&dup), Some(3), "2.4 s left rounds up");
-        let Verdict::Duplicate { body, .. } = dup else {
+        let Verdict::Duplicate(Rejection { body, .. }) = dup else {
             unreachable!()
         };
         assert!(

@@ -32,8 +32,7 @@ pub mod shards;
 pub mod stream;
 
 use crate::clock::Now;
-use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
-use crate::rejection::{retry_after_s, Jitter};
+use crate::rejection::{json_rpc_error_body, retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
 use crate::shared::{update, Change, SharedStore, StoreError};
 use class::RequestClass;
 use drain::DrainRate;
@@ -51,17 +50,6 @@ pub struct Ticket {
     pub class: RequestClass,
     /// `None` for internal traffic, which holds no slot.
     pub slot: Option<SlotKind>,
-}
-
-/// A 503 to send instead of forwarding the request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rejection {
-    pub retry_after_s: u32,
-    pub body: String,
-}
-
-impl Rejection {
-    pub const STATUS: u32 = 503;
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -298,10 +286,11 @@ impl InflightGate {
             self.policy.retry_after_max_s,
         );
         Admission {
-            decision: Decision::Reject(Rejection {
+            decision: Decision::Reject(Rejection::new(
+                Rejection::OVERLOADED,
                 retry_after_s,
-                body: json_rpc_error_body(None, LIMIT_EXCEEDED, message),
-            }),
+                json_rpc_error_body(None, LIMIT_EXCEEDED, message),
+            )),
             totals: Some(totals),
             cas_retries,
             store_error,

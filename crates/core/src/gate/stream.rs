@@ -31,11 +31,11 @@
 //! Internal WebSockets are never held.
 
 use crate::clock::Now;
-use crate::dedup::{client_name, Dedup, Pending, Verdict, DUPLICATE_STATUS};
+use crate::dedup::{client_name, Dedup, Pending, Verdict};
 use crate::gate::class::{classify, RequestClass};
 use crate::gate::shards::{SlotKind, Totals};
 use crate::gate::{slot_of, Admission, Decision, Heartbeat, InflightGate, Taken, Ticket};
-use crate::rejection::{json_rpc_error_body, INVALID_REQUEST};
+use crate::rejection::{json_rpc_error_body, Rejection, INVALID_REQUEST};
 use crate::request::RequestFacts;
 use crate::shared::SharedStore;
 use crate::websocket::{FrameReader, Side};
@@ -98,15 +98,6 @@ pub enum Upgrade {
     NotGet,
 }
 
-/// A local reply to send instead of forwarding.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub status: u32,
-    /// 0 for a request that is wrong rather than early (no `retry-after`).
-    pub retry_after_s: u32,
-    pub body: String,
-}
-
 /// What to do with request headers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OnHeaders {
@@ -114,7 +105,7 @@ pub enum OnHeaders {
     /// Continue without `sec-websocket-extensions`, so that no compression
     /// is negotiated and the gate can read the messages.
     ContinueWebsocket,
-    Refuse(Refusal),
+    Refuse(Rejection),
 }
 
 /// What to do with a piece of request body (or WebSocket data).
@@ -125,7 +116,7 @@ pub enum OnBody {
     Hold,
     /// Close the stream: its data can never go through.
     Close,
-    Refuse(Refusal),
+    Refuse(Rejection),
 }
 
 /// Reads the body piece Envoy is handing over.
@@ -226,7 +217,7 @@ impl GateWorker {
         now: &mut Now,
         class: RequestClass,
         upgrade: bool,
-    ) -> Result<Ticket, Refusal> {
+    ) -> Result<Ticket, Rejection> {
         let Admission {
             decision,
             cas_retries,
@@ -248,11 +239,7 @@ impl GateWorker {
             Decision::Reject(rejection) => {
                 self.counts.rejected[class.index()] += 1;
                 self.counts.websocket_rejected += u64::from(upgrade);
-                Err(Refusal {
-                    status: crate::gate::Rejection::STATUS,
-                    retry_after_s: rejection.retry_after_s,
-                    body: rejection.body,
-                })
+                Err(rejection)
             }
         }
     }
@@ -385,15 +372,15 @@ impl GateStream {
         head: Head,
     ) -> OnHeaders {
         if head.upgrade == Upgrade::NotGet {
-            return OnHeaders::Refuse(Refusal {
-                status: 400,
-                retry_after_s: 0,
-                body: json_rpc_error_body(
+            return OnHeaders::Refuse(Rejection::new(
+                Rejection::BAD_REQUEST,
+                0,
+                json_rpc_error_body(
                     None,
                     INVALID_REQUEST,
                     "a WebSocket upgrade must be a GET request",
                 ),
-            });
+            ));
         }
         let policy = w.gate.policy();
         let class = classify(&policy.internal, &policy.priority, facts);
@@ -658,16 +645,9 @@ impl HttpRequest {
                 w.counts.dedup.table_full += 1;
                 OnBody::Continue
             }
-            Verdict::Duplicate {
-                retry_after_s,
-                body,
-            } => {
+            Verdict::Duplicate(rejection) => {
                 w.counts.dedup.duplicates_rejected += 1;
-                OnBody::Refuse(Refusal {
-                    status: DUPLICATE_STATUS,
-                    retry_after_s,
-                    body,
-                })
+                OnBody::Refuse(rejection)
             }
         }
     }

@@ -86,8 +86,7 @@ pub mod report;
 mod round;
 pub mod state;
 
-use crate::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
-use crate::rejection::{retry_after_s, Jitter};
+use crate::rejection::{json_rpc_error_body, retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
 use crate::shared::{read, update, SharedStore, StoreError, Write};
 use identity::Identity;
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};
@@ -134,34 +133,13 @@ pub enum Reason {
     Concurrency,
 }
 
-/// A 429 and what its headers say.
+/// A 429, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Throttled {
     pub reason: Reason,
-    pub retry_after_s: u32,
-    /// The identity's current share, requests per second (`RateLimit-Policy`).
-    pub quota_per_s: u64,
-    /// Whole tokens left (`RateLimit`).
-    pub remaining: u64,
-    pub body: String,
-}
-
-impl Throttled {
-    pub const STATUS: u32 = 429;
-
-    /// `RateLimit-Policy` and `RateLimit` as in the IETF httpapi draft.
-    pub fn rate_limit_headers(&self) -> [(&'static str, String); 2] {
-        [
-            (
-                "ratelimit-policy",
-                format!("\"stake\";q={};w=1", self.quota_per_s),
-            ),
-            (
-                "ratelimit",
-                format!("\"stake\";r={};t={}", self.remaining, self.retry_after_s),
-            ),
-        ]
-    }
+    /// With `RateLimit-Policy` (the identity's share, requests per second)
+    /// and `RateLimit` (whole tokens left) as in the IETF httpapi draft.
+    pub rejection: Rejection,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -482,12 +460,22 @@ impl StakeQos {
             Reason::Rate => "rate limit exceeded: over this client's stake share",
             Reason::Concurrency => "too many requests in flight for this client's stake share",
         };
+        let quota_per_s = share_rps.round() as u64;
+        let remaining = (tokens.max(0) / MILLI) as u64;
         Throttled {
             reason,
-            retry_after_s,
-            quota_per_s: share_rps.round() as u64,
-            remaining: (tokens.max(0) / MILLI) as u64,
-            body: json_rpc_error_body(None, LIMIT_EXCEEDED, message),
+            rejection: Rejection {
+                status: Rejection::TOO_MANY_REQUESTS,
+                retry_after_s,
+                headers: vec![
+                    ("ratelimit-policy", format!("\"stake\";q={quota_per_s};w=1")),
+                    (
+                        "ratelimit",
+                        format!("\"stake\";r={remaining};t={retry_after_s}"),
+                    ),
+                ],
+                body: json_rpc_error_body(None, LIMIT_EXCEEDED, message),
+            },
         }
     }
 

@@ -2,10 +2,8 @@
 //! compiled filters in the offline host, against a virtual node, in virtual
 //! time.
 //!
-//! The virtual node is rpc-node in miniature: one FIFO queue in front of
-//! `read_slots`, RPC requests holding a slot for their method's cost, and a
-//! sync loop whose blocks need `sync_slots` from the same queue; tip lag is
-//! measured with rpc-node's own `Chain`. Each client's requests arrive on a
+//! The virtual node is rpc-node in miniature ([`node::VirtualNode`]). Each
+//! client's requests arrive on a
 //! fixed schedule; its `latency` is added to what it observes, and after its
 //! `timeout` it gives up (a waiting request leaves the node's queue, one
 //! being served is finished for nobody). The filters
@@ -13,19 +11,21 @@
 //! lets it through, and a later filter's local reply ends it for the
 //! earlier ones.
 
+mod node;
+
 use crate::scenario::{Client, Scenario};
-use crate::summary::{BaselineSummary, NodeSummary, Summary, SwapResult, Upstream};
+use crate::summary::{BaselineSummary, Summary, SwapResult};
 use anyhow::Context;
-use rpc_node::chain::Chain;
+use node::{Job, VirtualNode};
 use stakegate_core::baseline::{BaselineQos, Mechanism};
 use stakegate_host::{Host, LocalReply, Reply, Request, RequestId};
 use stakegate_loadgen::report::{ClientHeader, Outcome, Recorder};
 use stakegate_loadgen::run::{params_for, unique_params};
 use stakegate_loadgen::Report;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::BinaryHeap;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct SimArgs {
@@ -91,13 +91,6 @@ impl Event {
     }
 }
 
-/// What waits for, or holds, the node's read slots.
-#[derive(Debug, Clone, Copy)]
-enum Job {
-    Rpc { request: usize },
-    Sync,
-}
-
 struct InFlight {
     client: usize,
     n: u64,
@@ -110,32 +103,6 @@ struct InFlight {
     started: bool,
     /// The client gave up; the node finishes it for nobody.
     abandoned: bool,
-}
-
-struct VirtualNode {
-    /// Free read slots; negative after the node shrank under load.
-    free: i64,
-    slots: u32,
-    sync_slots: u32,
-    queue: VecDeque<Job>,
-    rpc_waiting: u64,
-    queue_max: u64,
-    /// RPC requests inside the node, waiting or being served.
-    inflight: u64,
-    inflight_max: u64,
-    /// Requests that reached the node, and the distinct ones
-    /// (client, request number): retries of one request are not distinct.
-    requests: u64,
-    unique: std::collections::HashSet<(usize, u64)>,
-    chain: Chain,
-    /// Maps virtual time onto `Instant`s, which `Chain` speaks.
-    origin: Instant,
-}
-
-impl VirtualNode {
-    fn at(&self, ns: u64) -> Instant {
-        self.origin + Duration::from_nanos(ns)
-    }
 }
 
 /// Runs a scenario and returns its summary, with what each of `baselines`
@@ -165,25 +132,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         .collect::<anyhow::Result<Vec<Host>>>()?;
     let end = scenario.duration.as_nanos() as u64;
     let node_config = &scenario.node;
-    let origin = Instant::now();
-    let mut node = VirtualNode {
-        free: i64::from(node_config.read_slots),
-        slots: node_config.read_slots,
-        sync_slots: node_config.sync_slots,
-        queue: VecDeque::new(),
-        rpc_waiting: 0,
-        queue_max: 0,
-        inflight: 0,
-        inflight_max: 0,
-        requests: 0,
-        unique: std::collections::HashSet::new(),
-        chain: Chain::new(
-            node_config
-                .block_interval
-                .mul_f64(node_config.tip_lost_after),
-        ),
-        origin,
-    };
+    let mut node = VirtualNode::new(node_config);
     let mut recorders: Vec<Recorder> = scenario
         .clients
         .iter()
@@ -291,13 +240,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                             started: false,
                             abandoned: false,
                         }));
-                        node.queue.push_back(Job::Rpc { request: job });
-                        node.rpc_waiting += 1;
-                        node.queue_max = node.queue_max.max(node.rpc_waiting);
-                        node.inflight += 1;
-                        node.inflight_max = node.inflight_max.max(node.inflight);
-                        node.requests += 1;
-                        node.unique.insert((client, n));
+                        node.arrive(job, client, n);
                         events.push(Reverse((
                             now + spec.timeout.as_nanos() as u64,
                             Event::GiveUp { job },
@@ -316,9 +259,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 let (client, started) = (waiting.client, waiting.started);
                 let (n, attempt, method) = (waiting.n, waiting.attempt, waiting.method);
                 if !started {
-                    // It leaves the queue; dispatch skips its entry.
-                    node.rpc_waiting -= 1;
-                    node.inflight -= 1;
+                    node.abandon_waiting();
                     requests[job] = None;
                 }
                 let second = (now / 1_000_000_000) as usize;
@@ -338,8 +279,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 let Some(done) = requests.get_mut(job).and_then(Option::take) else {
                     continue;
                 };
-                node.free += 1;
-                node.inflight -= 1;
+                node.served();
                 if done.abandoned {
                     continue;
                 }
@@ -358,16 +298,13 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 );
             }
             Event::BlockArrives => {
-                node.chain.block_arrived(node.at(now));
-                node.queue.push_back(Job::Sync);
+                node.block_arrives(now);
                 if now + block_ns < end {
                     events.push(Reverse((now + block_ns, Event::BlockArrives)));
                 }
             }
             Event::NodeChange { index } => {
-                let slots = node_config.changes[index].1;
-                node.free += i64::from(slots) - i64::from(node.slots);
-                node.slots = slots;
+                node.resize(node_config.changes[index].1);
             }
             Event::Swap { index } => {
                 let swap = &scenario.swaps[index];
@@ -383,37 +320,33 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 });
             }
             Event::BlockExecuted => {
-                node.free += i64::from(node.sync_slots);
-                node.chain.block_executed(node.at(now));
+                node.block_executed(now);
             }
         }
-        dispatch(
-            &mut node,
-            &mut requests,
-            now,
-            node_config.block_exec,
-            &mut events,
-        );
-        node.chain.observe(node.at(now));
+        while let Some(job) = node.start_next(|r| requests[r].is_none()) {
+            let (ends, event) = match job {
+                Job::Rpc(job) => {
+                    let cost = requests[job].as_mut().map_or(Duration::ZERO, |r| {
+                        r.started = true;
+                        r.cost
+                    });
+                    (cost, Event::Served { job })
+                }
+                Job::Sync => (node_config.block_exec, Event::BlockExecuted),
+            };
+            events.push(Reverse((now + ends.as_nanos() as u64, event)));
+        }
+        node.observe(now);
     }
 
     let report = report(scenario, &recorders, &scheduled);
     let parties = scenario.parties();
-    let node = NodeSummary {
-        tip_lag_max_ms: (node.chain.lag_max().as_secs_f64() * 1e6).round() / 1e3,
-        tip_lost: node.chain.tip_lost(),
-        queue_max: node.queue_max,
-        inflight_max: node.inflight_max,
-        blocks_executed: node.chain.head(),
-        upstream: Some(Upstream::new(node.requests, node.unique.len() as u64)),
-        timeline: Vec::new(),
-    };
     let mut summary = Summary::from_report(
         &scenario.name,
         scenario.capacity_rps(),
         &report,
         &parties,
-        Some(node),
+        Some(node.summary()),
     );
     summary.mode = "sim";
     summary.swaps = swapped;
@@ -443,49 +376,6 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         })
         .collect();
     Ok(summary)
-}
-
-/// Starts whatever the FIFO head allows.
-fn dispatch(
-    node: &mut VirtualNode,
-    requests: &mut [Option<InFlight>],
-    now: u64,
-    block_exec: Duration,
-    events: &mut BinaryHeap<Reverse<(u64, Event)>>,
-) {
-    while let Some(job) = node.queue.front().copied() {
-        let needs = match job {
-            Job::Rpc { request } if requests[request].is_none() => {
-                // Its client gave up while it waited.
-                node.queue.pop_front();
-                continue;
-            }
-            Job::Rpc { .. } => 1,
-            Job::Sync => i64::from(node.sync_slots),
-        };
-        if node.free < needs {
-            break;
-        }
-        node.queue.pop_front();
-        node.free -= needs;
-        match job {
-            Job::Rpc { request } => {
-                node.rpc_waiting -= 1;
-                let cost = requests[request].as_mut().map_or(Duration::ZERO, |r| {
-                    r.started = true;
-                    r.cost
-                });
-                events.push(Reverse((
-                    now + cost.as_nanos() as u64,
-                    Event::Served { job: request },
-                )));
-            }
-            Job::Sync => events.push(Reverse((
-                now + block_exec.as_nanos() as u64,
-                Event::BlockExecuted,
-            ))),
-        }
-    }
 }
 
 /// Runs the request through each filter in order. `Err` is the local reply

@@ -27,9 +27,10 @@ struct Args {
     /// Time to execute one block, holding --sync-slots read slots.
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     block_exec: Duration,
-    /// Read slots one block execution holds.
-    #[arg(long, default_value_t = 4)]
-    sync_slots: u32,
+    /// Read slots one block execution holds [default: 4, or --read-slots
+    /// when that is fewer].
+    #[arg(long)]
+    sync_slots: Option<u32>,
     /// The tip counts as lost when the lag exceeds this many block intervals.
     #[arg(long, default_value_t = 3.0)]
     tip_lost_after: f64,
@@ -38,16 +39,20 @@ struct Args {
     threads: Option<usize>,
 }
 
+const DEFAULT_SYNC_SLOTS: u32 = 4;
+
 impl Args {
     fn config(&self) -> anyhow::Result<NodeConfig> {
         if self.read_slots == 0 {
             bail!("--read-slots must be at least 1");
         }
-        if self.sync_slots == 0 || self.sync_slots > self.read_slots {
+        let sync_slots = self
+            .sync_slots
+            .unwrap_or(DEFAULT_SYNC_SLOTS.min(self.read_slots));
+        if sync_slots == 0 || sync_slots > self.read_slots {
             bail!(
-                "--sync-slots must be between 1 and --read-slots ({}), got {}",
+                "--sync-slots must be between 1 and --read-slots ({}), got {sync_slots}",
                 self.read_slots,
-                self.sync_slots
             );
         }
         if self.block_interval < Duration::from_millis(10) {
@@ -61,7 +66,7 @@ impl Args {
             costs: CostTable::default().with_overrides(&self.costs)?,
             block_interval: self.block_interval,
             block_exec: self.block_exec,
-            sync_slots: self.sync_slots,
+            sync_slots,
             tip_lost_after_blocks: self.tip_lost_after,
         })
     }
@@ -117,4 +122,26 @@ async fn serve(args: Args, config: NodeConfig) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> anyhow::Result<NodeConfig> {
+        Args::try_parse_from(std::iter::once("rpc-node").chain(args.iter().copied()))?.config()
+    }
+
+    #[test]
+    fn the_defaults_hold_for_any_number_of_read_slots() {
+        assert_eq!(config(&[]).unwrap().sync_slots, 4);
+        assert_eq!(config(&["--read-slots", "1"]).unwrap().sync_slots, 1);
+        assert_eq!(config(&["--read-slots", "3"]).unwrap().sync_slots, 3);
+        assert_eq!(
+            config(&["--read-slots", "2", "--sync-slots", "3"])
+                .unwrap_err()
+                .to_string(),
+            "--sync-slots must be between 1 and --read-slots (2), got 3"
+        );
+    }
 }

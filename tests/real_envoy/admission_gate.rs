@@ -400,11 +400,14 @@ fn slots_of_a_vanished_worker_expire_after_the_stale_slot_ttl() {
         "inflight.default"
     ) >= 4));
     assert!(
-        eventually(TTL * 6, || http::post(&url, &[], CHAIN_ID).unwrap().status == 200),
+        eventually(TTL * 6, || http::post(&url, &[], CHAIN_ID).unwrap().status
+            == 200),
         "the slots never came back"
     );
     let recovered = vanished.elapsed();
-    eprintln!("slots recovered {recovered:?} after the worker vanished (TTL {TTL:?}, heartbeat 0.2 s)");
+    eprintln!(
+        "slots recovered {recovered:?} after the worker vanished (TTL {TTL:?}, heartbeat 0.2 s)"
+    );
     assert!(recovered >= TTL, "not before the TTL: {recovered:?}");
     assert!(eventually(Duration::from_secs(5), || stat(
         &envoy,

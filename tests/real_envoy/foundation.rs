@@ -3,7 +3,8 @@
 
 use serde_json::json;
 use stakegate_stack::{envoy, http, EnvoyBuilder};
-use stakegate_tests::node_behind_envoy;
+use stakegate_tests::{gate_filter, node_behind_envoy, node_behind_filter, qos_filter};
+use std::io::{Read, Write};
 
 #[test]
 fn json_rpc_round_trips_through_envoy() {
@@ -90,4 +91,39 @@ fn tempfile_dir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("stakegate-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+#[test]
+fn an_http_1_0_client_is_answered_by_every_shipped_config() {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#;
+    for (template, filter) in [
+        ("passthrough.yaml", None),
+        ("gate.yaml", Some(gate_filter(r#"{"maxInflight": 8}"#))),
+        ("qos.yaml", Some(qos_filter(r#"{"capacityRps": 100}"#))),
+    ] {
+        let (_node, envoy) = match filter {
+            Some(filter) => node_behind_filter(template, filter, &[]),
+            None => node_behind_envoy(template, &[]),
+        };
+        // No Host header, as HTTP/1.0 allows; the connection closes after.
+        let mut stream = std::net::TcpStream::connect(envoy.listener("public").unwrap()).unwrap();
+        write!(
+            stream,
+            "POST / HTTP/1.0\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(
+            answer.starts_with("HTTP/1.0 200") || answer.starts_with("HTTP/1.1 200"),
+            "{template}: {answer}"
+        );
+        let (_, reply) = answer.split_once("\r\n\r\n").unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(reply).unwrap(),
+            json!({"jsonrpc":"2.0","id":1,"result":"0x1"}),
+            "{template}"
+        );
+    }
 }

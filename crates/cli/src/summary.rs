@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 use stakegate_core::qos::fair::{self, Claim};
-use stakegate_loadgen::report::Second;
+use stakegate_loadgen::report::{LatencySummary, Second};
 use stakegate_loadgen::Report;
 use std::collections::BTreeMap;
 
@@ -20,6 +20,16 @@ pub struct Latency {
     pub p50: f64,
     pub p99: f64,
     pub max: f64,
+}
+
+impl Latency {
+    fn of(l: &LatencySummary) -> Self {
+        Self {
+            p50: l.p50,
+            p99: l.p99,
+            max: l.max,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -41,6 +51,9 @@ pub struct ClientSummary {
     pub status_counts: BTreeMap<String, u64>,
     /// Latency of this client's admitted requests.
     pub latency_ms: Latency,
+    /// How soon this client's rejected requests (429, 503) were answered,
+    /// from when they were sent.
+    pub rejected_latency_ms: Latency,
     /// Admitted, rejected and failed requests per second of the run, by
     /// the second they came due.
     pub timeline: Vec<Second>,
@@ -426,11 +439,8 @@ impl Summary {
                 fair_share: shares.fair[i],
                 public: p.public,
                 status_counts: c.status.clone(),
-                latency_ms: Latency {
-                    p50: c.latency_ms.ok.p50,
-                    p99: c.latency_ms.ok.p99,
-                    max: c.latency_ms.ok.max,
-                },
+                latency_ms: Latency::of(&c.latency_ms.ok),
+                rejected_latency_ms: Latency::of(&c.latency_ms.rejected_service),
                 timeline: c.timeline.clone(),
             })
             .collect();
@@ -442,11 +452,7 @@ impl Summary {
             offered_rps: round(clients.iter().map(|c| c.offered_rps).sum()),
             admitted_rps: round(admitted.iter().sum::<u64>() as f64 / duration),
             status_counts: report.status.clone(),
-            latency_ms: Latency {
-                p50: report.latency_ms.ok.p50,
-                p99: report.latency_ms.ok.p99,
-                max: report.latency_ms.ok.max,
-            },
+            latency_ms: Latency::of(&report.latency_ms.ok),
             max_share_error_pp: shares.max_error_pp,
             fill: shares.fill,
             steady_from_s: steady_seconds(report.duration_s).start as f64,

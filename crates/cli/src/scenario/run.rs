@@ -60,6 +60,19 @@ pub struct RunArgs {
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let (scenario, summary) = run_and_record(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print!("{}", crate::sim::table(&scenario, &summary));
+    }
+    Ok(())
+}
+
+/// Runs the scenario `args` name and writes its results to `--out`;
+/// returns the scenario as run (`--no-filters` and `--duration` applied)
+/// and its summary.
+pub fn run_and_record(args: &RunArgs) -> anyhow::Result<(Scenario, Summary)> {
     let mut scenario = Scenario::load(&super::resolve(&args.scenario))?;
     if args.no_filters {
         scenario.filters.clear();
@@ -109,12 +122,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     for path in plot::draw(&summary, &out)? {
         eprintln!("plot written to {}", path.display());
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
-    } else {
-        print!("{}", crate::sim::table(&scenario, &summary));
-    }
-    Ok(())
+    Ok((scenario, summary))
 }
 
 fn say(what: &str) {

@@ -20,8 +20,15 @@ struct Counts {
     leases: u64,
 }
 
+/// How a counter reads its count.
+type Count = fn(&Counts) -> u64;
+
+/// How a gauge reads its value: from the shared state and the refill
+/// interval in ms.
+type Gauge = fn(&QosState, u64) -> u64;
+
 /// Counters: name, and the count it reports.
-const COUNTERS: &[(&str, fn(&Counts) -> u64)] = &[
+const COUNTERS: &[(&str, Count)] = &[
     ("throttled_concurrency", |c| c.throttled_concurrency),
     ("rounds", |c| c.rounds),
     ("cas_retries", |c| c.cas_retries),
@@ -30,9 +37,8 @@ const COUNTERS: &[(&str, fn(&Counts) -> u64)] = &[
     ("leases", |c| c.leases),
 ];
 
-/// Gauges: name, and its value from the shared state and the refill
-/// interval in ms.
-const GAUGES: &[(&str, fn(&QosState, u64) -> u64)] = &[
+/// Gauges: name, and its value.
+const GAUGES: &[(&str, Gauge)] = &[
     ("throttling", |s, _| u64::from(s.throttling)),
     ("load_rps", |s, interval_ms| {
         s.load_rps(interval_ms).round() as u64

@@ -20,8 +20,9 @@
 //! refuses the admission (fail closed, so the limit stays exact) and keeps
 //! a finished request's slot as a local spare, handed back by a later
 //! heartbeat; stake QoS admits a request whose lease it cannot take (fail
-//! open: the gate still guards the node). Each filter counts these
-//! (`store_errors`).
+//! open: the gate still guards the node). Each filter counts retries and
+//! errors in a `StoreCounts` (`cas_retries`, `store_errors`), which also
+//! words each error's log line with what failed.
 
 use std::fmt;
 
@@ -71,6 +72,28 @@ pub enum StoreError {
     Layout(String),
     /// `MAX_ATTEMPTS` CAS mismatches in a row.
     Contended,
+}
+
+/// What a filter reports of its shared-data use, the same way in each:
+/// CAS retries, and store errors, each counted and logged with what failed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StoreCounts {
+    pub cas_retries: u64,
+    pub store_errors: u64,
+}
+
+impl StoreCounts {
+    pub fn retried(&mut self, n: u32) {
+        self.cas_retries += u64::from(n);
+    }
+
+    /// Counts a store error and gives the line for Envoy's log: what
+    /// failed, and why.
+    #[must_use = "the line belongs in Envoy's log"]
+    pub fn failed(&mut self, what: &str, e: &StoreError) -> String {
+        self.store_errors += 1;
+        format!("{what}: {e}")
+    }
 }
 
 impl fmt::Display for StoreError {

@@ -92,7 +92,9 @@ impl ReadSlots {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
     use std::sync::Arc;
+    use std::task::Poll;
 
     async fn until(mut condition: impl FnMut() -> bool) {
         for _ in 0..10_000 {
@@ -153,29 +155,24 @@ mod tests {
         let slots = Arc::new(ReadSlots::new(2));
         let held = slots.acquire_for_rpc().await;
         let held2 = slots.acquire_for_rpc().await;
-        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-
         let rpc = {
-            let (slots, order) = (slots.clone(), order.clone());
+            let slots = slots.clone();
             tokio::spawn(async move {
                 let _p = slots.acquire_for_rpc().await;
-                order.lock().unwrap().push("rpc");
             })
         };
         until(|| slots.queue_depth() == 1).await;
-        let sync = {
-            let (slots, order) = (slots.clone(), order.clone());
-            tokio::spawn(async move {
-                let _p = slots.acquire_for_sync(2).await;
-                order.lock().unwrap().push("sync");
-            })
-        };
-        tokio::task::yield_now().await;
+        // The sync loop's acquire joins the queue on its first poll.
+        let mut sync = std::pin::pin!(slots.acquire_for_sync(2));
+        let first = std::future::poll_fn(|cx| Poll::Ready(sync.as_mut().poll(cx))).await;
+        assert!(first.is_pending());
         drop(held);
         drop(held2);
+        // Had the sync loop been served first, it would hold both slots and
+        // the RPC waiter could not finish.
+        until(|| rpc.is_finished()).await;
         rpc.await.unwrap();
-        sync.await.unwrap();
-        assert_eq!(*order.lock().unwrap(), vec!["rpc", "sync"]);
+        assert_eq!(sync.await.num_permits(), 2);
     }
 
     #[tokio::test]

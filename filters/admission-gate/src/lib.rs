@@ -120,21 +120,17 @@ impl GateRoot {
         let metrics = GateMetrics::define()?;
         let heartbeat = Duration::from_millis(policy.heartbeat_ms);
         let now_ms = now_ms();
-        let mut gate = InflightGate::new(policy, now_ms ^ (u64::from(self.context_id) << 32));
-        // Joining now gives this worker its shard before traffic arrives; if
-        // the store is unavailable, the first request joins instead.
-        if let Err(e) = gate.join(&EnvoyStore, now_ms) {
-            log(
-                LogLevel::Warn,
-                &format!("joining the shared slot table: {e}"),
-            );
-        }
+        let gate = InflightGate::new(policy, now_ms ^ (u64::from(self.context_id) << 32));
+        let mut core = GateWorker::new(gate);
+        core.join(&EnvoyStore, now_ms);
         self.set_tick_period(heartbeat);
-        self.worker = Some(Rc::new(RefCell::new(Worker {
-            core: GateWorker::new(gate),
+        let mut worker = Worker {
+            core,
             metrics,
             held: Vec::new(),
-        })));
+        };
+        worker.log();
+        self.worker = Some(Rc::new(RefCell::new(worker)));
         Ok(())
     }
 }

@@ -84,7 +84,7 @@ impl Context for QosRoot {
                 queue,
             } = &mut *worker;
             if let Err(e) = qos.flush(queue) {
-                log(LogLevel::Warn, &format!("last report: {e}"));
+                log(LogLevel::Warn, &metrics.store().failed("last report", &e));
             }
             metrics.flush(qos.state(), qos.policy().refill_interval_ms);
         }
@@ -111,14 +111,11 @@ impl RootContext for QosRoot {
             Ok(tick) => {
                 if let Some(round) = tick.round {
                     metrics.refill_took(now_us().saturating_sub(started));
-                    metrics.cas_retries(round.cas_retries);
+                    metrics.store().retried(round.cas_retries);
                     metrics.evicted(round.evicted);
                 }
             }
-            Err(e) => {
-                metrics.store_error();
-                log(LogLevel::Warn, &format!("tick: {e}"));
-            }
+            Err(e) => log(LogLevel::Warn, &metrics.store().failed("tick", &e)),
         }
         metrics.flush(qos.state(), qos.policy().refill_interval_ms);
     }
@@ -160,11 +157,11 @@ impl QosStream {
             store_error,
         } = qos.admit(&EnvoyStore, now_ms(), &identity);
         metrics.leased(leased);
-        metrics.cas_retries(cas_retries);
+        metrics.store().retried(cas_retries);
         metrics.evicted(u64::from(evicted));
         if let Some(e) = store_error {
-            metrics.store_error();
-            log(LogLevel::Warn, &format!("admitted without a token: {e}"));
+            let line = metrics.store().failed("admitted without a token", &e);
+            log(LogLevel::Warn, &line);
         }
         match verdict {
             Verdict::Admit(ticket) => {

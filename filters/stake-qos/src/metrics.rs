@@ -7,6 +7,7 @@
 
 use proxy_wasm::types::MetricType;
 use stakegate_core::qos::state::QosState;
+use stakegate_core::shared::StoreCounts;
 use stakegate_glue::metrics::{self, add, set};
 
 /// What requests and ticks counted since the last flush.
@@ -14,8 +15,7 @@ use stakegate_glue::metrics::{self, add, set};
 struct Counts {
     throttled_concurrency: u64,
     rounds: u64,
-    cas_retries: u64,
-    store_errors: u64,
+    store: StoreCounts,
     evicted: u64,
     leases: u64,
 }
@@ -31,8 +31,8 @@ type Gauge = fn(&QosState, u64) -> u64;
 const COUNTERS: &[(&str, Count)] = &[
     ("throttled_concurrency", |c| c.throttled_concurrency),
     ("rounds", |c| c.rounds),
-    ("cas_retries", |c| c.cas_retries),
-    ("store_errors", |c| c.store_errors),
+    ("cas_retries", |c| c.store.cas_retries),
+    ("store_errors", |c| c.store.store_errors),
     ("evicted", |c| c.evicted),
     ("leases", |c| c.leases),
 ];
@@ -116,12 +116,9 @@ impl QosMetrics {
         self.counts.throttled_concurrency += u64::from(concurrency);
     }
 
-    pub fn cas_retries(&mut self, n: u32) {
-        self.counts.cas_retries += u64::from(n);
-    }
-
-    pub fn store_error(&mut self) {
-        self.counts.store_errors += 1;
+    /// CAS retries and store errors, counted as the gate counts them.
+    pub fn store(&mut self) -> &mut StoreCounts {
+        &mut self.counts.store
     }
 
     /// A request touched shared data for a lease.

@@ -37,7 +37,7 @@ use crate::gate::shards::{SlotKind, Totals};
 use crate::gate::{slot_of, Admission, Decision, Heartbeat, InflightGate, Taken, Ticket};
 use crate::rejection::{json_rpc_error_body, Rejection, INVALID_REQUEST};
 use crate::request::RequestFacts;
-use crate::shared::SharedStore;
+use crate::shared::{SharedStore, StoreCounts, StoreError};
 use crate::websocket::{FrameReader, Side};
 
 /// What the glue knows about a request when its headers arrive.
@@ -160,8 +160,7 @@ pub struct Counts {
     /// Requests whose body reached the gate in pieces (no buffer filter in
     /// front of it).
     pub bodies_streamed: u64,
-    pub cas_retries: u64,
-    pub store_errors: u64,
+    pub store: StoreCounts,
     pub expired_slots: u64,
     pub dedup: DedupCounts,
 }
@@ -199,13 +198,13 @@ impl GateWorker {
         std::mem::take(&mut self.log)
     }
 
-    fn note_store_error(&mut self, what: &str, e: impl std::fmt::Display) {
-        self.counts.store_errors += 1;
-        self.log.push(format!("{what}: {e}"));
+    fn note_store_error(&mut self, what: &str, e: &StoreError) {
+        let line = self.counts.store.failed(what, e);
+        self.log.push(line);
     }
 
     fn taken(&mut self, taken: &Taken) {
-        self.counts.cas_retries += u64::from(taken.cas_retries);
+        self.counts.store.retried(taken.cas_retries);
         if let Some(e) = &taken.store_error {
             self.note_store_error("admission failed closed", e);
         }
@@ -224,9 +223,9 @@ impl GateWorker {
             store_error,
             ..
         } = self.gate.admit(store, now, class, upgrade);
-        self.counts.cas_retries += u64::from(cas_retries);
+        self.counts.store.retried(cas_retries);
         if let Some(e) = store_error {
-            self.note_store_error("admission failed closed", e);
+            self.note_store_error("admission failed closed", &e);
         }
         match decision {
             Decision::Admit(ticket) => {
@@ -260,10 +259,10 @@ impl GateWorker {
             match dedup.sweep(store, vm, now_ms) {
                 Ok(sweep) => {
                     self.counts.dedup.purged += sweep.purged;
-                    self.counts.cas_retries += u64::from(sweep.cas_retries);
+                    self.counts.store.retried(sweep.cas_retries);
                     entries = Some(sweep.entries);
                 }
-                Err(e) => self.note_store_error("dedup sweep", e),
+                Err(e) => self.note_store_error("dedup sweep", &e),
             }
         }
         let totals = match self.gate.heartbeat(store, now_ms) {
@@ -272,7 +271,7 @@ impl GateWorker {
                 expired_slots,
                 cas_retries,
             }) => {
-                self.counts.cas_retries += u64::from(cas_retries);
+                self.counts.store.retried(cas_retries);
                 self.counts.expired_slots += expired_slots;
                 if expired_slots > 0 {
                     self.log.push(format!(
@@ -282,11 +281,19 @@ impl GateWorker {
                 Some(totals)
             }
             Err(e) => {
-                self.note_store_error("heartbeat", e);
+                self.note_store_error("heartbeat", &e);
                 None
             }
         };
         (totals, entries)
+    }
+
+    /// Takes this worker's shard before traffic arrives; if the store is
+    /// unavailable, the first request joins instead.
+    pub fn join(&mut self, store: &impl SharedStore, now_ms: u64) {
+        if let Err(e) = self.gate.join(store, now_ms) {
+            self.note_store_error("joining the shared slot table", &e);
+        }
     }
 
     /// The plugin is being deleted: spare slots go back at once.
@@ -296,7 +303,7 @@ impl GateWorker {
             Ok(held) => self.log.push(format!(
                 "leaving with {held} slots still held; they expire with the stale-slot TTL"
             )),
-            Err(e) => self.note_store_error("leaving the slot table", e),
+            Err(e) => self.note_store_error("leaving the slot table", &e),
         }
     }
 }
@@ -567,9 +574,9 @@ impl GateStream {
                     match dedup.complete(store, pending, now.ms()) {
                         Ok((purged, retries)) => {
                             w.counts.dedup.purged += purged;
-                            w.counts.cas_retries += u64::from(retries);
+                            w.counts.store.retried(retries);
                         }
-                        Err(e) => w.note_store_error("dedup completion", e),
+                        Err(e) => w.note_store_error("dedup completion", &e),
                     }
                 }
                 w.release(request.ticket);
@@ -629,11 +636,11 @@ impl HttpRequest {
         let checked = match dedup.check(store, &keyed, vm, now.ms()) {
             Ok(checked) => checked,
             Err(e) => {
-                w.note_store_error("dedup check passed a request", e);
+                w.note_store_error("dedup check passed a request", &e);
                 return OnBody::Continue;
             }
         };
-        w.counts.cas_retries += u64::from(checked.cas_retries);
+        w.counts.store.retried(checked.cas_retries);
         w.counts.dedup.purged += checked.purged;
         match checked.verdict {
             Verdict::Send(pending) => {
@@ -1032,5 +1039,45 @@ mod tests {
         }
         assert_eq!(w.counts.bodies_streamed, 2);
         assert_eq!(w.take_log().len(), 1);
+    }
+
+    /// Shared data that refuses every call.
+    struct Refusing;
+
+    impl SharedStore for Refusing {
+        fn load(&self, _: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+            Err(StoreError::Host("refused".into()))
+        }
+
+        fn store(
+            &self,
+            _: &str,
+            _: &[u8],
+            _: Option<u32>,
+        ) -> Result<crate::shared::Write, StoreError> {
+            Err(StoreError::Host("refused".into()))
+        }
+    }
+
+    #[test]
+    fn a_failing_store_fails_closed_and_is_counted_and_logged_each_time() {
+        let mut w = worker(r#"{"maxInflight": 8}"#, 1);
+        w.join(&Refusing, 0);
+        let mut stream = GateStream::default();
+        let refused = stream.headers(&mut w, &Refusing, &mut Now::fixed(0), &mut Public, GET);
+        assert!(matches!(refused, OnHeaders::Refuse(r) if r.status == Rejection::OVERLOADED));
+        assert_eq!(w.tick(&Refusing, 1000), (None, None));
+        assert_eq!(w.counts.store.store_errors, 3);
+        let log = w.take_log();
+        assert_eq!(log.len(), 3, "{log:?}");
+        for (line, what) in log
+            .iter()
+            .zip(["joining", "admission failed closed", "heartbeat"])
+        {
+            assert!(
+                line.starts_with(what) && line.ends_with("refused"),
+                "{line}"
+            );
+        }
     }
 }

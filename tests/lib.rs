@@ -64,7 +64,32 @@ pub fn node_behind_filter(
     filter: FilterConfig,
     node_args: &[&str],
 ) -> (RpcNode, Envoy) {
-    start_behind(EnvoyBuilder::new(template).filter(filter), node_args)
+    node_behind_filters(template, vec![filter], node_args)
+}
+
+/// rpc-node with `node_args` behind Envoy started from `template` with
+/// every one of `filters` loaded through ECDS, at `--concurrency 2`.
+pub fn node_behind_filters(
+    template: &str,
+    filters: Vec<FilterConfig>,
+    node_args: &[&str],
+) -> (RpcNode, Envoy) {
+    let builder = filters
+        .into_iter()
+        .fold(EnvoyBuilder::new(template), EnvoyBuilder::filter);
+    start_behind(builder, node_args)
+}
+
+/// A shipped example policy (`policies/NAME.example.json`) with `changes`
+/// made to its top-level fields.
+pub fn example_policy(name: &str, changes: serde_json::Value) -> String {
+    let path = stakegate_stack::paths::project_root().join(format!("policies/{name}.example.json"));
+    let mut policy: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for (field, value) in changes.as_object().expect("changes are an object") {
+        policy[field] = value.clone();
+    }
+    policy.to_string()
 }
 
 /// rpc-node behind Envoy's gate config (public and internal listeners) with

@@ -50,10 +50,7 @@ fn hold_a_slot(url: String) -> std::thread::JoinHandle<u16> {
 
 #[test]
 fn the_gate_config_validates() {
-    let example = std::fs::read_to_string(
-        stakegate_stack::paths::project_root().join("policies/admission-gate.example.json"),
-    )
-    .unwrap();
+    let example = stakegate_tests::example_policy("admission-gate", serde_json::json!({}));
     let builder = EnvoyBuilder::new("gate.yaml")
         .var("RPC_NODE_HOST", "127.0.0.1")
         .var("RPC_NODE_PORT", 8545)

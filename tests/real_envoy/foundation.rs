@@ -3,7 +3,7 @@
 
 use serde_json::json;
 use stakegate_stack::{envoy, http, EnvoyBuilder};
-use stakegate_tests::{gate_filter, node_behind_envoy, node_behind_filter, qos_filter};
+use stakegate_tests::{gate_filter, node_behind_envoy, node_behind_filters, qos_filter};
 use std::io::{Read, Write};
 
 #[test]
@@ -96,15 +96,15 @@ fn tempfile_dir() -> std::path::PathBuf {
 #[test]
 fn an_http_1_0_client_is_answered_by_every_shipped_config() {
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#;
-    for (template, filter) in [
-        ("passthrough.yaml", None),
-        ("gate.yaml", Some(gate_filter(r#"{"maxInflight": 8}"#))),
-        ("qos.yaml", Some(qos_filter(r#"{"capacityRps": 100}"#))),
+    let gate = || gate_filter(r#"{"maxInflight": 8}"#);
+    let qos = || qos_filter(r#"{"capacityRps": 100}"#);
+    for (template, filters) in [
+        ("passthrough.yaml", vec![]),
+        ("gate.yaml", vec![gate()]),
+        ("qos.yaml", vec![qos()]),
+        ("gateway.yaml", vec![qos(), gate()]),
     ] {
-        let (_node, envoy) = match filter {
-            Some(filter) => node_behind_filter(template, filter, &[]),
-            None => node_behind_envoy(template, &[]),
-        };
+        let (_node, envoy) = node_behind_filters(template, filters, &[]);
         // No Host header, as HTTP/1.0 allows; the connection closes after.
         let mut stream = std::net::TcpStream::connect(envoy.listener("public").unwrap()).unwrap();
         write!(

@@ -6,6 +6,7 @@ mod admission_gate;
 mod deploy;
 mod failure_mode;
 mod foundation;
+mod gateway;
 mod hostile;
 mod loadgen;
 mod retry_storm;

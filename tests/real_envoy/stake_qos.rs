@@ -10,11 +10,10 @@ use std::time::Duration;
 const CALL: &str = r#"{"jsonrpc":"2.0","id":1,"method":"eth_call"}"#;
 
 fn example_policy(capacity_rps: u32) -> String {
-    let path = stakegate_stack::paths::project_root().join("policies/stake-qos.example.json");
-    let mut policy: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    policy["capacityRps"] = capacity_rps.into();
-    policy.to_string()
+    stakegate_tests::example_policy(
+        "stake-qos",
+        serde_json::json!({ "capacityRps": capacity_rps }),
+    )
 }
 
 fn node_behind_qos(policy: &str) -> (RpcNode, Envoy) {

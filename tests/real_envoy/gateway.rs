@@ -1,0 +1,221 @@
+//! The whole gateway (`envoy-config/gateway.yaml`): stake QoS, then the
+//! admission gate with dedup, then the router, in one real Envoy.
+
+use serde_json::json;
+use stakegate_loadgen::ClientSpec;
+use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder};
+use stakegate_tests::{
+    client, eventually, example_policy, gate_filter, load_h2, node_behind_filters, qos_filter,
+    websocket,
+};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+const ANSWER: &str = r#"{"jsonrpc":"2.0","id":1,"result":"0x1"}"#;
+
+fn stat(envoy: &Envoy, name: &str) -> i64 {
+    envoy
+        .stat(&format!("wasmcustom.stakegate.{name}"))
+        .unwrap_or(0)
+}
+
+/// A node that speaks HTTP/1.1 only, as some do: it answers every request
+/// with `ANSWER`, anything else with 505 and a closed connection, and keeps
+/// every request's head (lowercased) for the test to read.
+fn http_1_1_only_node() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let kept = heads.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let kept = kept.clone();
+            std::thread::spawn(move || serve_http_1_1(stream, &kept));
+        }
+    });
+    (addr, heads)
+}
+
+fn serve_http_1_1(stream: TcpStream, heads: &Mutex<Vec<String>>) {
+    let mut writer = stream.try_clone().unwrap();
+    let mut reader = BufReader::new(stream);
+    loop {
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            if line == "\r\n" {
+                break;
+            }
+            head.push_str(&line.to_ascii_lowercase());
+        }
+        if !head.lines().next().unwrap_or("").ends_with("http/1.1") {
+            let _ = writer.write_all(b"HTTP/1.1 505 HTTP Version Not Supported\r\n\r\n");
+            return;
+        }
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0);
+        let mut body = vec![0; length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        heads.lock().unwrap().push(head);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{ANSWER}",
+            ANSWER.len()
+        );
+        if writer.write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+#[test]
+fn the_gateway_reaches_an_http_1_1_node_without_the_clients_key_or_a_claimed_class() {
+    let (node, heads) = http_1_1_only_node();
+    let envoy = EnvoyBuilder::new("gateway.yaml")
+        .filter(qos_filter(&example_policy("stake-qos", json!({}))))
+        .filter(gate_filter(&example_policy("admission-gate", json!({}))))
+        .var("RPC_NODE_HOST", node.ip())
+        .var("RPC_NODE_PORT", node.port())
+        .start()
+        .unwrap();
+    let answer = http::post(
+        &envoy.url("public").unwrap(),
+        &[
+            ("x-api-key", "key-stake-10"),
+            ("x-stakegate-class", "priority"),
+        ],
+        r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#,
+    )
+    .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(
+        answer.json().unwrap(),
+        json!({"jsonrpc":"2.0","id":1,"result":"0x1"})
+    );
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(
+        !heads[0].contains("x-api-key"),
+        "the key reached the node: {}",
+        heads[0]
+    );
+    assert!(!heads[0].contains("x-stakegate-class"), "{}", heads[0]);
+    // QoS knew the client by its key; the gate saw a default request.
+    assert!(eventually(Duration::from_secs(5), || {
+        stat(&envoy, "qos.admitted.bronze") == 1 && stat(&envoy, "gate.admitted.default") == 1
+    }));
+    assert_eq!(stat(&envoy, "gate.admitted.priority"), 0);
+}
+
+/// One JSON-RPC call on `socket`, and its answer's `result`.
+fn call(socket: &mut tungstenite::WebSocket<TcpStream>, id: u32) -> serde_json::Value {
+    socket
+        .send(tungstenite::Message::text(format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_blockNumber"}}"#
+        )))
+        .unwrap();
+    loop {
+        if let tungstenite::Message::Text(text) = socket.read().unwrap() {
+            let answer: serde_json::Value = serde_json::from_str(&text).unwrap();
+            if answer["id"] == id {
+                return answer["result"].clone();
+            }
+        }
+    }
+}
+
+#[test]
+fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_keeps_websockets() {
+    const IN_FLIGHT: u64 = 8;
+    let (node, envoy) = node_behind_filters(
+        "gateway.yaml",
+        vec![
+            qos_filter(&example_policy("stake-qos", json!({ "capacityRps": 200 }))),
+            gate_filter(&example_policy(
+                "admission-gate",
+                json!({ "maxInflight": IN_FLIGHT, "reserved": 2, "dedup": {} }),
+            )),
+        ],
+        &["--read-slots", "64", "--cost", "eth_call=40ms"],
+    );
+    let mut socket = websocket(envoy.listener("public").unwrap());
+    assert!(
+        call(&mut socket, 1).is_string(),
+        "a WebSocket through QoS and the gate"
+    );
+
+    let internal_url = envoy.url("internal").unwrap();
+    // Real traffic: every call its own params, so dedup passes them.
+    let flood = |id: &str| ClientSpec {
+        unique_params: true,
+        ..client(id, 400.0, "eth_call", 100_000)
+    };
+    let clients = vec![
+        ClientSpec {
+            api_key: Some("key-stake-10".into()),
+            ..flood("staked")
+        },
+        // Another address than the WebSocket's, so another identity.
+        ClientSpec {
+            source: Some("127.0.0.2".parse().unwrap()),
+            ..flood("unstaked")
+        },
+        ClientSpec {
+            target: Some(internal_url),
+            ..client("internal", 20.0, "eth_call", 4)
+        },
+    ];
+    let report = loadgen::run(&load_h2(
+        &envoy.url("public").unwrap(),
+        clients,
+        Duration::from_secs(4),
+        2,
+    ))
+    .unwrap();
+    for c in &report.clients {
+        eprintln!("{}: sent {} {:?}", c.header.id, c.header.sent, c.status);
+    }
+    for id in ["staked", "unstaked"] {
+        let c = report.client(id).unwrap();
+        let answered = c.count("200") + c.count("429") + c.count("503");
+        assert_eq!(
+            answered, c.header.sent,
+            "{id}: only 200, 429 or 503: {:?}",
+            c.status
+        );
+    }
+    assert!(eventually(Duration::from_secs(5), || stat(
+        &envoy,
+        "qos.throttled.unstaked"
+    ) > 0));
+    assert!(
+        report.count("503") > 0,
+        "the gate shed what QoS let through"
+    );
+    let internal = report.client("internal").unwrap();
+    assert_eq!(
+        internal.count("200"),
+        internal.header.sent,
+        "{:?}",
+        internal.status
+    );
+
+    let at_node = node.metrics().unwrap()["inflight_max"].as_u64().unwrap();
+    assert!(
+        at_node <= IN_FLIGHT + 4 + 1,
+        "the gate's limit, internal calls and the socket: {at_node}"
+    );
+    assert!(
+        call(&mut socket, 2).is_string(),
+        "the WebSocket outlived the flood"
+    );
+}

@@ -80,7 +80,7 @@ pub fn node_behind_filters(
     start_behind(builder, node_args)
 }
 
-/// A shipped example policy (`policies/NAME.example.json`) with `changes`
+/// A shipped example policy (`NAME.example.json` under policies/) with `changes`
 /// made to its top-level fields.
 pub fn example_policy(name: &str, changes: serde_json::Value) -> String {
     let path = stakegate_stack::paths::project_root().join(format!("policies/{name}.example.json"));

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 use stakegate_loadgen::ClientSpec;
-use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder};
+use stakegate_stack::{http, loadgen, paths, Envoy, EnvoyBuilder, RpcNode};
 use stakegate_tests::{
     client, eventually, example_policy, gate_filter, load_h2, node_behind_filters, qos_filter,
     websocket,
@@ -217,5 +217,94 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
     assert!(
         call(&mut socket, 2).is_string(),
         "the WebSocket outlived the flood"
+    );
+}
+
+#[test]
+fn init_writes_a_gateway_that_envoy_starts_and_deploy_then_changes() {
+    let node = RpcNode::start::<&str>(&[]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = paths::project_root();
+    let module = |name: &str| paths::wasm_module(name).unwrap();
+    let stakegate = || std::process::Command::new(paths::tool("stakegate").unwrap());
+    let init = || {
+        stakegate()
+            .arg("init")
+            .arg("--dir")
+            .arg(dir.path())
+            .args(["--node", &format!("http://{}", node.addr())])
+            .args([
+                "--public-port",
+                "0",
+                "--internal-port",
+                "0",
+                "--admin",
+                "127.0.0.1:0",
+            ])
+            .arg("--gate-module")
+            .arg(module("admission_gate"))
+            .arg("--gate-policy")
+            .arg(root.join("policies/admission-gate.example.json"))
+            .arg("--qos-module")
+            .arg(module("stake_qos"))
+            .arg("--qos-policy")
+            .arg(root.join("policies/stake-qos.example.json"))
+            .output()
+            .unwrap()
+    };
+    let first = init();
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let envoy = EnvoyBuilder::new(dir.path().join("envoy.yaml"))
+        .start()
+        .unwrap();
+    let answer = http::post(
+        &envoy.url("public").unwrap(),
+        &[("x-api-key", "key-stake-10")],
+        r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#,
+    )
+    .unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(eventually(Duration::from_secs(5), || {
+        stat(&envoy, "qos.admitted.bronze") == 1 && stat(&envoy, "gate.admitted.default") == 1
+    }));
+
+    let policy = dir.path().join("gate.json");
+    std::fs::write(&policy, r#"{"maxInflight": 4}"#).unwrap();
+    let deployed = stakegate()
+        .arg("deploy")
+        .args(["--filter", "admission-gate", "--admin", envoy.admin_url()])
+        .arg("--dir")
+        .arg(dir.path())
+        .arg("--module")
+        .arg(module("admission_gate"))
+        .arg("--policy")
+        .arg(&policy)
+        .output()
+        .unwrap();
+    assert!(
+        deployed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deployed.stderr)
+    );
+    let history: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join(".stakegate/history/admission-gate.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let deployments = history["deployments"].as_array().unwrap();
+    assert_eq!(deployments.len(), 2, "init's config, then the deploy");
+    assert_eq!(deployments[0]["startup"], true);
+    assert_eq!(deployments[1]["policy"], r#"{"maxInflight": 4}"#);
+
+    let again = init();
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already initialised"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
     );
 }

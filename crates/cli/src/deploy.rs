@@ -418,24 +418,7 @@ pub fn deploy(args: &DeployArgs) -> anyhow::Result<()> {
 /// policies under load this way).
 pub fn deploy_policy(target: &Target, module: &Path, policy: &str) -> anyhow::Result<Deployment> {
     let live = Live::new(target)?;
-    let module_bytes =
-        std::fs::read(module).with_context(|| format!("reading {}", module.display()))?;
-    match stakegate_host::declared_filter(&module_bytes) {
-        Some(declared) if declared == target.filter => {}
-        declared => bail!(
-            "refused before touching Envoy: the module declares itself {}, not {}",
-            declared.map_or(
-                "no stakegate filter (it has no stakegate.filter section)".into(),
-                |d| format!("the {d} filter")
-            ),
-            target.filter
-        ),
-    }
-    let checked =
-        check(&module_bytes, policy.as_bytes()).context("refused before touching Envoy")?;
-    for warning in &checked.warnings {
-        eprintln!("warning: {warning}");
-    }
+    let module_bytes = validated(&target.filter, module, policy)?;
     let sha256 = sha256_hex(&module_bytes);
     let _lock = live.lock(LOCK_WAIT)?;
     live.store_module(&module_bytes, &sha256)?;
@@ -444,6 +427,44 @@ pub fn deploy_policy(target: &Target, module: &Path, policy: &str) -> anyhow::Re
     history.deployments.push(deployment.clone());
     live.save(&history)?;
     Ok(deployment)
+}
+
+/// Reads `module` and checks, before Envoy is touched, that it declares
+/// itself `filter` and loads with `policy` in the offline host (printing
+/// the policy's warnings); returns the module's bytes.
+fn validated(filter: &str, module: &Path, policy: &str) -> anyhow::Result<Vec<u8>> {
+    let bytes = std::fs::read(module).with_context(|| format!("reading {}", module.display()))?;
+    match stakegate_host::declared_filter(&bytes) {
+        Some(declared) if declared == filter => {}
+        declared => bail!(
+            "refused before touching Envoy: the module declares itself {}, not {filter}",
+            declared.map_or(
+                "no stakegate filter (it has no stakegate.filter section)".into(),
+                |d| format!("the {d} filter")
+            ),
+        ),
+    }
+    let checked = check(&bytes, policy.as_bytes()).context("refused before touching Envoy")?;
+    for warning in &checked.warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok(bytes)
+}
+
+/// The first config of `filter` in the ECDS directory `dir`, for Envoy to
+/// start with (`stakegate init`): the module validated as a deploy
+/// validates it, stored as a deploy stores it, and the filter's config and
+/// warm-up slot written under version 1. The first deploy records it as
+/// deployment 0, so `rollback` can return to it.
+pub fn first_config(dir: &Path, filter: &str, module: &Path, policy: &str) -> anyhow::Result<()> {
+    let live = Live {
+        dir: dir.to_path_buf(),
+        filter: filter.to_string(),
+    };
+    let bytes = validated(filter, module, policy)
+        .with_context(|| format!("{filter}: {}", module.display()))?;
+    let stored = live.store_module(&bytes, &sha256_hex(&bytes))?;
+    live.config(stored, policy).write_both(dir, "1")
 }
 
 pub fn rollback(args: &RollbackArgs) -> anyhow::Result<()> {

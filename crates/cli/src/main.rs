@@ -4,6 +4,7 @@ mod bench;
 mod check;
 mod demo;
 mod deploy;
+mod init;
 mod scenario;
 mod sim;
 mod summary;
@@ -19,6 +20,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Write a working gateway into a directory: Envoy's config (both filters) and their first ECDS files.
+    Init(init::InitArgs),
     /// Load a module with a policy in the offline host: ok, or the module's reason.
     Check(check::CheckArgs),
     /// Validate a module and policy offline, then swap them into a running Envoy (file-based ECDS).
@@ -71,6 +74,7 @@ fn main() -> std::process::ExitCode {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Check(args) => check::run(&args),
+        Command::Init(args) => init::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Deploy(args) => deploy::deploy(&args),
         Command::Rollback(args) => deploy::rollback(&args),

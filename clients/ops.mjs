@@ -1,0 +1,126 @@
+// The everyday operations of a dapp, done with a real client library
+// against one JSON-RPC endpoint, printed as one JSON document so that a run
+// through the gateway can be compared with a run straight at the node.
+//
+//   node ops.mjs viem|ethers HTTP_URL WS_URL
+//
+// The chain must be anvil's dev chain (its unlocked accounts send the
+// transaction). Exits non-zero, with the library's own error, if any
+// operation fails.
+
+import * as viem from "viem";
+import { anvil } from "viem/chains";
+import { JsonRpcProvider, WebSocketProvider } from "ethers";
+
+const [library, httpUrl, wsUrl] = process.argv.slice(2);
+// anvil's dev accounts 0 (sender), 1 (receiver) and 9 (never touched).
+const SENDER = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
+const RECEIVER = "0x70997970c51812dc3a010c7d01b50e20d4dc79c8";
+const IDLE = "0xa0ee7a142d267c1f36714e4a8f75612f20a79720";
+// The identity precompile answers a call with its input.
+const IDENTITY = "0x0000000000000000000000000000000000000004";
+const TIMEOUT_MS = 20_000;
+
+function within(promise, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what}: no answer in ${TIMEOUT_MS} ms`)), TIMEOUT_MS);
+  });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
+// Mines a block, then another every 100 ms, until `head` (a newHeads
+// subscription's first block) arrives: a subscription may not be in place
+// at the node yet when the library says it is. Bounded by TIMEOUT_MS.
+async function headAfterMining(head, mine) {
+  let arrived = false;
+  head.then(() => (arrived = true));
+  const deadline = Date.now() + TIMEOUT_MS;
+  while (!arrived && Date.now() < deadline) {
+    await mine();
+    await Promise.race([head, new Promise((r) => setTimeout(r, 100))]);
+  }
+  return within(head, "newHeads");
+}
+
+async function withViem() {
+  const client = viem.createPublicClient({ chain: anvil, transport: viem.http(httpUrl, { retryCount: 0 }) });
+  const batching = viem.createPublicClient({ chain: anvil, transport: viem.http(httpUrl, { batch: true, retryCount: 0 }) });
+  const wallet = viem.createWalletClient({ chain: anvil, transport: viem.http(httpUrl, { retryCount: 0 }) });
+  const out = {};
+  out.chainId = await client.getChainId();
+  out.blockNumber = Number(await client.getBlockNumber());
+  out.balance = (await client.getBalance({ address: IDLE })).toString();
+  out.call = (await client.call({ to: IDENTITY, data: "0x1234" })).data;
+  const hash = await wallet.sendTransaction({ account: SENDER, to: RECEIVER, value: 1n });
+  const receipt = await client.waitForTransactionReceipt({ hash, pollingInterval: 50 });
+  out.transaction = { status: receipt.status, blockNumber: Number(receipt.blockNumber) };
+  out.logs = (await client.getLogs({ fromBlock: 0n, toBlock: "latest" })).length;
+  const [chainId, blockNumber] = await Promise.all([batching.getChainId(), batching.getBlockNumber()]);
+  out.batch = [chainId, Number(blockNumber)];
+
+  const ws = viem.createPublicClient({ chain: anvil, transport: viem.webSocket(wsUrl, { retryCount: 0 }) });
+  out.ws = {
+    chainId: await ws.getChainId(),
+    blockNumber: Number(await ws.getBlockNumber()),
+    call: (await ws.call({ to: IDENTITY, data: "0x1234" })).data,
+  };
+  let resolveHead;
+  const head = new Promise((resolve) => (resolveHead = resolve));
+  const { unsubscribe } = await ws.transport.subscribe({
+    params: ["newHeads"],
+    onData: (data) => resolveHead(Number(data.result.number)),
+    onError: (e) => console.error(`viem newHeads: ${e}`),
+  });
+  out.ws.newHead = (await headAfterMining(head, () => client.request({ method: "evm_mine", params: [] }))) > out.ws.blockNumber;
+  await unsubscribe();
+  await ws.transport.getRpcClient().then((rpc) => rpc.close());
+  return out;
+}
+
+async function withEthers() {
+  const options = { staticNetwork: true, batchMaxCount: 1 };
+  const provider = new JsonRpcProvider(httpUrl, undefined, options);
+  const batching = new JsonRpcProvider(httpUrl, undefined, { staticNetwork: true, batchMaxCount: 10, batchStallTime: 20 });
+  const out = {};
+  out.chainId = Number((await provider.getNetwork()).chainId);
+  out.blockNumber = await provider.getBlockNumber();
+  out.balance = (await provider.getBalance(IDLE)).toString();
+  out.call = await provider.call({ to: IDENTITY, data: "0x1234" });
+  const signer = await provider.getSigner(SENDER);
+  const sent = await signer.sendTransaction({ to: RECEIVER, value: 1n });
+  const receipt = await sent.wait();
+  out.transaction = {
+    status: receipt.status === 1 ? "success" : "reverted",
+    blockNumber: receipt.blockNumber,
+  };
+  out.logs = (await provider.getLogs({ fromBlock: 0, toBlock: "latest" })).length;
+  const [chainId, blockNumber] = await Promise.all([batching.send("eth_chainId", []), batching.getBlockNumber()]);
+  out.batch = [Number(chainId), blockNumber];
+
+  const ws = new WebSocketProvider(wsUrl);
+  out.ws = {
+    chainId: Number((await ws.getNetwork()).chainId),
+    blockNumber: await ws.getBlockNumber(),
+    call: await ws.call({ to: IDENTITY, data: "0x1234" }),
+  };
+  const head = new Promise((resolve) => ws.once("block", (n) => resolve(n)));
+  out.ws.newHead = (await headAfterMining(head, () => provider.send("evm_mine", []))) > out.ws.blockNumber;
+  await ws.destroy();
+  provider.destroy();
+  batching.destroy();
+  return out;
+}
+
+const run = { viem: withViem, ethers: withEthers }[library];
+if (!run) {
+  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL (not ${library})`);
+  process.exit(2);
+}
+try {
+  console.log(JSON.stringify(await within(run(), library)));
+  process.exit(0);
+} catch (e) {
+  console.error(`${library}: ${e?.stack ?? e}`);
+  process.exit(1);
+}

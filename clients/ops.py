@@ -1,0 +1,90 @@
+"""The everyday operations of a dapp, done with web3.py against one JSON-RPC
+endpoint, printed as one JSON document (the same one ops.mjs prints for
+viem and ethers), so that a run through the gateway can be compared with a
+run straight at the node.
+
+    python ops.py HTTP_URL WS_URL
+
+The chain must be anvil's dev chain (its unlocked accounts send the
+transaction). Exits non-zero, with web3.py's own error, if any operation
+fails.
+"""
+
+import asyncio
+import json
+import sys
+import time
+
+from web3 import AsyncWeb3, Web3, WebSocketProvider
+
+# anvil's dev accounts 0 (sender), 1 (receiver) and 9 (never touched).
+SENDER = Web3.to_checksum_address("0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266")
+RECEIVER = Web3.to_checksum_address("0x70997970c51812dc3a010c7d01b50e20d4dc79c8")
+IDLE = Web3.to_checksum_address("0xa0ee7a142d267c1f36714e4a8f75612f20a79720")
+# The identity precompile answers a call with its input.
+IDENTITY = Web3.to_checksum_address("0x0000000000000000000000000000000000000004")
+TIMEOUT_S = 20
+
+
+def over_http(url):
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": TIMEOUT_S}))
+    out = {
+        "chainId": w3.eth.chain_id,
+        "blockNumber": w3.eth.block_number,
+        "balance": str(w3.eth.get_balance(IDLE)),
+        "call": "0x" + w3.eth.call({"to": IDENTITY, "data": "0x1234"}).hex(),
+    }
+    tx = w3.eth.send_transaction({"from": SENDER, "to": RECEIVER, "value": 1})
+    receipt = w3.eth.wait_for_transaction_receipt(tx, timeout=TIMEOUT_S, poll_latency=0.05)
+    out["transaction"] = {
+        "status": "success" if receipt["status"] == 1 else "reverted",
+        "blockNumber": receipt["blockNumber"],
+    }
+    out["logs"] = len(w3.eth.get_logs({"fromBlock": 0, "toBlock": "latest"}))
+    with w3.batch_requests() as batch:
+        batch.add(w3.eth.chain_id)
+        batch.add(w3.eth.block_number)
+        chain_id, block_number = batch.execute()
+    out["batch"] = [chain_id, block_number]
+    return w3, out
+
+
+async def over_websocket(url, mine):
+    async with AsyncWeb3(WebSocketProvider(url)) as w3:
+        out = {
+            "chainId": await w3.eth.chain_id,
+            "blockNumber": await w3.eth.block_number,
+            "call": "0x" + (await w3.eth.call({"to": IDENTITY, "data": "0x1234"})).hex(),
+        }
+        await w3.eth.subscribe("newHeads")
+        first = asyncio.ensure_future(w3.socket.process_subscriptions().__anext__())
+        # A subscription may not be in place at the node yet when the
+        # library says it is: mine until a head arrives (bounded).
+        deadline = time.monotonic() + TIMEOUT_S
+        while not first.done() and time.monotonic() < deadline:
+            mine()
+            await asyncio.wait({first}, timeout=0.1)
+        if not first.done():
+            first.cancel()
+            raise TimeoutError(f"newHeads: no head in {TIMEOUT_S} s")
+        out["newHead"] = first.result()["result"]["number"] > out["blockNumber"]
+        return out
+
+
+def main():
+    if len(sys.argv) != 3:
+        print("usage: python ops.py HTTP_URL WS_URL", file=sys.stderr)
+        return 2
+    http_url, ws_url = sys.argv[1:]
+    try:
+        w3, out = over_http(http_url)
+        out["ws"] = asyncio.run(over_websocket(ws_url, lambda: w3.provider.make_request("evm_mine", [])))
+    except Exception as e:  # the library's own error is the finding
+        print(f"web3.py: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -3,6 +3,7 @@
 // through the gateway can be compared with a run straight at the node.
 //
 //   node ops.mjs viem|ethers HTTP_URL WS_URL
+//   node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate   (see `overload`)
 //
 // The chain must be anvil's dev chain (its unlocked accounts send the
 // transaction). Exits non-zero, with the library's own error, if any
@@ -19,7 +20,7 @@ const RECEIVER = "0x70997970c51812dc3a010c7d01b50e20d4dc79c8";
 const IDLE = "0xa0ee7a142d267c1f36714e4a8f75612f20a79720";
 // The identity precompile answers a call with its input.
 const IDENTITY = "0x0000000000000000000000000000000000000004";
-const TIMEOUT_MS = 20_000;
+const TIMEOUT_MS = 60_000;
 
 function within(promise, what) {
   let timer;
@@ -112,9 +113,47 @@ async function withEthers() {
   return out;
 }
 
-const run = { viem: withViem, ethers: withEthers }[library];
-if (!run) {
-  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL (not ${library})`);
+// Overload (`node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate`):
+// one call, one batch of two, or `eth_getLogs [{}]` (which the test keeps in
+// flight, so that dedup refuses it), against an endpoint that refuses it,
+// with the library's default retries: what the caller is finally given, and
+// when.
+async function overload(url, what) {
+  const batch = what === "batch";
+  let call;
+  let close = () => {};
+  if (library === "viem") {
+    const client = viem.createPublicClient({ chain: anvil, transport: viem.http(url, { batch }) });
+    call = {
+      single: () => client.getBlockNumber(),
+      batch: () => Promise.all([client.getChainId(), client.getBlockNumber()]),
+      duplicate: () => client.request({ method: "eth_getLogs", params: [{}] }),
+    }[what];
+  } else {
+    // The chain is given, so that ethers does not also detect it (a refused
+    // eth_chainId makes it log and retry every second, forever).
+    const provider = new JsonRpcProvider(url, anvil.id, { staticNetwork: true, batchMaxCount: batch ? 10 : 1, batchStallTime: 20 });
+    call = {
+      single: () => provider.getBlockNumber(),
+      batch: () => Promise.all([provider.send("eth_chainId", []), provider.getBlockNumber()]),
+      duplicate: () => provider.send("eth_getLogs", [{}]),
+    }[what];
+    close = () => provider.destroy();
+  }
+  const started = Date.now();
+  try {
+    return { error: null, result: String(await call()), ms: Date.now() - started };
+  } catch (e) {
+    const error = `${e?.name ?? "Error"}: ${e?.shortMessage ?? e?.message ?? e}`.split("\n")[0].slice(0, 300);
+    return { error, ms: Date.now() - started };
+  } finally {
+    close();
+  }
+}
+
+const run = httpUrl === "overload" ? () => overload(wsUrl, process.argv[5]) : { viem: withViem, ethers: withEthers }[library];
+if (!["viem", "ethers"].includes(library) || !run) {
+  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate (not ${library})`);
   process.exit(2);
 }
 try {

@@ -4,6 +4,7 @@ viem and ethers), so that a run through the gateway can be compared with a
 run straight at the node.
 
     python ops.py HTTP_URL WS_URL
+    python ops.py overload HTTP_URL single|batch|duplicate   (see overload)
 
 The chain must be anvil's dev chain (its unlocked accounts send the
 transaction). Exits non-zero, with web3.py's own error, if any operation
@@ -71,9 +72,38 @@ async def over_websocket(url, mine):
         return out
 
 
+def overload(url, what):
+    """One call, one batch of two, or `eth_getLogs [{}]` (which the test
+    keeps in flight, so that dedup refuses it), against an endpoint that
+    refuses it, with web3.py's default retries: what the caller is finally
+    given, and when."""
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": TIMEOUT_S}))
+
+    def batch():
+        with w3.batch_requests() as b:
+            b.add(w3.eth.chain_id)
+            b.add(w3.eth.block_number)
+            return b.execute()
+
+    started = time.monotonic()
+    try:
+        result = {
+            "single": lambda: w3.eth.block_number,
+            "batch": batch,
+            "duplicate": lambda: w3.manager.request_blocking("eth_getLogs", [{}]),
+        }[what]()
+        error = None
+    except Exception as e:
+        result, error = None, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    return {"error": error, "result": str(result), "ms": round((time.monotonic() - started) * 1000)}
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "overload":
+        print(json.dumps(overload(sys.argv[2], sys.argv[3])))
+        return 0
     if len(sys.argv) != 3:
-        print("usage: python ops.py HTTP_URL WS_URL", file=sys.stderr)
+        print("usage: python ops.py HTTP_URL WS_URL, or python ops.py overload HTTP_URL single|batch|duplicate", file=sys.stderr)
         return 2
     http_url, ws_url = sys.argv[1:]
     try:

@@ -4,9 +4,11 @@
 //! straight at the node.
 
 use serde_json::{json, Value};
-use stakegate_stack::{paths, Anvil, Envoy, EnvoyBuilder};
-use stakegate_tests::{example_policy, gate_filter, qos_filter};
+use stakegate_stack::{paths, Anvil, Envoy, EnvoyBuilder, RpcNode};
+use stakegate_tests::{eventually, example_policy, gate_filter, qos_filter};
+use std::io::Write;
 use std::process::Command;
+use std::time::Duration;
 
 /// The gateway (`gateway.yaml`, both policies) in front of `anvil`.
 fn gateway(anvil: &Anvil) -> Envoy {
@@ -22,9 +24,8 @@ fn gateway(anvil: &Anvil) -> Envoy {
         .unwrap()
 }
 
-/// The command that runs `library`'s operations (clients/ops.*) against an
-/// HTTP and a WebSocket URL.
-fn library(name: &str, http: &str, ws: &str) -> Command {
+/// The command that runs `library`'s script (clients/ops.*) with `args`.
+fn library(name: &str, args: &[&str]) -> Command {
     let dir = paths::clients_dir().unwrap();
     let mut command = if name == "web3.py" {
         let mut c = Command::new(paths::project_root().join(".venv/bin/python"));
@@ -35,15 +36,17 @@ fn library(name: &str, http: &str, ws: &str) -> Command {
         c.arg(dir.join("ops.mjs")).arg(name);
         c
     };
-    command.args([http, ws]);
+    command.args(args);
     command
 }
+
+const LIBRARIES: [&str; 3] = ["web3.py", "viem", "ethers"];
 
 /// `library`'s operations against one endpoint, from one chain state:
 /// anvil is snapshotted before and reverted after, so runs compare.
 fn operations(anvil: &Anvil, name: &str, http: &str, ws: &str) -> Value {
     let snapshot = anvil.call("evm_snapshot", "[]").unwrap();
-    let output = library(name, http, ws).output().unwrap();
+    let output = library(name, &[http, ws]).output().unwrap();
     assert!(
         anvil
             .call("evm_revert", &format!("[{snapshot}]"))
@@ -66,7 +69,7 @@ fn web3py_viem_and_ethers_get_through_the_gateway_what_they_get_from_the_node() 
     let envoy = gateway(&anvil);
     let node = anvil.addr();
     let public = envoy.listener("public").unwrap();
-    for name in ["web3.py", "viem", "ethers"] {
+    for name in LIBRARIES {
         let direct = operations(
             &anvil,
             name,
@@ -90,4 +93,125 @@ fn web3py_viem_and_ethers_get_through_the_gateway_what_they_get_from_the_node() 
         assert_eq!(direct["transaction"]["status"], "success", "{name}");
         assert_eq!(direct["ws"]["newHead"], true, "{name}");
     }
+}
+
+/// Sends `body` to `addr` and never reads the answer: the request stays in
+/// flight until the socket is dropped.
+fn in_flight(addr: std::net::SocketAddr, body: &str) -> std::net::TcpStream {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        stream,
+        "POST / HTTP/1.1\r\nhost: rpc\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    stream
+}
+
+#[test]
+fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
+    // Two slots and dedup; the node takes two minutes over eth_getLogs.
+    // One Envoy worker, so that a slot given back is at once the next
+    // request's (with more, a worker's spare slot moves at its heartbeat).
+    // Nothing drains, so the gate's retry-after would grow to its cap: 2 s
+    // keeps the libraries that wait for it quick.
+    let node = RpcNode::start(&["--cost", "eth_getLogs=120s"]).unwrap();
+    let envoy = EnvoyBuilder::new("gateway.yaml")
+        .filter(qos_filter(&example_policy("stake-qos", json!({}))))
+        .filter(gate_filter(
+            r#"{"maxInflight": 2, "dedup": {}, "retryAfterMaxS": 2}"#,
+        ))
+        .var("RPC_NODE_HOST", node.addr().ip())
+        .var("RPC_NODE_PORT", node.addr().port())
+        .concurrency(1)
+        .start()
+        .unwrap();
+    let public = envoy.listener("public").unwrap();
+    let url = format!("http://{public}");
+    let at_node = |n: u64| {
+        eventually(Duration::from_secs(10), || {
+            node.metrics().is_ok_and(|m| m["inflight"] == n)
+        })
+    };
+    let answered = |class: &str| {
+        envoy
+            .stat(&format!("http.public.downstream_rq_{class}"))
+            .unwrap()
+    };
+    let mut table =
+        String::from("library | call | gateway's answer | attempts | given | after ms\n");
+    let mut run = |name: &str, what: &str, class: &str, expected: &[&str]| {
+        let before = answered(class);
+        let output = library(name, &["overload", &url, what]).output().unwrap();
+        assert!(
+            output.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let outcome: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{name} {what}: {e}: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+        let attempts = answered(class) - before;
+        table += &format!(
+            "{name} | {what} | {class} | {attempts} | {} | {}\n",
+            outcome["error"], outcome["ms"]
+        );
+        eprintln!("{table}");
+        let error = outcome["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name} {what}: an answer: {outcome}"));
+        // The caller is told the gateway's answer, in the library's words:
+        // the status, or the JSON-RPC error.
+        assert!(
+            expected.iter().any(|s| error.contains(s)),
+            "{name} {what}: {error}"
+        );
+        // Every library stops by itself (ethers' most is 12 attempts).
+        assert!(
+            (1..=12).contains(&attempts),
+            "{name} {what}: {attempts} attempts"
+        );
+    };
+
+    // Requests held at the node; each set is dropped before Envoy's 60 s
+    // route timeout could end it.
+    let hold = |params: &[String]| {
+        let held: Vec<_> = params
+            .iter()
+            .map(|p| {
+                in_flight(
+                    public,
+                    &format!(r#"{{"jsonrpc":"2.0","id":1,"method":"eth_getLogs","params":[{p}]}}"#),
+                )
+            })
+            .collect();
+        assert!(at_node(params.len() as u64));
+        held
+    };
+    // Dedup: the same eth_getLogs is in flight, so each is a duplicate.
+    let first = hold(&["{}".to_string()]);
+    for name in LIBRARIES {
+        // ethers reads `retry-after` as milliseconds: it retries a 429 at
+        // once, twelve times, and then says only that it gave up.
+        let given: &[&str] = match name {
+            "ethers" => &["exceeded maximum retry limit"],
+            _ => &["429", "LimitExceeded"],
+        };
+        run(name, "duplicate", "4xx", given);
+    }
+    drop(first);
+    // The gate: both slots held.
+    for (i, name) in LIBRARIES.iter().enumerate() {
+        assert!(at_node(0));
+        let _full = hold(&[format!(r#"{{"n":{i}}}"#), format!(r#"{{"n":{i},"m":1}}"#)]);
+        for what in ["single", "batch"] {
+            run(name, what, "5xx", &["503", "LimitExceeded"]);
+        }
+    }
+    let served = node.metrics().unwrap()["served"].clone();
+    assert_eq!(served, json!({}), "nothing got past the gateway");
 }

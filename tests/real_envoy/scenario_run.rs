@@ -89,3 +89,38 @@ fn a_client_150_ms_away_with_150_ms_requests_reaches_its_share() {
         .unwrap();
     assert!(p50 >= 300.0, "slow p50 {p50} ms");
 }
+
+#[test]
+fn the_whole_gateway_shares_by_stake_holds_the_tip_and_serves_internal_calls() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = scenario_run("gateway", "8s", out.path());
+    let status = summary["status_counts"].as_object().unwrap();
+    for (code, n) in status {
+        assert!(
+            ["200", "429", "503"].contains(&code.as_str()) || n == 0,
+            "only admitted, throttled or shed: {status:?}"
+        );
+    }
+    assert!(
+        status["429"].as_u64().unwrap() > 0,
+        "QoS throttled: {status:?}"
+    );
+    assert_eq!(summary["node"]["tip_lost"], false);
+    // The gate's limit (8) and the internal calls, which hold no slot.
+    assert!(summary["node"]["inflight_max"].as_u64().unwrap() <= 8 + 4);
+    let internal = client(&summary, "internal")["status_counts"]
+        .as_object()
+        .unwrap();
+    let sent: u64 = internal.values().map(|n| n.as_u64().unwrap()).sum();
+    assert!(sent >= 150, "{internal:?}");
+    assert_eq!(
+        internal["200"], sent,
+        "every internal call served: {internal:?}"
+    );
+    let admitted = |id: &str| client(&summary, id)["admitted_rps"].as_f64().unwrap();
+    assert!(
+        admitted("stake-40") > admitted("stake-20") && admitted("stake-20") > admitted("unstaked"),
+        "shares follow stake: {}",
+        summary["clients"]
+    );
+}

@@ -343,3 +343,19 @@ fn reactive_stake_qos_follows_the_node_down_within_two_seconds() {
         );
     }
 }
+
+#[test]
+fn the_whole_gateway_shares_by_stake_and_never_throttles_internal_calls() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("gateway.toml"), true)).unwrap();
+    assert_eq!(summary["node"]["tip_lost"], false);
+    // Internal calls skip QoS (the internal listener runs the gate only),
+    // and the gate never refuses them.
+    let internal = client(&summary, "internal");
+    assert_eq!(internal["status_counts"]["200"], 400, "{internal}");
+    let error = summary["max_share_error_pp"].as_f64().unwrap();
+    assert!(error < 3.0, "max share error {error} pp");
+    let rate = |id: &str| client(&summary, id)["admitted_rps"].as_f64().unwrap();
+    assert!(rate("stake-40") > rate("stake-30") && rate("stake-30") > rate("stake-20"));
+    assert!(rate("stake-20") > rate("stake-10") && rate("stake-10") > rate("unstaked"));
+}

@@ -177,9 +177,9 @@ fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<
     let mut clients = Vec::with_capacity(scenario.clients.len());
     let mut told = false;
     for client in &scenario.clients {
-        // Without filters (the passthrough config) there is no internal
-        // listener, and no class to tell traffic apart by.
-        let internal = client.internal && !scenario.filters.is_empty();
+        // Without the gate (the passthrough and QoS-only configs) there is
+        // no internal listener, and no class to tell traffic apart by.
+        let internal = client.internal && super::stack::has_internal_listener(scenario)?;
         let direct = stack
             .listener(internal)
             .with_context(|| format!("client {}", client.id))?;

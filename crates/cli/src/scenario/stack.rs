@@ -223,7 +223,7 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
             .collect(),
         node_url: format!("http://rpc-node:{NODE_PORT}"),
         public: format!("gateway:{PUBLIC_PORT}"),
-        internal: (template(&scenario)? == "gate.yaml").then(|| format!("gateway:{INTERNAL_PORT}")),
+        internal: has_internal_listener(&scenario)?.then(|| format!("gateway:{INTERNAL_PORT}")),
         admin_url: format!("http://gateway:{ADMIN_PORT}"),
         ecds_dir,
     };
@@ -297,10 +297,16 @@ fn template(scenario: &Scenario) -> anyhow::Result<&'static str> {
         [] => "passthrough.yaml",
         ["admission-gate"] => "gate.yaml",
         ["stake-qos"] => "qos.yaml",
+        ["stake-qos", "admission-gate"] => "gateway.yaml",
         _ => bail!(
-            "gateway.filters: real runs have Envoy configs for one filter (admission-gate or stake-qos) or none, not {names:?}"
+            "gateway.filters: real runs have Envoy configs for stake-qos then admission-gate (the whole gateway), either alone, or none; not {names:?}"
         ),
     })
+}
+
+/// Whether the scenario's config has an internal listener (the gate's).
+pub fn has_internal_listener(scenario: &Scenario) -> anyhow::Result<bool> {
+    Ok(matches!(template(scenario)?, "gate.yaml" | "gateway.yaml"))
 }
 
 fn filter_config(filter: &Filter, module: &Path) -> FilterConfig {

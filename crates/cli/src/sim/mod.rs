@@ -98,7 +98,8 @@ struct InFlight {
     method: usize,
     arrived: u64,
     cost: Duration,
-    ids: Vec<RequestId>,
+    /// The request's stream in each filter it went through: (filter, id).
+    ids: Vec<(usize, RequestId)>,
     /// The node is working on it (it holds a slot).
     started: bool,
     /// The client gave up; the node finishes it for nobody.
@@ -213,7 +214,8 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 let request = request(spec, client, name, n, attempt);
                 let worker = next_worker % scenario.workers;
                 next_worker += 1;
-                match through_filters(&mut hosts, worker, &request)? {
+                let chain = chain(scenario, spec.internal);
+                match through_filters(&mut hosts, &chain, worker, &request)? {
                     Err(reply) => {
                         let second = (now / 1_000_000_000) as usize;
                         recorders[client].record(
@@ -253,8 +255,8 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     continue;
                 };
                 waiting.abandoned = true;
-                for (host, id) in hosts.iter_mut().zip(std::mem::take(&mut waiting.ids)) {
-                    host.abort(id)?;
+                for (filter, id) in std::mem::take(&mut waiting.ids) {
+                    hosts[filter].abort(id)?;
                 }
                 let (client, started) = (waiting.client, waiting.started);
                 let (n, attempt, method) = (waiting.n, waiting.attempt, waiting.method);
@@ -284,8 +286,8 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     continue;
                 }
                 let latency = Duration::from_nanos(now - done.arrived);
-                for (host, id) in hosts.iter_mut().zip(done.ids) {
-                    host.finish(id, 200, latency)?;
+                for (filter, id) in done.ids {
+                    hosts[filter].finish(id, 200, latency)?;
                 }
                 let second = (done.arrived / 1_000_000_000) as usize;
                 let observed = latency + scenario.clients[done.client].latency;
@@ -378,20 +380,31 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
     Ok(summary)
 }
 
-/// Runs the request through each filter in order. `Err` is the local reply
-/// that stopped it; the filters before that one see their stream end.
+/// The filters a request goes through, by index: all of them on the public
+/// listener; on the internal one only the admission gate, as in
+/// envoy-config/gateway.yaml (internal calls are never throttled by QoS).
+fn chain(scenario: &Scenario, internal: bool) -> Vec<usize> {
+    (0..scenario.filters.len())
+        .filter(|&i| !internal || scenario.filters[i].name != "stake-qos")
+        .collect()
+}
+
+/// Runs the request through the filters of `chain` in order. `Err` is the
+/// local reply that stopped it; the filters before that one see their
+/// stream end.
 fn through_filters(
     hosts: &mut [Host],
+    chain: &[usize],
     worker: usize,
     request: &Request,
-) -> anyhow::Result<Result<Vec<RequestId>, LocalReply>> {
-    let mut ids = Vec::with_capacity(hosts.len());
-    for i in 0..hosts.len() {
-        match hosts[i].request(worker, request)? {
-            Reply::Continue(id) => ids.push(id),
+) -> anyhow::Result<Result<Vec<(usize, RequestId)>, LocalReply>> {
+    let mut ids = Vec::with_capacity(chain.len());
+    for &filter in chain {
+        match hosts[filter].request(worker, request)? {
+            Reply::Continue(id) => ids.push((filter, id)),
             Reply::LocalReply(reply) => {
-                for (host, id) in hosts.iter_mut().zip(ids) {
-                    host.finish(id, reply.status as u16, Duration::ZERO)?;
+                for (filter, id) in ids {
+                    hosts[filter].finish(id, reply.status as u16, Duration::ZERO)?;
                 }
                 return Ok(Err(reply));
             }

@@ -218,6 +218,11 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
         call(&mut socket, 2).is_string(),
         "the WebSocket outlived the flood"
     );
+    // QoS read both calls on the socket and charged them to its sender.
+    assert!(eventually(Duration::from_secs(5), || stat(
+        &envoy,
+        "qos.websocket.calls"
+    ) == 2));
 }
 
 #[test]

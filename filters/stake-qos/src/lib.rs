@@ -26,7 +26,8 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::qos::identity::{anonymous, identify};
 use stakegate_core::qos::policy::{Mode, QosPolicy};
 use stakegate_core::qos::report::QUEUE;
-use stakegate_core::qos::{Admission, Reason, StakeQos, Throttled, Ticket, Verdict};
+use stakegate_core::qos::{Admission, Connection, Reason, StakeQos, Throttled, Ticket, Verdict};
+use stakegate_core::websocket::{FrameReader, Side};
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf};
 use stakegate_glue::{now_ms, now_us, EnvoyQueue, EnvoyStore};
@@ -131,6 +132,7 @@ impl RootContext for QosRoot {
             ticket: None,
             charged: false,
             upstream_status: None,
+            upgraded: None,
         }))
     }
 }
@@ -141,9 +143,46 @@ struct QosStream {
     /// The body was looked at for a batch.
     charged: bool,
     upstream_status: Option<u32>,
+    /// An admitted upgrade: not in flight; a WebSocket's calls are read
+    /// from its client frames and charged.
+    upgraded: Option<(Connection, Option<FrameReader>)>,
 }
 
 impl QosStream {
+    /// An admitted request with more to come may be an upgrade (a
+    /// WebSocket): it leaves the requests in flight (`StakeQos::upgraded`).
+    /// One header read, for requests whose headers do not end them.
+    fn upgrade(&mut self) {
+        let Some(upgrade) = host::request_header("upgrade") else {
+            return;
+        };
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let mut worker = self.worker.borrow_mut();
+        let connection = worker.qos.upgraded(ticket);
+        let reader = upgrade
+            .eq_ignore_ascii_case("websocket")
+            .then(|| FrameReader::new(Side::Client));
+        self.upgraded = Some((connection, reader));
+    }
+
+    /// A piece of an upgraded stream's client data: the JSON-RPC calls it
+    /// completes are charged to the identity.
+    fn upgraded_data(&mut self, body_size: usize) {
+        let Some((connection, Some(reader))) = &mut self.upgraded else {
+            return;
+        };
+        let messages = reader.feed(&host::body(BodyOf::Request, 0, body_size));
+        let calls = messages.requests + messages.notifications;
+        if calls > 0 {
+            if let Ok(mut worker) = self.worker.try_borrow_mut() {
+                worker.qos.charge_calls(connection, calls);
+                worker.metrics.websocket_calls(calls);
+            }
+        }
+    }
+
     fn admit(&mut self) -> Result<(), Throttled> {
         let mut worker = self.worker.borrow_mut();
         let Worker { qos, metrics, .. } = &mut *worker;
@@ -194,9 +233,14 @@ impl Context for QosStream {
 }
 
 impl HttpContext for QosStream {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         match self.admit() {
-            Ok(()) => Action::Continue,
+            Ok(()) => {
+                if !end_of_stream {
+                    self.upgrade();
+                }
+                Action::Continue
+            }
             Err(throttled) => {
                 stakegate_glue::reject(&throttled.rejection);
                 Action::Pause
@@ -208,6 +252,10 @@ impl HttpContext for QosStream {
     /// buffer filter of the shipped configs the body is whole here; a body
     /// streamed in pieces is charged what its first piece holds.
     fn on_http_request_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        if self.upgraded.is_some() {
+            self.upgraded_data(body_size);
+            return Action::Continue;
+        }
         let Some(ticket) = &self.ticket else {
             return Action::Continue;
         };

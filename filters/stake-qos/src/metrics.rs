@@ -18,6 +18,7 @@ struct Counts {
     store: StoreCounts,
     evicted: u64,
     leases: u64,
+    websocket_calls: u64,
 }
 
 /// How a counter reads its count.
@@ -35,6 +36,7 @@ const COUNTERS: &[(&str, Count)] = &[
     ("store_errors", |c| c.store.store_errors),
     ("evicted", |c| c.evicted),
     ("leases", |c| c.leases),
+    ("websocket.calls", |c| c.websocket_calls),
 ];
 
 /// Gauges: name, and its value.
@@ -124,6 +126,11 @@ impl QosMetrics {
     /// A request touched shared data for a lease.
     pub fn leased(&mut self, leased: bool) {
         self.counts.leases += u64::from(leased);
+    }
+
+    /// JSON-RPC calls read on WebSockets (each charged as a call).
+    pub fn websocket_calls(&mut self, n: u32) {
+        self.counts.websocket_calls += u64::from(n);
     }
 
     pub fn evicted(&mut self, n: u64) {

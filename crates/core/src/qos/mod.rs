@@ -125,6 +125,14 @@ pub struct Ticket {
     started_ms: u64,
 }
 
+/// An admitted WebSocket (or other upgraded stream), after `upgraded`: it
+/// is not a request in flight, but the calls sent on it are charged to its
+/// identity (`charge_calls`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Connection {
+    key: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
     /// The bucket is empty.
@@ -423,15 +431,37 @@ impl StakeQos {
     /// are demand, and while throttling is on they are charged to the
     /// identity's lease (as a debt if it has too little).
     pub fn charge(&mut self, ticket: &Ticket, calls: u32) {
-        let extra = calls.saturating_sub(1);
-        let throttling = self.state.throttling;
+        self.add_calls(ticket.key, calls.saturating_sub(1));
+    }
+
+    /// An admitted request turned out to be an upgrade (a WebSocket): it
+    /// leaves the identity's requests in flight at once, so that open
+    /// subscriptions do not use up the concurrency allowance its HTTP calls
+    /// need. Its admission was charged one call.
+    pub fn upgraded(&mut self, ticket: Ticket) -> Connection {
         if let Some(local) = self.locals.get_mut(&ticket.key) {
-            if local.delta.is_empty() && extra > 0 {
-                self.unreported.push(ticket.key);
+            local.inflight = local.inflight.saturating_sub(1);
+        }
+        Connection { key: ticket.key }
+    }
+
+    /// `calls` JSON-RPC calls sent on an upgraded connection: demand, and
+    /// while throttling is on a charge to the identity's lease (a debt if it
+    /// has too little), which its next requests pay. A message cannot be
+    /// refused on the socket; the debt is what limits its sender.
+    pub fn charge_calls(&mut self, connection: &Connection, calls: u32) {
+        self.add_calls(connection.key, calls);
+    }
+
+    fn add_calls(&mut self, key: u64, calls: u32) {
+        let throttling = self.state.throttling;
+        if let Some(local) = self.locals.get_mut(&key) {
+            if local.delta.is_empty() && calls > 0 {
+                self.unreported.push(key);
             }
-            local.delta.arrivals = local.delta.arrivals.saturating_add(extra);
+            local.delta.arrivals = local.delta.arrivals.saturating_add(calls);
             if throttling {
-                local.lease = local.lease.saturating_sub(i64::from(extra) * MILLI);
+                local.lease = local.lease.saturating_sub(i64::from(calls) * MILLI);
             }
         }
     }

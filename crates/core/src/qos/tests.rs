@@ -340,6 +340,53 @@ fn a_slow_client_gets_enough_concurrency_for_its_share() {
 }
 
 #[test]
+fn open_websockets_leave_the_concurrency_allowance_and_their_calls_are_charged() {
+    let (store, me) = (MemoryStore::default(), identity(1, 10_000_000));
+    let concurrency_refused = |upgrade: bool| {
+        let mut qos = StakeQos::new(policy(100), 1);
+        // A call of 10 ms, so that the allowance is known (its floor is 4).
+        let Verdict::Admit(call) = qos.admit(&store, 0, &me).verdict else {
+            unreachable!("below the threshold")
+        };
+        qos.finish(10, call, Some(200));
+        // Eight sockets opened before throttling began.
+        let sockets: Vec<_> = (0..8)
+            .map(|_| match qos.admit(&store, 0, &me).verdict {
+                Verdict::Admit(ticket) if upgrade => Ok(qos.upgraded(ticket)),
+                Verdict::Admit(ticket) => Err(ticket),
+                Verdict::Throttle(t) => panic!("below the threshold: {t:?}"),
+            })
+            .collect();
+        qos.state.throttling = true;
+        let refused = matches!(
+            qos.admit(&store, 1, &me).verdict,
+            Verdict::Throttle(Throttled {
+                reason: Reason::Concurrency,
+                ..
+            })
+        );
+        (qos, sockets, refused)
+    };
+    let (_, _, refused) = concurrency_refused(false);
+    assert!(
+        refused,
+        "eight requests in flight use up an allowance of four"
+    );
+    let (mut qos, sockets, refused) = concurrency_refused(true);
+    assert!(!refused, "eight open sockets are not requests in flight");
+
+    // Calls on a socket are demand, and a debt while throttling.
+    let before = (qos.locals[&1].delta.arrivals, qos.locals[&1].lease);
+    let Ok(socket) = &sockets[0] else {
+        unreachable!()
+    };
+    qos.charge_calls(socket, 5);
+    let after = (qos.locals[&1].delta.arrivals, qos.locals[&1].lease);
+    assert_eq!(after.0, before.0 + 5);
+    assert_eq!(after.1, before.1 - 5 * MILLI);
+}
+
+#[test]
 fn throttled_answers_carry_retry_after_and_ratelimit_headers() {
     let mut qos = StakeQos::new(policy(100), 7);
     let t = qos.throttled(Reason::Rate, 200, 2.0, 0).rejection;

@@ -24,6 +24,12 @@ pub trait RequestFacts {
     fn header(&mut self, name: &str) -> Option<String>;
 }
 
+/// Reads the body piece (or upgraded stream data) Envoy is handing over.
+pub trait Body {
+    /// Up to `len` bytes from `start` of the buffered body.
+    fn read(&mut self, start: usize, len: usize) -> Vec<u8>;
+}
+
 /// `bytes` as policies name a secret they must not hold: its sha256, in
 /// lowercase hex (API keys in stake tables, dedup's key scope).
 pub fn sha256_hex(bytes: &[u8]) -> String {

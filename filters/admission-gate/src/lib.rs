@@ -25,13 +25,11 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::clock::Now;
 use stakegate_core::gate::policy::GatePolicy;
-use stakegate_core::gate::stream::{
-    Body, GateStream, GateWorker, Head, OnBody, OnHeaders, Settled,
-};
+use stakegate_core::gate::stream::{GateStream, GateWorker, Head, OnBody, OnHeaders, Settled};
 use stakegate_core::gate::InflightGate;
 use stakegate_core::rejection::Rejection;
 use stakegate_glue::facts::StreamFacts;
-use stakegate_glue::host::{self, BodyOf};
+use stakegate_glue::host::{self, BodyOf, HostBody};
 use stakegate_glue::{now_ms, EnvoyStore};
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
@@ -185,15 +183,6 @@ struct GateHttp {
     context_id: u32,
     worker: Rc<RefCell<Worker>>,
     stream: Rc<RefCell<GateStream>>,
-}
-
-/// The body Envoy is handing over, read on demand.
-struct HostBody(BodyOf);
-
-impl Body for HostBody {
-    fn read(&mut self, start: usize, len: usize) -> Vec<u8> {
-        host::body(self.0, start, len)
-    }
 }
 
 fn refuse(rejection: &Rejection) -> Action {

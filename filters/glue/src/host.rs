@@ -121,6 +121,16 @@ pub fn remove_request_header(name: &str) {
     }
 }
 
+/// The body (or upgraded stream data) Envoy is handing over, read on
+/// demand.
+pub struct HostBody(pub BodyOf);
+
+impl stakegate_core::request::Body for HostBody {
+    fn read(&mut self, start: usize, len: usize) -> Vec<u8> {
+        body(self.0, start, len)
+    }
+}
+
 /// Up to `len` bytes from `start` of the body being handed over; empty when
 /// there is none.
 pub fn body(of: BodyOf, start: usize, len: usize) -> Vec<u8> {

@@ -36,7 +36,7 @@ use crate::gate::class::{classify, RequestClass};
 use crate::gate::shards::{SlotKind, Totals};
 use crate::gate::{slot_of, Admission, Decision, Heartbeat, InflightGate, Taken, Ticket};
 use crate::rejection::{json_rpc_error_body, Rejection, INVALID_REQUEST};
-use crate::request::RequestFacts;
+use crate::request::{Body, RequestFacts};
 use crate::shared::{SharedStore, StoreCounts, StoreError};
 use crate::websocket::{FrameReader, Side};
 
@@ -117,12 +117,6 @@ pub enum OnBody {
     /// Close the stream: its data can never go through.
     Close,
     Refuse(Rejection),
-}
-
-/// Reads the body piece Envoy is handing over.
-pub trait Body {
-    /// Up to `len` bytes from `start` of the buffered body.
-    fn read(&mut self, start: usize, len: usize) -> Vec<u8>;
 }
 
 /// Retry-storm protection's counts (all zero while it is off).

@@ -85,6 +85,7 @@ pub mod reactive;
 pub mod report;
 mod round;
 pub mod state;
+pub mod stream;
 
 use crate::rejection::{json_rpc_error_body, retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
 use crate::shared::{read, update, SharedStore, StoreError, Write};

@@ -138,3 +138,32 @@ pub fn websocket(addr: std::net::SocketAddr) -> tungstenite::WebSocket<std::net:
     assert_eq!(response.status(), 101);
     socket
 }
+
+/// `stakegate init` into `dir` for a node at `node`, with the compiled
+/// modules and the policy files `gate_policy` and `qos_policy`, every
+/// listener on a free port. Its output, for the caller to check.
+pub fn stakegate_init(
+    dir: &std::path::Path,
+    node: std::net::SocketAddr,
+    gate_policy: &std::path::Path,
+    qos_policy: &std::path::Path,
+) -> std::process::Output {
+    let module = |name: &str| stakegate_stack::paths::wasm_module(name).expect("make build");
+    std::process::Command::new(stakegate_stack::paths::tool("stakegate").expect("make build"))
+        .arg("init")
+        .arg("--dir")
+        .arg(dir)
+        .args(["--node", &format!("http://{node}")])
+        .args(["--public-port", "0", "--internal-port", "0"])
+        .args(["--admin", "127.0.0.1:0"])
+        .arg("--gate-module")
+        .arg(module("admission_gate"))
+        .arg("--gate-policy")
+        .arg(gate_policy)
+        .arg("--qos-module")
+        .arg(module("stake_qos"))
+        .arg("--qos-policy")
+        .arg(qos_policy)
+        .output()
+        .expect("stakegate runs")
+}

@@ -5,23 +5,34 @@
 
 use serde_json::{json, Value};
 use stakegate_stack::{paths, Anvil, Envoy, EnvoyBuilder, RpcNode};
-use stakegate_tests::{eventually, example_policy, gate_filter, qos_filter};
+use stakegate_tests::{eventually, example_policy, gate_filter, qos_filter, stakegate_init};
 use std::io::Write;
 use std::process::Command;
 use std::time::Duration;
 
-/// The gateway (`gateway.yaml`, both policies) in front of `anvil`.
-fn gateway(anvil: &Anvil) -> Envoy {
-    EnvoyBuilder::new("gateway.yaml")
-        .filter(qos_filter(&example_policy("stake-qos", json!({}))))
-        .filter(gate_filter(&example_policy(
-            "admission-gate",
-            json!({ "dedup": {} }),
-        )))
-        .var("RPC_NODE_HOST", anvil.addr().ip())
-        .var("RPC_NODE_PORT", anvil.addr().port())
+/// The gateway as an operator makes it: `stakegate init` in front of
+/// `anvil` (both example policies, dedup on), then Envoy from what it
+/// wrote. The directory must outlive Envoy.
+fn gateway(anvil: &Anvil) -> (Envoy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let gate_policy = dir.path().join("gate.json");
+    let qos_policy = dir.path().join("qos.json");
+    std::fs::write(
+        &gate_policy,
+        example_policy("admission-gate", json!({ "dedup": {} })),
+    )
+    .unwrap();
+    std::fs::write(&qos_policy, example_policy("stake-qos", json!({}))).unwrap();
+    let init = stakegate_init(dir.path(), anvil.addr(), &gate_policy, &qos_policy);
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let envoy = EnvoyBuilder::new(dir.path().join("envoy.yaml"))
         .start()
-        .unwrap()
+        .unwrap();
+    (envoy, dir)
 }
 
 /// The command that runs `library`'s script (clients/ops.*) with `args`.
@@ -66,7 +77,7 @@ fn operations(anvil: &Anvil, name: &str, http: &str, ws: &str) -> Value {
 #[test]
 fn web3py_viem_and_ethers_get_through_the_gateway_what_they_get_from_the_node() {
     let anvil = Anvil::start().unwrap();
-    let envoy = gateway(&anvil);
+    let (envoy, _dir) = gateway(&anvil);
     let node = anvil.addr();
     let public = envoy.listener("public").unwrap();
     for name in LIBRARIES {

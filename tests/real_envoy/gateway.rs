@@ -6,7 +6,7 @@ use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{http, loadgen, paths, Envoy, EnvoyBuilder, RpcNode};
 use stakegate_tests::{
     client, eventually, example_policy, gate_filter, load_h2, node_behind_filters, qos_filter,
-    websocket,
+    stakegate_init, websocket,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -233,29 +233,12 @@ fn init_writes_a_gateway_that_envoy_starts_and_deploy_then_changes() {
     let module = |name: &str| paths::wasm_module(name).unwrap();
     let stakegate = || std::process::Command::new(paths::tool("stakegate").unwrap());
     let init = || {
-        stakegate()
-            .arg("init")
-            .arg("--dir")
-            .arg(dir.path())
-            .args(["--node", &format!("http://{}", node.addr())])
-            .args([
-                "--public-port",
-                "0",
-                "--internal-port",
-                "0",
-                "--admin",
-                "127.0.0.1:0",
-            ])
-            .arg("--gate-module")
-            .arg(module("admission_gate"))
-            .arg("--gate-policy")
-            .arg(root.join("policies/admission-gate.example.json"))
-            .arg("--qos-module")
-            .arg(module("stake_qos"))
-            .arg("--qos-policy")
-            .arg(root.join("policies/stake-qos.example.json"))
-            .output()
-            .unwrap()
+        stakegate_init(
+            dir.path(),
+            node.addr(),
+            &root.join("policies/admission-gate.example.json"),
+            &root.join("policies/stake-qos.example.json"),
+        )
     };
     let first = init();
     assert!(

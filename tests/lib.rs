@@ -167,3 +167,22 @@ pub fn stakegate_init(
         .output()
         .expect("stakegate runs")
 }
+
+/// `stakegate_init`, which must succeed, then Envoy started from the config
+/// it wrote into `dir` (which must outlive it).
+pub fn start_initialised(
+    dir: &std::path::Path,
+    node: std::net::SocketAddr,
+    gate_policy: &std::path::Path,
+    qos_policy: &std::path::Path,
+) -> Envoy {
+    let init = stakegate_init(dir, node, gate_policy, qos_policy);
+    assert!(
+        init.status.success(),
+        "stakegate init: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    EnvoyBuilder::new(dir.join("envoy.yaml"))
+        .start()
+        .expect("envoy starts from what init wrote")
+}

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 use stakegate_stack::{paths, Anvil, Envoy, EnvoyBuilder, RpcNode};
-use stakegate_tests::{eventually, example_policy, gate_filter, qos_filter, stakegate_init};
+use stakegate_tests::{eventually, example_policy, gate_filter, qos_filter, start_initialised};
 use std::io::Write;
 use std::process::Command;
 use std::time::Duration;
@@ -23,15 +23,7 @@ fn gateway(anvil: &Anvil) -> (Envoy, tempfile::TempDir) {
     )
     .unwrap();
     std::fs::write(&qos_policy, example_policy("stake-qos", json!({}))).unwrap();
-    let init = stakegate_init(dir.path(), anvil.addr(), &gate_policy, &qos_policy);
-    assert!(
-        init.status.success(),
-        "{}",
-        String::from_utf8_lossy(&init.stderr)
-    );
-    let envoy = EnvoyBuilder::new(dir.path().join("envoy.yaml"))
-        .start()
-        .unwrap();
+    let envoy = start_initialised(dir.path(), anvil.addr(), &gate_policy, &qos_policy);
     (envoy, dir)
 }
 

@@ -6,7 +6,7 @@ use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{http, loadgen, paths, Envoy, EnvoyBuilder, RpcNode};
 use stakegate_tests::{
     client, eventually, example_policy, gate_filter, load_h2, node_behind_filters, qos_filter,
-    stakegate_init, websocket,
+    stakegate_init, start_initialised, websocket,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -232,23 +232,11 @@ fn init_writes_a_gateway_that_envoy_starts_and_deploy_then_changes() {
     let root = paths::project_root();
     let module = |name: &str| paths::wasm_module(name).unwrap();
     let stakegate = || std::process::Command::new(paths::tool("stakegate").unwrap());
-    let init = || {
-        stakegate_init(
-            dir.path(),
-            node.addr(),
-            &root.join("policies/admission-gate.example.json"),
-            &root.join("policies/stake-qos.example.json"),
-        )
-    };
-    let first = init();
-    assert!(
-        first.status.success(),
-        "{}",
-        String::from_utf8_lossy(&first.stderr)
+    let (gate_policy, qos_policy) = (
+        root.join("policies/admission-gate.example.json"),
+        root.join("policies/stake-qos.example.json"),
     );
-    let envoy = EnvoyBuilder::new(dir.path().join("envoy.yaml"))
-        .start()
-        .unwrap();
+    let envoy = start_initialised(dir.path(), node.addr(), &gate_policy, &qos_policy);
     let answer = http::post(
         &envoy.url("public").unwrap(),
         &[("x-api-key", "key-stake-10")],
@@ -288,7 +276,7 @@ fn init_writes_a_gateway_that_envoy_starts_and_deploy_then_changes() {
     assert_eq!(deployments[0]["startup"], true);
     assert_eq!(deployments[1]["policy"], r#"{"maxInflight": 4}"#);
 
-    let again = init();
+    let again = stakegate_init(dir.path(), node.addr(), &gate_policy, &qos_policy);
     assert!(!again.status.success());
     assert!(
         String::from_utf8_lossy(&again.stderr).contains("already initialised"),

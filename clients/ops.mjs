@@ -144,7 +144,9 @@ async function overload(url, what) {
   try {
     return { error: null, result: String(await call()), ms: Date.now() - started };
   } catch (e) {
-    const error = `${e?.name ?? "Error"}: ${e?.shortMessage ?? e?.message ?? e}`.split("\n")[0].slice(0, 300);
+    // viem's HttpRequestError names the status only in its details.
+    const status = e?.status ? ` (status ${e.status})` : "";
+    const error = `${e?.name ?? "Error"}: ${e?.shortMessage ?? e?.message ?? e}`.split("\n")[0].slice(0, 300) + status;
     return { error, ms: Date.now() - started };
   } finally {
     close();

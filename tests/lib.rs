@@ -1,7 +1,7 @@
 //! Helpers shared by the real-Envoy integration tests.
 
 use stakegate_loadgen::{ClientSpec, RunSpec};
-use stakegate_stack::{Envoy, EnvoyBuilder, FilterConfig, RpcNode};
+use stakegate_stack::{http, Envoy, EnvoyBuilder, FilterConfig, RpcNode};
 use std::time::Duration;
 
 /// rpc-node with `args`, behind Envoy started from `template` at `--concurrency 2`.
@@ -185,4 +185,21 @@ pub fn start_initialised(
     EnvoyBuilder::new(dir.join("envoy.yaml"))
         .start()
         .expect("envoy starts from what init wrote")
+}
+
+/// Checks that `answer` refused a batch with `status` and an array of
+/// JSON-RPC errors (-32005), one per call, with the calls' `ids` in order.
+pub fn assert_refused_call_by_call(answer: &http::Answer, status: u16, ids: &[serde_json::Value]) {
+    assert_eq!(answer.status, status, "{}", answer.body);
+    let errors = answer.json().unwrap();
+    let answered: Vec<&serde_json::Value> = errors
+        .as_array()
+        .unwrap_or_else(|| panic!("an array: {errors}"))
+        .iter()
+        .map(|e| {
+            assert_eq!(e["error"]["code"], -32005, "{e}");
+            &e["id"]
+        })
+        .collect();
+    assert_eq!(answered, ids.iter().collect::<Vec<_>>());
 }

@@ -4,8 +4,11 @@
 //! straight at the node.
 
 use serde_json::{json, Value};
-use stakegate_stack::{paths, Anvil, Envoy, EnvoyBuilder, RpcNode};
-use stakegate_tests::{eventually, example_policy, gate_filter, qos_filter, start_initialised};
+use stakegate_stack::{http, paths, Anvil, Envoy, EnvoyBuilder, RpcNode};
+use stakegate_tests::{
+    assert_refused_call_by_call, eventually, example_policy, gate_filter, qos_filter,
+    start_initialised,
+};
 use std::io::Write;
 use std::process::Command;
 use std::time::Duration;
@@ -122,7 +125,7 @@ fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
     let envoy = EnvoyBuilder::new("gateway.yaml")
         .filter(qos_filter(&example_policy("stake-qos", json!({}))))
         .filter(gate_filter(
-            r#"{"maxInflight": 2, "dedup": {}, "retryAfterMaxS": 2}"#,
+            r#"{"maxInflight": 2, "dedup": {}, "retryAfterMaxS": 2, "decideOnBody": true}"#,
         ))
         .var("RPC_NODE_HOST", node.addr().ip())
         .var("RPC_NODE_PORT", node.addr().port())
@@ -206,7 +209,18 @@ fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
         };
         run(name, "duplicate", "4xx", given);
     }
+    // A refused batch is answered call by call, each error with its id.
+    let batch_of = |method: &str| {
+        format!(
+            r#"[{{"jsonrpc":"2.0","id":7,"method":"{method}","params":[{{}}]}},{{"jsonrpc":"2.0","id":"b","method":"{method}","params":[{{}}]}}]"#
+        )
+    };
     drop(first);
+    let original = in_flight(public, &batch_of("eth_getLogs"));
+    assert!(at_node(1));
+    let answer = http::post(&url, &[], &batch_of("eth_getLogs")).unwrap();
+    assert_refused_call_by_call(&answer, 429, &[json!(7), json!("b")]);
+    drop(original);
     // The gate: both slots held.
     for (i, name) in LIBRARIES.iter().enumerate() {
         assert!(at_node(0));
@@ -214,6 +228,8 @@ fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
         for what in ["single", "batch"] {
             run(name, what, "5xx", &["503", "LimitExceeded"]);
         }
+        let answer = http::post(&url, &[], &batch_of("eth_chainId")).unwrap();
+        assert_refused_call_by_call(&answer, 503, &[json!(7), json!("b")]);
     }
     let served = node.metrics().unwrap()["served"].clone();
     assert_eq!(served, json!({}), "nothing got past the gateway");

@@ -5,8 +5,8 @@ use serde_json::json;
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{http, loadgen, paths, Envoy, EnvoyBuilder, RpcNode};
 use stakegate_tests::{
-    client, eventually, example_policy, gate_filter, load_h2, node_behind_filters, qos_filter,
-    stakegate_init, start_initialised, websocket,
+    assert_refused_call_by_call, client, eventually, example_policy, gate_filter, load_h2,
+    node_behind_filters, qos_filter, stakegate_init, start_initialised, websocket,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -131,6 +131,29 @@ fn call(socket: &mut tungstenite::WebSocket<TcpStream>, id: u32) -> serde_json::
             }
         }
     }
+}
+
+#[test]
+fn a_throttled_batch_is_answered_call_by_call() {
+    let (_node, envoy) = node_behind_filters(
+        "gateway.yaml",
+        vec![
+            qos_filter(&example_policy("stake-qos", json!({ "capacityRps": 10 }))),
+            gate_filter(&example_policy("admission-gate", json!({}))),
+        ],
+        &[],
+    );
+    let url = envoy.url("public").unwrap();
+    let batch = r#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},{"jsonrpc":"2.0","method":"eth_chainId"},{"jsonrpc":"2.0","id":"x","method":"eth_blockNumber"}]"#;
+    // One client, one batch after another, far over 10 calls a second:
+    // QoS starts throttling within a few refill rounds.
+    let throttled = (0..500)
+        .map(|_| http::post(&url, &[], batch).unwrap())
+        .find(|answer| answer.status != 200)
+        .expect("QoS throttled the client");
+    // The notification gets no answer; the calls get theirs, by id.
+    assert_refused_call_by_call(&throttled, 429, &[json!(1), json!("x")]);
+    assert!(throttled.header("retry-after").is_some());
 }
 
 #[test]

@@ -1,8 +1,12 @@
 //! The one shape every stakegate rejection has, whichever filter sends it:
 //! a status, a jittered `retry-after`, any headers of its own, and a
 //! JSON-RPC 2.0 error body with code -32005 (or -32600 for a request that
-//! is wrong rather than early), the request `id` when known, otherwise
-//! `null`.
+//! is wrong rather than early). A rejection made before the body was read
+//! has `id: null`; once the body is known (`Rejection::answering`) it
+//! answers the request's own `id`, and a batch gets an array with one error
+//! per call, each with its call's `id`.
+
+use crate::dedup::key::Body;
 
 /// A request stakegate answers itself instead of passing on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,6 +18,9 @@ pub struct Rejection {
     /// Headers beyond `content-type` and `retry-after` (QoS's
     /// `RateLimit-Policy` and `RateLimit`).
     pub headers: Vec<(&'static str, String)>,
+    /// The JSON-RPC error's code and message.
+    pub code: i32,
+    pub message: &'static str,
     pub body: String,
 }
 
@@ -25,14 +32,52 @@ impl Rejection {
     /// A request that can never be served as sent.
     pub const BAD_REQUEST: u32 = 400;
 
-    /// A rejection with no headers of its own.
-    pub fn new(status: u32, retry_after_s: u32, body: String) -> Self {
+    /// A rejection with no headers of its own, its body answering
+    /// `id: null`.
+    pub fn new(status: u32, retry_after_s: u32, code: i32, message: &'static str) -> Self {
         Self {
             status,
             retry_after_s,
             headers: Vec::new(),
-            body,
+            code,
+            message,
+            body: json_rpc_error_body(None, code, message),
         }
+    }
+
+    /// The same rejection, its body answering `request` (the request body
+    /// it refuses): the request's `id`, or for a batch an array with one
+    /// error per call that has an `id`, in order (notifications get none).
+    /// A body that is not JSON-RPC, or a batch of notifications only, keeps
+    /// `id: null`.
+    pub fn answering(mut self, request: &[u8]) -> Self {
+        let parsed = Body::parse(request).ok();
+        let Some((batch, calls)) = parsed.and_then(|b| Some((b.is_batch(), b.calls()?))) else {
+            return self;
+        };
+        // An id is quoted back only if any JSON reader can read it (`1e999`
+        // is JSON's grammar, but many parsers refuse it); else `null`.
+        let ids: Vec<Option<&str>> = calls
+            .iter()
+            .filter_map(|call| call.id)
+            .map(|raw| {
+                serde_json::from_slice::<serde::de::IgnoredAny>(raw)
+                    .ok()
+                    .and_then(|_| std::str::from_utf8(raw).ok())
+            })
+            .collect();
+        self.body = match (batch, ids.as_slice()) {
+            (_, []) => return self,
+            (false, [id]) => json_rpc_error_body(*id, self.code, self.message),
+            _ => {
+                let errors: Vec<String> = ids
+                    .iter()
+                    .map(|id| json_rpc_error_body(*id, self.code, self.message))
+                    .collect();
+                format!("[{}]", errors.join(","))
+            }
+        };
+        self
     }
 }
 
@@ -46,7 +91,7 @@ pub const INVALID_REQUEST: i32 = -32600;
 /// Renders `{"jsonrpc":"2.0","id":<id>,"error":{"code":<code>,"message":<message>}}`.
 ///
 /// `id` is the request's id as raw JSON (`7`, `"abc"`), or `None` when it is
-/// not known (the gate decides before reading the body).
+/// not known (the decision came before the body).
 pub fn json_rpc_error_body(id: Option<&str>, code: i32, message: &str) -> String {
     let mut body = String::with_capacity(64 + message.len());
     body.push_str(r#"{"jsonrpc":"2.0","id":"#);
@@ -146,6 +191,35 @@ mod tests {
             .collect();
         for s in 1..=3 {
             assert!(fast.contains(&s), "{s} s never chosen for a fast node");
+        }
+    }
+
+    #[test]
+    fn a_rejection_answers_each_call_of_what_it_refuses() {
+        let refused = || Rejection::new(503, 1, LIMIT_EXCEEDED, "full");
+        let error = |id: &str| {
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32005,"message":"full"}}}}"#)
+        };
+        assert_eq!(refused().body, error("null"));
+        let one = refused().answering(br#"{"jsonrpc":"2.0","id":"a-1","method":"eth_call"}"#);
+        assert_eq!(one.body, error(r#""a-1""#));
+        let batch = refused().answering(
+            br#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"note"},
+                {"jsonrpc":"2.0","id":"x","method":"b"}]"#,
+        );
+        assert_eq!(batch.body, format!("[{},{}]", error("1"), error(r#""x""#)));
+        let parsed: Vec<serde_json::Value> = serde_json::from_str(&batch.body).unwrap();
+        assert_eq!(parsed.len(), 2);
+        // A one-call batch is still a batch: an array.
+        let single = refused().answering(br#"[{"jsonrpc":"2.0","id":9,"method":"a"}]"#);
+        assert_eq!(single.body, format!("[{}]", error("9")));
+        for unanswerable in [
+            &b"not json"[..],
+            br#"{"jsonrpc":"2.0","method":"note"}"#,
+            br#"[{"jsonrpc":"2.0","method":"note"}]"#,
+            b"[]",
+        ] {
+            assert_eq!(refused().answering(unanswerable).body, error("null"));
         }
     }
 

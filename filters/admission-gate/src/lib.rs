@@ -279,11 +279,15 @@ impl HttpContext for GateHttp {
     }
 
     fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.with(|stream, w, _| {
-            stream.request_trailers(w);
+        let mut refused = None;
+        self.with(|stream, w, now| {
+            refused = stream.request_trailers(w, &EnvoyStore, now).err();
             false
         });
-        Action::Continue
+        match refused {
+            Some(refusal) => refuse(&refusal),
+            None => Action::Continue,
+        }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {

@@ -10,8 +10,9 @@
 //! - request headers: resolve the identity and admit the request (one call)
 //!   or answer 429. While throttling is off this touches no shared data. An
 //!   admitted WebSocket leaves the requests in flight.
-//! - request body: a batch is charged its other calls, a WebSocket the
-//!   calls sent on it.
+//! - request body: with `decideOnBody`, the admission of a request with a
+//!   body (its 429 then answers each call by `id`); a batch is charged its
+//!   other calls, a WebSocket the calls sent on it.
 //! - response headers (reactive mode): the upstream status, 503 and 429
 //!   being back-pressure; `on_done` (or dropping the stream context) ends
 //!   the request locally: its place in flight and its latency.
@@ -28,7 +29,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;
-use stakegate_core::qos::stream::QosStream;
+use stakegate_core::qos::stream::{Decided, QosStream};
 use stakegate_core::qos::{Reason, StakeQos};
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
@@ -157,42 +158,71 @@ impl Context for QosHttp {
     }
 }
 
+/// Records an admission and answers a throttled request.
+fn decided(metrics: &mut QosMetrics, decided: Decided) -> Action {
+    metrics.leased(decided.leased);
+    metrics.store().retried(decided.cas_retries);
+    metrics.evicted(u64::from(decided.evicted));
+    if let Some(e) = &decided.store_error {
+        let line = metrics.store().failed("admitted without a token", e);
+        log(LogLevel::Warn, &line);
+    }
+    match decided.throttled {
+        None => {
+            metrics.admitted(decided.tier);
+            Action::Continue
+        }
+        Some(throttled) => {
+            metrics.throttled(decided.tier, throttled.reason == Reason::Concurrency);
+            stakegate_glue::reject(&throttled.rejection);
+            Action::Pause
+        }
+    }
+}
+
 impl HttpContext for QosHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let mut worker = self.worker.borrow_mut();
         let Worker { qos, metrics, .. } = &mut *worker;
-        let decided =
-            self.stream
-                .headers(qos, &EnvoyStore, now_ms(), &mut StreamFacts, end_of_stream);
-        metrics.leased(decided.leased);
-        metrics.store().retried(decided.cas_retries);
-        metrics.evicted(u64::from(decided.evicted));
-        if let Some(e) = &decided.store_error {
-            let line = metrics.store().failed("admitted without a token", e);
-            log(LogLevel::Warn, &line);
-        }
-        match decided.throttled {
-            None => {
-                metrics.admitted(decided.tier);
-                Action::Continue
-            }
-            Some(throttled) => {
-                metrics.throttled(decided.tier, throttled.reason == Reason::Concurrency);
-                stakegate_glue::reject(&throttled.rejection);
-                Action::Pause
-            }
+        match self
+            .stream
+            .headers(qos, &EnvoyStore, now_ms(), &mut StreamFacts, end_of_stream)
+        {
+            Some(admission) => decided(metrics, admission),
+            None => Action::Continue,
         }
     }
 
-    fn on_http_request_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
-        if let Ok(mut worker) = self.worker.try_borrow_mut() {
-            let Worker { qos, metrics, .. } = &mut *worker;
-            let calls = self
-                .stream
-                .body(qos, body_size, &mut HostBody(BodyOf::Request));
-            metrics.websocket_calls(calls);
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Ok(mut worker) = self.worker.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        let Worker { qos, metrics, .. } = &mut *worker;
+        let step = self.stream.body(
+            qos,
+            &EnvoyStore,
+            now_ms(),
+            body_size,
+            end_of_stream,
+            &mut HostBody(BodyOf::Request),
+        );
+        metrics.websocket_calls(step.websocket_calls);
+        match step.decided {
+            Some(admission) => decided(metrics, admission),
+            None if step.hold => Action::Pause,
+            None => Action::Continue,
         }
-        Action::Continue
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        let Ok(mut worker) = self.worker.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        let Worker { qos, metrics, .. } = &mut *worker;
+        match self.stream.trailers(qos, &EnvoyStore, now_ms()) {
+            Some(admission) => decided(metrics, admission),
+            None => Action::Continue,
+        }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {

@@ -28,7 +28,7 @@ pub mod table;
 
 use crate::gate::shards::ShardTable;
 use crate::gate::SHARED_KEY as SHARDS_KEY;
-use crate::rejection::{json_rpc_error_body, Rejection, LIMIT_EXCEEDED};
+use crate::rejection::{Rejection, LIMIT_EXCEEDED};
 use crate::request::{sha256_hex, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore, StoreError};
 use key::{Body, Key, Unkeyed};
@@ -52,12 +52,10 @@ pub enum Skip {
     Method,
 }
 
-/// A body's key and what the duplicate answer quotes.
+/// A body's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keyed {
     pub key: Key,
-    /// The request's `id` as raw JSON (`None` for a batch or no id).
-    pub id: Option<String>,
 }
 
 /// An entry this VM wrote; `complete` it when the stream ends.
@@ -190,19 +188,8 @@ impl Dedup {
                 .iter()
                 .all(|c| policy.global_methods.contains(c.method));
         let scope = if global { "global" } else { client };
-        // Quoted back in the answer only if any JSON reader can read it
-        // (`1e999` is JSON's grammar, but many parsers refuse it).
-        let id = match calls.as_slice() {
-            [call] if !parsed.is_batch() => call
-                .id
-                .filter(|raw| serde_json::from_slice::<serde_json::Value>(raw).is_ok())
-                .and_then(|raw| std::str::from_utf8(raw).ok())
-                .map(str::to_string),
-            _ => None,
-        };
         Ok(Keyed {
             key: parsed.key(scope),
-            id,
         })
     }
 
@@ -235,11 +222,8 @@ impl Dedup {
                 Some(left) => Verdict::Duplicate(Rejection::new(
                     Rejection::TOO_MANY_REQUESTS,
                     self.retry_after_s(left),
-                    json_rpc_error_body(
-                        keyed.id.as_deref(),
-                        LIMIT_EXCEEDED,
-                        "duplicate request: an identical request is already in flight or was sent moments ago; retry after the retry-after header",
-                    ),
+                    LIMIT_EXCEEDED,
+                    "duplicate request: an identical request is already in flight or was sent moments ago; retry after the retry-after header",
                 )),
                 None if page.entries.len() < ENTRIES_PER_PAGE => {
                     page.entries.push(Entry {
@@ -456,9 +440,10 @@ mod tests {
         let sent = pending(verdict(&d, &store, &a, 1, 10_000));
         let dup = verdict(&d, &store, &a, 1, 10_100);
         assert_eq!(retry_after(&dup), Some(3), "2.4 s left rounds up");
-        let Verdict::Duplicate(Rejection { body, .. }) = dup else {
+        let Verdict::Duplicate(rejection) = dup else {
             unreachable!()
         };
+        let body = rejection.answering(call("1").as_bytes()).body;
         assert!(
             body.contains(r#""id":7"#) && body.contains("-32005") && body.contains("duplicate")
         );
@@ -594,10 +579,9 @@ mod tests {
             keyed(&d, tx, with_key("k1")).key
         );
         // A batch: deduplicated only if every method is; global only if
-        // every method is; no id quoted.
+        // every method is.
         let batch = format!("[{body},{tx}]");
         let k = keyed(&d, &batch, other_ip("192.0.2.1"));
-        assert_eq!(k.id, None);
         assert_ne!(k.key, keyed(&d, &batch, other_ip("192.0.2.2")).key);
         assert_eq!(
             d.key(

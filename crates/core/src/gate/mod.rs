@@ -32,7 +32,7 @@ pub mod shards;
 pub mod stream;
 
 use crate::clock::Now;
-use crate::rejection::{json_rpc_error_body, retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
+use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
 use crate::shared::{update, Change, SharedStore, StoreError};
 use class::RequestClass;
 use drain::DrainRate;
@@ -289,7 +289,8 @@ impl InflightGate {
             decision: Decision::Reject(Rejection::new(
                 Rejection::OVERLOADED,
                 retry_after_s,
-                json_rpc_error_body(None, LIMIT_EXCEEDED, message),
+                LIMIT_EXCEEDED,
+                message,
             )),
             totals: Some(totals),
             cas_retries,

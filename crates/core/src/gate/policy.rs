@@ -28,6 +28,8 @@ struct Document {
     #[serde(default = "default_retry_after_max_s")]
     retry_after_max_s: u32,
     #[serde(default)]
+    decide_on_body: bool,
+    #[serde(default)]
     classes: Classes,
     /// Retry-storm protection; absent means off.
     dedup: Option<DedupDoc>,
@@ -107,6 +109,10 @@ pub struct GatePolicy {
     /// A shard not refreshed for this long is dropped with its slots.
     pub stale_slot_ttl_ms: u64,
     pub retry_after_max_s: u32,
+    /// Admit a request with a body once the body is whole, so that a
+    /// refusal answers each call by its `id`. Needs a filter after the
+    /// gate that holds the headers until then (envoy-config/gateway.yaml).
+    pub decide_on_body: bool,
     pub internal: Vec<Matcher>,
     pub priority: Vec<Matcher>,
     pub dedup: Option<DedupPolicy>,
@@ -202,6 +208,7 @@ impl GatePolicy {
             heartbeat_ms,
             stale_slot_ttl_ms,
             retry_after_max_s,
+            decide_on_body: doc.decide_on_body,
             internal: compile_matchers("classes.internal", doc.classes.internal)?,
             priority: compile_matchers("classes.priority", doc.classes.priority)?,
             dedup: doc.dedup.map(DedupPolicy::compile).transpose()?,
@@ -301,6 +308,7 @@ mod tests {
                 heartbeat_ms: 1000,
                 stale_slot_ttl_ms: 10_000,
                 retry_after_max_s: 30,
+                decide_on_body: false,
                 internal: vec![],
                 priority: vec![],
                 dedup: None,

@@ -35,7 +35,7 @@ use crate::dedup::{client_name, Dedup, Pending, Verdict};
 use crate::gate::class::{classify, RequestClass};
 use crate::gate::shards::{SlotKind, Totals};
 use crate::gate::{slot_of, Admission, Decision, Heartbeat, InflightGate, Taken, Ticket};
-use crate::rejection::{json_rpc_error_body, Rejection, INVALID_REQUEST};
+use crate::rejection::{Rejection, INVALID_REQUEST};
 use crate::request::{Body, RequestFacts};
 use crate::shared::{SharedStore, StoreCounts, StoreError};
 use crate::websocket::{FrameReader, Side};
@@ -322,7 +322,9 @@ enum State {
 
 #[derive(Debug)]
 struct HttpRequest {
-    ticket: Ticket,
+    /// `None` while the admission waits for the whole body.
+    ticket: Option<Ticket>,
+    class: RequestClass,
     /// The headers did not end the request: a body follows.
     body_follows: bool,
     body_pieces: u32,
@@ -376,11 +378,8 @@ impl GateStream {
             return OnHeaders::Refuse(Rejection::new(
                 Rejection::BAD_REQUEST,
                 0,
-                json_rpc_error_body(
-                    None,
-                    INVALID_REQUEST,
-                    "a WebSocket upgrade must be a GET request",
-                ),
+                INVALID_REQUEST,
+                "a WebSocket upgrade must be a GET request",
             ));
         }
         let policy = w.gate.policy();
@@ -406,9 +405,17 @@ impl GateStream {
             self.state = State::Tunnel(ticket);
             return OnHeaders::Continue;
         }
-        let ticket = match w.admit(store, now, class, false) {
-            Ok(ticket) => ticket,
-            Err(refusal) => return OnHeaders::Refuse(refusal),
+        // With `decideOnBody`, a public request with a body is admitted
+        // when its body is whole, so that a refusal can answer each of its
+        // calls (internal requests are never refused: nothing to wait for).
+        let waits = policy.decide_on_body && !head.end_of_stream && class != RequestClass::Internal;
+        let ticket = if waits {
+            None
+        } else {
+            match w.admit(store, now, class, false) {
+                Ok(ticket) => Some(ticket),
+                Err(refusal) => return OnHeaders::Refuse(refusal),
+            }
         };
         let dedup_client = match &w.dedup {
             Some(dedup) if !head.end_of_stream && class != RequestClass::Internal => {
@@ -423,6 +430,7 @@ impl GateStream {
         };
         self.state = State::Http(HttpRequest {
             ticket,
+            class,
             body_follows: !head.end_of_stream,
             body_pieces: 0,
             dedup_client,
@@ -464,14 +472,24 @@ impl GateStream {
         }
     }
 
-    /// Request trailers: a body held for dedup goes on unchecked rather
-    /// than wait for an end that will not come.
-    pub fn request_trailers(&mut self, w: &mut GateWorker) {
+    /// Request trailers end the request: an admission that waited for the
+    /// body is made now (a refusal answers `id: null`), and a body held
+    /// for dedup goes on unchecked.
+    pub fn request_trailers(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now: &mut Now,
+    ) -> Result<(), Rejection> {
         if let State::Http(request) = &mut self.state {
+            if request.ticket.is_none() {
+                request.ticket = Some(w.admit(store, now, request.class, false)?);
+            }
             if request.dedup_client.take().is_some() {
                 w.counts.dedup.skipped += 1;
             }
         }
+        Ok(())
     }
 
     /// Retries the slots a held WebSocket's messages wait for. On
@@ -573,7 +591,9 @@ impl GateStream {
                         Err(e) => w.note_store_error("dedup completion", &e),
                     }
                 }
-                w.release(request.ticket);
+                if let Some(ticket) = request.ticket {
+                    w.release(ticket);
+                }
             }
             State::Websocket(ws) => {
                 for _ in 0..ws.held {
@@ -606,6 +626,18 @@ impl HttpRequest {
                 );
             }
         }
+        if self.ticket.is_none() {
+            if !end_of_stream {
+                return OnBody::Hold;
+            }
+            match w.admit(store, now, self.class, false) {
+                Ok(ticket) => self.ticket = Some(ticket),
+                Err(refusal) => {
+                    self.dedup_client = None;
+                    return OnBody::Refuse(refusal.answering(&body.read(0, size)));
+                }
+            }
+        }
         let Some(client) = &self.dedup_client else {
             return OnBody::Continue;
         };
@@ -623,7 +655,8 @@ impl HttpRequest {
         }
         let client = client.clone();
         self.dedup_client = None;
-        let (Ok(keyed), Some(vm)) = (dedup.key(&body.read(0, size), &client), w.gate.vm()) else {
+        let request = body.read(0, size);
+        let (Ok(keyed), Some(vm)) = (dedup.key(&request, &client), w.gate.vm()) else {
             w.counts.dedup.skipped += 1;
             return OnBody::Continue;
         };
@@ -648,7 +681,7 @@ impl HttpRequest {
             }
             Verdict::Duplicate(rejection) => {
                 w.counts.dedup.duplicates_rejected += 1;
-                OnBody::Refuse(rejection)
+                OnBody::Refuse(rejection.answering(&request))
             }
         }
     }
@@ -1033,6 +1066,67 @@ mod tests {
         }
         assert_eq!(w.counts.bodies_streamed, 2);
         assert_eq!(w.take_log().len(), 1);
+    }
+
+    #[test]
+    fn deciding_on_the_body_answers_each_call_of_a_refused_batch() {
+        let store = MemoryStore::default();
+        let mut w = worker(r#"{"maxInflight": 1, "decideOnBody": true}"#, 1);
+        let post = Head {
+            end_of_stream: false,
+            ..GET
+        };
+        let mut first = GateStream::default();
+        assert_eq!(
+            first.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post),
+            OnHeaders::Continue
+        );
+        assert_eq!(inflight(&mut w, &store), 0, "nothing taken before the body");
+        let mut piece = Bytes(br#"[{"id":1,"method":"a"},"#.to_vec());
+        assert_eq!(
+            first.request_body(&mut w, &store, &mut Now::fixed(0), 22, false, &mut piece),
+            OnBody::Hold,
+            "a piece is held until the body is whole"
+        );
+        let batch = br#"[{"id":1,"method":"a"},{"id":"b","method":"a"}]"#;
+        let mut whole = Bytes(batch.to_vec());
+        let end = batch.len();
+        assert_eq!(
+            first.request_body(&mut w, &store, &mut Now::fixed(0), end, true, &mut whole),
+            OnBody::Continue
+        );
+        assert_eq!(inflight(&mut w, &store), 1);
+
+        let mut second = GateStream::default();
+        second.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post);
+        let OnBody::Refuse(refusal) =
+            second.request_body(&mut w, &store, &mut Now::fixed(0), end, true, &mut whole)
+        else {
+            panic!("admitted over the limit");
+        };
+        let answers: Vec<serde_json::Value> = serde_json::from_str(&refusal.body).unwrap();
+        let ids: Vec<_> = answers.iter().map(|a| a["id"].clone()).collect();
+        assert_eq!(ids, [serde_json::json!(1), serde_json::json!("b")]);
+        assert!(answers.iter().all(|a| a["error"]["code"] == -32005));
+        second.done(&mut w, &store, &mut Now::fixed(0));
+        first.done(&mut w, &store, &mut Now::fixed(0));
+        assert_eq!(inflight(&mut w, &store), 0);
+
+        // A request that ends with trailers is admitted there.
+        let mut trailed = GateStream::default();
+        trailed.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post);
+        assert_eq!(
+            trailed.request_trailers(&mut w, &store, &mut Now::fixed(0)),
+            Ok(())
+        );
+        assert_eq!(inflight(&mut w, &store), 1);
+        let mut late = GateStream::default();
+        late.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post);
+        assert!(late
+            .request_trailers(&mut w, &store, &mut Now::fixed(0))
+            .is_err());
+        trailed.done(&mut w, &store, &mut Now::fixed(0));
+        assert_eq!(inflight(&mut w, &store), 0);
     }
 
     /// Shared data that refuses every call.

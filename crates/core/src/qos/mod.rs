@@ -87,7 +87,7 @@ mod round;
 pub mod state;
 pub mod stream;
 
-use crate::rejection::{json_rpc_error_body, retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
+use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
 use crate::shared::{read, update, SharedStore, StoreError, Write};
 use identity::Identity;
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};
@@ -496,8 +496,6 @@ impl StakeQos {
         Throttled {
             reason,
             rejection: Rejection {
-                status: Rejection::TOO_MANY_REQUESTS,
-                retry_after_s,
                 headers: vec![
                     ("ratelimit-policy", format!("\"stake\";q={quota_per_s};w=1")),
                     (
@@ -505,7 +503,12 @@ impl StakeQos {
                         format!("\"stake\";r={remaining};t={retry_after_s}"),
                     ),
                 ],
-                body: json_rpc_error_body(None, LIMIT_EXCEEDED, message),
+                ..Rejection::new(
+                    Rejection::TOO_MANY_REQUESTS,
+                    retry_after_s,
+                    LIMIT_EXCEEDED,
+                    message,
+                )
             },
         }
     }

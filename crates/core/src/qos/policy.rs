@@ -37,6 +37,8 @@ struct Document {
     #[serde(default = "default_retry_after_max_s")]
     retry_after_max_s: u32,
     #[serde(default)]
+    decide_on_body: bool,
+    #[serde(default)]
     reactive: ReactiveDoc,
 }
 
@@ -263,6 +265,10 @@ pub struct QosPolicy {
     pub max_identities: u32,
     pub initial_tokens: u32,
     pub retry_after_max_s: u32,
+    /// Admit a request with a body once the body is whole, so that a 429
+    /// answers each call by its `id`. Needs a filter after QoS that holds
+    /// the headers until then (envoy-config/gateway.yaml).
+    pub decide_on_body: bool,
     pub reactive: Reactive,
 }
 
@@ -466,6 +472,7 @@ impl QosPolicy {
             max_identities,
             initial_tokens,
             retry_after_max_s,
+            decide_on_body: doc.decide_on_body,
             reactive: Reactive {
                 min_capacity_rps,
                 max_capacity_rps,

@@ -4,8 +4,12 @@
 //! are charged), response headers (the upstream's status, in reactive mode)
 //! and done (the request ends locally). Each step returns what the glue
 //! must do or record, so the glue only makes host calls.
+//!
+//! With `decideOnBody`, a request with a body is admitted when the body is
+//! whole (or its trailers arrive), so that a 429 answers each call by its
+//! `id`; the identity is still read with the headers.
 
-use super::identity::{anonymous, identify};
+use super::identity::{anonymous, identify, Identity};
 use super::policy::Mode;
 use super::{Admission, Connection, StakeQos, Throttled, Ticket, Verdict};
 use crate::jsonrpc;
@@ -13,9 +17,9 @@ use crate::request::{Body, RequestFacts};
 use crate::shared::{SharedStore, StoreError};
 use crate::websocket::{FrameReader, Side};
 
-/// What the request headers decided, and what the glue records of it.
+/// What an admission decided, and what the glue records of it.
 #[derive(Debug)]
-pub struct OnHeaders {
+pub struct Decided {
     /// Answer with this 429 instead of continuing.
     pub throttled: Option<Throttled>,
     /// The identity's tier (for the per-tier counters).
@@ -29,11 +33,24 @@ pub struct OnHeaders {
     pub store_error: Option<StoreError>,
 }
 
+/// What a piece of request body asks of the glue.
+#[derive(Debug, Default)]
+pub struct OnBody {
+    /// The admission, when this piece completed a body it waited for.
+    pub decided: Option<Decided>,
+    /// Hold the body until it is whole (the admission waits for it).
+    pub hold: bool,
+    /// Calls read on a WebSocket.
+    pub websocket_calls: u32,
+}
+
 /// One stream's state in stake QoS.
 #[derive(Debug, Default)]
 pub struct QosStream {
     /// An admitted request in flight.
     ticket: Option<Ticket>,
+    /// A request whose admission waits for its whole body.
+    waiting: Option<Identity>,
     /// The body was looked at for a batch.
     charged: bool,
     upstream_status: Option<u32>,
@@ -43,9 +60,10 @@ pub struct QosStream {
 }
 
 impl QosStream {
-    /// Request headers: the identity, then the admission. An admitted
-    /// request whose headers do not end it may be an upgrade (one header
-    /// read): a WebSocket leaves the identity's requests in flight at once.
+    /// Request headers: the identity, then the admission (`None` while it
+    /// waits for the body). An admitted request whose headers do not end it
+    /// may be an upgrade (one header read): a WebSocket leaves the
+    /// identity's requests in flight at once.
     pub fn headers(
         &mut self,
         qos: &mut StakeQos,
@@ -53,69 +71,109 @@ impl QosStream {
         now_ms: u64,
         facts: &mut impl RequestFacts,
         end_of_stream: bool,
-    ) -> OnHeaders {
+    ) -> Option<Decided> {
         let identity = identify(qos.policy(), facts).unwrap_or_else(|| anonymous(qos.policy()));
-        let Admission {
-            verdict,
-            leased,
-            cas_retries,
-            evicted,
-            store_error,
-        } = qos.admit(store, now_ms, &identity);
-        let throttled = match verdict {
-            Verdict::Admit(ticket) => {
-                let upgrade = (!end_of_stream).then(|| facts.header("upgrade")).flatten();
-                match upgrade {
-                    Some(upgrade) => {
-                        let reader = upgrade
-                            .eq_ignore_ascii_case("websocket")
-                            .then(|| FrameReader::new(Side::Client));
-                        self.upgraded = Some((qos.upgraded(ticket), reader));
-                    }
-                    None => self.ticket = Some(ticket),
-                }
-                None
-            }
-            Verdict::Throttle(throttled) => Some(throttled),
-        };
-        OnHeaders {
-            throttled,
-            tier: identity.tier,
-            leased,
-            cas_retries,
-            evicted,
-            store_error,
+        let upgrade = (!end_of_stream).then(|| facts.header("upgrade")).flatten();
+        if upgrade.is_none() && !end_of_stream && qos.policy().decide_on_body {
+            self.waiting = Some(identity);
+            return None;
         }
+        let (decided, ticket) = admit(qos, store, now_ms, &identity);
+        if let Some(ticket) = ticket {
+            match upgrade {
+                Some(upgrade) => {
+                    let reader = upgrade
+                        .eq_ignore_ascii_case("websocket")
+                        .then(|| FrameReader::new(Side::Client));
+                    self.upgraded = Some((qos.upgraded(ticket), reader));
+                }
+                None => self.ticket = Some(ticket),
+            }
+        }
+        Some(decided)
     }
 
-    /// A piece of request body, `size` bytes. A batch is charged the calls
-    /// it holds beyond the first (behind the buffer filter of the shipped
-    /// configs the body is whole here; a body streamed in pieces is charged
-    /// what its first piece holds). On a WebSocket, the calls the piece
-    /// completes are charged; returns how many.
-    pub fn body(&mut self, qos: &mut StakeQos, size: usize, body: &mut impl Body) -> u32 {
+    /// A piece of request body, `size` bytes. A request waiting for its
+    /// admission is held until its body is whole, then admitted; a 429
+    /// answers its calls. A batch is charged the calls it holds beyond the
+    /// first (behind the buffer filter of the shipped configs the body is
+    /// whole here; a body streamed in pieces is charged what its first
+    /// piece holds). On a WebSocket, the calls the piece completes are
+    /// charged.
+    pub fn body(
+        &mut self,
+        qos: &mut StakeQos,
+        store: &impl SharedStore,
+        now_ms: u64,
+        size: usize,
+        end_of_stream: bool,
+        body: &mut impl Body,
+    ) -> OnBody {
         if let Some((connection, reader)) = &mut self.upgraded {
             let Some(reader) = reader else {
-                return 0;
+                return OnBody::default();
             };
             let messages = reader.feed(&body.read(0, size));
             let calls = messages.requests + messages.notifications;
             if calls > 0 {
                 qos.charge_calls(connection, calls);
             }
-            return calls;
+            return OnBody {
+                websocket_calls: calls,
+                ..OnBody::default()
+            };
         }
-        let Some(ticket) = &self.ticket else {
-            return 0;
-        };
-        if std::mem::replace(&mut self.charged, true) || size == 0 {
-            return 0;
+        let mut decided = None;
+        if self.waiting.is_some() && !end_of_stream {
+            return OnBody {
+                hold: true,
+                ..OnBody::default()
+            };
         }
-        let head = body.read(0, size.min(64));
-        if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-            qos.charge(ticket, jsonrpc::calls(&body.read(0, size)));
+        if let Some(identity) = self.waiting.take() {
+            let mut admitted = self.admit(qos, store, now_ms, &identity);
+            admitted.throttled = admitted.throttled.map(|t| Throttled {
+                rejection: t.rejection.answering(&body.read(0, size)),
+                ..t
+            });
+            decided = Some(admitted);
         }
-        0
+        if let Some(ticket) = &self.ticket {
+            if !std::mem::replace(&mut self.charged, true) && size > 0 {
+                let head = body.read(0, size.min(64));
+                if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+                    qos.charge(ticket, jsonrpc::calls(&body.read(0, size)));
+                }
+            }
+        }
+        OnBody {
+            decided,
+            ..OnBody::default()
+        }
+    }
+
+    /// Request trailers end the request: an admission waiting for the body
+    /// is made now (a 429 answers `id: null`).
+    pub fn trailers(
+        &mut self,
+        qos: &mut StakeQos,
+        store: &impl SharedStore,
+        now_ms: u64,
+    ) -> Option<Decided> {
+        let identity = self.waiting.take()?;
+        Some(self.admit(qos, store, now_ms, &identity))
+    }
+
+    fn admit(
+        &mut self,
+        qos: &mut StakeQos,
+        store: &impl SharedStore,
+        now_ms: u64,
+        identity: &Identity,
+    ) -> Decided {
+        let (decided, ticket) = admit(qos, store, now_ms, identity);
+        self.ticket = ticket;
+        decided
     }
 
     /// Response headers: in reactive mode the upstream's status (503 and
@@ -133,6 +191,36 @@ impl QosStream {
             qos.finish(now_ms, ticket, self.upstream_status);
         }
     }
+}
+
+/// Admits `identity`'s request: what was decided, and the ticket if it
+/// was admitted.
+fn admit(
+    qos: &mut StakeQos,
+    store: &impl SharedStore,
+    now_ms: u64,
+    identity: &Identity,
+) -> (Decided, Option<Ticket>) {
+    let Admission {
+        verdict,
+        leased,
+        cas_retries,
+        evicted,
+        store_error,
+    } = qos.admit(store, now_ms, identity);
+    let (throttled, ticket) = match verdict {
+        Verdict::Admit(ticket) => (None, Some(ticket)),
+        Verdict::Throttle(throttled) => (Some(throttled), None),
+    };
+    let decided = Decided {
+        throttled,
+        tier: identity.tier,
+        leased,
+        cas_retries,
+        evicted,
+        store_error,
+    };
+    (decided, ticket)
 }
 
 #[cfg(test)]
@@ -184,7 +272,7 @@ mod tests {
         let mut socket = QosStream::default();
         let upgrade = &[("upgrade", "websocket")];
         let decided = socket.headers(&mut qos, &store, 0, &mut Client(upgrade), false);
-        assert!(decided.throttled.is_none());
+        assert!(decided.is_some_and(|d| d.throttled.is_none()));
         assert!(socket.ticket.is_none() && socket.upgraded.is_some());
         let two = [
             frame(r#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}"#),
@@ -192,16 +280,63 @@ mod tests {
         ]
         .concat();
         let size = two.len();
-        assert_eq!(socket.body(&mut qos, size, &mut Bytes(two)), 2);
+        let step = socket.body(&mut qos, &store, 0, size, false, &mut Bytes(two));
+        assert_eq!(step.websocket_calls, 2);
 
         // A plain POST is in flight until done, and a batch is charged.
         let mut post = QosStream::default();
         post.headers(&mut qos, &store, 0, &mut Client(&[]), false);
         assert!(post.ticket.is_some() && post.upgraded.is_none());
         let batch = br#"[{"id":1,"method":"a"},{"id":2,"method":"b"}]"#.to_vec();
-        assert_eq!(post.body(&mut qos, batch.len(), &mut Bytes(batch)), 0);
+        let step = post.body(&mut qos, &store, 0, batch.len(), true, &mut Bytes(batch));
+        assert_eq!(step.websocket_calls, 0);
+        assert!(step.decided.is_none() && !step.hold);
         post.done(&mut qos, 5);
         post.done(&mut qos, 6);
         assert!(post.ticket.is_none());
+    }
+
+    #[test]
+    fn deciding_on_the_body_answers_each_call_of_a_throttled_batch() {
+        let store = MemoryStore::default();
+        let policy = br#"{"capacityRps": 100, "decideOnBody": true}"#;
+        let mut qos = StakeQos::new(QosPolicy::parse(policy).unwrap(), 1);
+        qos.state.throttling = true;
+        let batch =
+            br#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","id":2,"method":"b"}]"#;
+        let mut answers = Vec::new();
+        for _ in 0..20 {
+            let mut post = QosStream::default();
+            assert!(post
+                .headers(&mut qos, &store, 0, &mut Client(&[]), false)
+                .is_none());
+            let held = post.body(&mut qos, &store, 0, 10, false, &mut Bytes(batch.to_vec()));
+            assert!(held.hold && held.decided.is_none(), "held until whole");
+            let end = post.body(
+                &mut qos,
+                &store,
+                0,
+                batch.len(),
+                true,
+                &mut Bytes(batch.to_vec()),
+            );
+            assert!(!end.hold);
+            answers.push(end.decided.expect("decided at the end").throttled);
+            post.done(&mut qos, 1);
+        }
+        let refused = answers
+            .iter()
+            .flatten()
+            .next()
+            .expect("some were throttled");
+        let body: Vec<serde_json::Value> = serde_json::from_str(&refused.rejection.body).unwrap();
+        let ids: Vec<_> = body.iter().map(|e| e["id"].as_i64()).collect();
+        assert_eq!(ids, [Some(1), Some(2)]);
+
+        // Trailers end a request that waited.
+        let mut trailed = QosStream::default();
+        trailed.headers(&mut qos, &store, 0, &mut Client(&[]), false);
+        assert!(trailed.trailers(&mut qos, &store, 0).is_some());
+        assert!(trailed.trailers(&mut qos, &store, 0).is_none(), "once");
     }
 }

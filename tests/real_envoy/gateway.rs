@@ -156,6 +156,59 @@ fn a_throttled_batch_is_answered_call_by_call() {
     assert!(throttled.header("retry-after").is_some());
 }
 
+/// A WebSocket upgrade through `addr`: the socket, or the status it was
+/// refused with.
+fn try_websocket(addr: SocketAddr) -> Result<tungstenite::WebSocket<TcpStream>, u16> {
+    let stream = TcpStream::connect(addr).unwrap();
+    match tungstenite::client(format!("ws://{addr}/"), stream) {
+        Ok((socket, _)) => Ok(socket),
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(response))) => {
+            Err(response.status().as_u16())
+        }
+        Err(e) => panic!("WebSocket upgrade through {addr}: {e}"),
+    }
+}
+
+#[test]
+fn an_identity_gets_its_websocket_allowance_and_a_429_beyond_it() {
+    let node = RpcNode::start::<&str>(&[]).unwrap();
+    // One worker: the allowance is per identity on each worker.
+    let envoy = EnvoyBuilder::new("gateway.yaml")
+        .filter(qos_filter(&example_policy(
+            "stake-qos",
+            json!({ "websocketsPerIdentity": 2 }),
+        )))
+        .filter(gate_filter(&example_policy("admission-gate", json!({}))))
+        .var("RPC_NODE_HOST", node.addr().ip())
+        .var("RPC_NODE_PORT", node.addr().port())
+        .concurrency(1)
+        .start()
+        .unwrap();
+    let public = envoy.listener("public").unwrap();
+    let mut first = try_websocket(public).expect("the first socket");
+    let _second = try_websocket(public).expect("the second socket");
+    assert_eq!(
+        try_websocket(public).err(),
+        Some(429),
+        "the third is refused"
+    );
+    assert!(call(&mut first, 1).is_string(), "the open ones still serve");
+    first.close(None).unwrap();
+    drop(first);
+    // Once Envoy has seen the first one close, its place is free again.
+    let mut refused = 0;
+    assert!(eventually(Duration::from_secs(10), || {
+        let again = try_websocket(public);
+        refused += u64::from(again.is_err());
+        again.is_ok()
+    }));
+    assert!(eventually(Duration::from_secs(5), || stat(
+        &envoy,
+        "qos.websocket.refused"
+    ) == 1 + refused
+        as i64));
+}
+
 #[test]
 fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_keeps_websockets() {
     const IN_FLIGHT: u64 = 8;

@@ -30,7 +30,7 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;
 use stakegate_core::qos::stream::{Decided, QosStream};
-use stakegate_core::qos::{Reason, StakeQos};
+use stakegate_core::qos::StakeQos;
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
 use stakegate_glue::{now_ms, now_us, EnvoyQueue, EnvoyStore};
@@ -173,7 +173,7 @@ fn decided(metrics: &mut QosMetrics, decided: Decided) -> Action {
             Action::Continue
         }
         Some(throttled) => {
-            metrics.throttled(decided.tier, throttled.reason == Reason::Concurrency);
+            metrics.throttled(decided.tier, throttled.reason);
             stakegate_glue::reject(&throttled.rejection);
             Action::Pause
         }

@@ -7,6 +7,7 @@
 
 use proxy_wasm::types::MetricType;
 use stakegate_core::qos::state::QosState;
+use stakegate_core::qos::Reason;
 use stakegate_core::shared::StoreCounts;
 use stakegate_glue::metrics::{self, add, set};
 
@@ -14,6 +15,7 @@ use stakegate_glue::metrics::{self, add, set};
 #[derive(Default)]
 struct Counts {
     throttled_concurrency: u64,
+    websockets_refused: u64,
     rounds: u64,
     store: StoreCounts,
     evicted: u64,
@@ -31,6 +33,7 @@ type Gauge = fn(&QosState, u64) -> u64;
 /// Counters: name, and the count it reports.
 const COUNTERS: &[(&str, Count)] = &[
     ("throttled_concurrency", |c| c.throttled_concurrency),
+    ("websocket.refused", |c| c.websockets_refused),
     ("rounds", |c| c.rounds),
     ("cas_retries", |c| c.store.cas_retries),
     ("store_errors", |c| c.store.store_errors),
@@ -113,9 +116,13 @@ impl QosMetrics {
         self.admitted.bump(tier);
     }
 
-    pub fn throttled(&mut self, tier: usize, concurrency: bool) {
+    pub fn throttled(&mut self, tier: usize, reason: Reason) {
         self.throttled.bump(tier);
-        self.counts.throttled_concurrency += u64::from(concurrency);
+        match reason {
+            Reason::Rate => {}
+            Reason::Concurrency => self.counts.throttled_concurrency += 1,
+            Reason::Websockets => self.counts.websockets_refused += 1,
+        }
     }
 
     /// CAS retries and store errors, counted as the gate counts them.

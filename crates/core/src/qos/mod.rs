@@ -128,8 +128,10 @@ pub struct Ticket {
 
 /// An admitted WebSocket (or other upgraded stream), after `upgraded`: it
 /// is not a request in flight, but the calls sent on it are charged to its
-/// identity (`charge_calls`).
+/// identity (`charge_calls`), and it holds one of the identity's
+/// WebSocket places until `closed`.
 #[derive(Debug, PartialEq, Eq)]
+#[must_use = "a connection holds its identity's WebSocket place until it is closed"]
 pub struct Connection {
     key: u64,
 }
@@ -140,6 +142,9 @@ pub enum Reason {
     Rate,
     /// The identity's concurrency allowance is used up.
     Concurrency,
+    /// The identity holds `websocketsPerIdentity` WebSockets open on this
+    /// worker.
+    Websockets,
 }
 
 /// A 429, and why.
@@ -184,6 +189,8 @@ struct Local {
     /// The round in which the shared bucket was found empty.
     dry_round: Option<u64>,
     inflight: u32,
+    /// Upgraded connections open (WebSockets).
+    websockets: u32,
     /// EWMA of request latency, start to response end, in µs.
     latency_us: u32,
     /// Counts since the last report.
@@ -281,6 +288,7 @@ impl StakeQos {
             grant: 0,
             dry_round: None,
             inflight: 0,
+            websockets: 0,
             latency_us: 0,
             delta: Delta {
                 key: identity.key,
@@ -438,12 +446,27 @@ impl StakeQos {
     /// An admitted request turned out to be an upgrade (a WebSocket): it
     /// leaves the identity's requests in flight at once, so that open
     /// subscriptions do not use up the concurrency allowance its HTTP calls
-    /// need. Its admission was charged one call.
-    pub fn upgraded(&mut self, ticket: Ticket) -> Connection {
-        if let Some(local) = self.locals.get_mut(&ticket.key) {
-            local.inflight = local.inflight.saturating_sub(1);
+    /// need. Its admission was charged one call. It takes one of the
+    /// identity's `websocketsPerIdentity` places on this worker, or is
+    /// throttled if none is left.
+    pub fn upgraded(&mut self, ticket: Ticket) -> Result<Connection, Throttled> {
+        let allowance = self.policy.websockets_per_identity;
+        let Some(local) = self.locals.get_mut(&ticket.key) else {
+            return Ok(Connection { key: ticket.key });
+        };
+        local.inflight = local.inflight.saturating_sub(1);
+        if local.websockets >= allowance {
+            return Err(self.throttled(Reason::Websockets, 0, 0.0, 0));
         }
-        Connection { key: ticket.key }
+        local.websockets += 1;
+        Ok(Connection { key: ticket.key })
+    }
+
+    /// An upgraded connection ended: its WebSocket place is free.
+    pub fn closed(&mut self, connection: Connection) {
+        if let Some(local) = self.locals.get_mut(&connection.key) {
+            local.websockets = local.websockets.saturating_sub(1);
+        }
     }
 
     /// `calls` JSON-RPC calls sent on an upgraded connection: demand, and
@@ -486,10 +509,13 @@ impl StakeQos {
             Reason::Concurrency => {
                 retry_after_s(1, 1e6 / f64::from(latency_us.max(1)), jitter, max)
             }
+            // When a socket closes is unknown: soon, spread out.
+            Reason::Websockets => retry_after_s(1, 1.0, jitter, max),
         };
         let message = match reason {
             Reason::Rate => "rate limit exceeded: over this client's stake share",
             Reason::Concurrency => "too many requests in flight for this client's stake share",
+            Reason::Websockets => "too many WebSockets open for this client",
         };
         let quota_per_s = share_rps.round() as u64;
         let remaining = (tokens.max(0) / MILLI) as u64;
@@ -641,7 +667,10 @@ impl StakeQos {
         self.last_sweep_ms = now_ms;
         let ttl = self.policy.idle_ttl_ms;
         self.locals.retain(|_, l| {
-            l.inflight > 0 || !l.delta.is_empty() || now_ms.saturating_sub(l.last_seen_ms) <= ttl
+            l.inflight > 0
+                || l.websockets > 0
+                || !l.delta.is_empty()
+                || now_ms.saturating_sub(l.last_seen_ms) <= ttl
         });
     }
 

@@ -38,6 +38,8 @@ struct Document {
     retry_after_max_s: u32,
     #[serde(default)]
     decide_on_body: bool,
+    #[serde(default = "default_websockets_per_identity")]
+    websockets_per_identity: u32,
     #[serde(default)]
     reactive: ReactiveDoc,
 }
@@ -193,6 +195,9 @@ fn default_idle_ttl_ms() -> u64 {
 fn default_max_identities() -> u32 {
     10_000
 }
+fn default_websockets_per_identity() -> u32 {
+    16
+}
 fn default_initial_tokens() -> u32 {
     8
 }
@@ -269,6 +274,8 @@ pub struct QosPolicy {
     /// answers each call by its `id`. Needs a filter after QoS that holds
     /// the headers until then (envoy-config/gateway.yaml).
     pub decide_on_body: bool,
+    /// WebSockets one identity may hold open on each Envoy worker.
+    pub websockets_per_identity: u32,
     pub reactive: Reactive,
 }
 
@@ -309,6 +316,12 @@ impl QosPolicy {
         })?;
         let idle_ttl_ms = range("idleTtlMs", doc.idle_ttl_ms, min_idle, 86_400_000)?;
         let max_identities = range("maxIdentities", doc.max_identities, 1, MAX_IDENTITIES)?;
+        let websockets_per_identity = range(
+            "websocketsPerIdentity",
+            doc.websockets_per_identity,
+            1,
+            MAX_IDENTITIES,
+        )?;
         let visits = u64::from(max_identities) * 1000 / refill_interval_ms;
         ensure(visits <= MAX_REFILL_VISITS_PER_S, "maxIdentities", || {
             format!(
@@ -473,6 +486,7 @@ impl QosPolicy {
             initial_tokens,
             retry_after_max_s,
             decide_on_body: doc.decide_on_body,
+            websockets_per_identity,
             reactive: Reactive {
                 min_capacity_rps,
                 max_capacity_rps,

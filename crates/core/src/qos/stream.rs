@@ -78,15 +78,18 @@ impl QosStream {
             self.waiting = Some(identity);
             return None;
         }
-        let (decided, ticket) = admit(qos, store, now_ms, &identity);
+        let (mut decided, ticket) = admit(qos, store, now_ms, &identity);
         if let Some(ticket) = ticket {
             match upgrade {
-                Some(upgrade) => {
-                    let reader = upgrade
-                        .eq_ignore_ascii_case("websocket")
-                        .then(|| FrameReader::new(Side::Client));
-                    self.upgraded = Some((qos.upgraded(ticket), reader));
-                }
+                Some(upgrade) => match qos.upgraded(ticket) {
+                    Ok(connection) => {
+                        let reader = upgrade
+                            .eq_ignore_ascii_case("websocket")
+                            .then(|| FrameReader::new(Side::Client));
+                        self.upgraded = Some((connection, reader));
+                    }
+                    Err(throttled) => decided.throttled = Some(throttled),
+                },
                 None => self.ticket = Some(ticket),
             }
         }
@@ -185,10 +188,14 @@ impl QosStream {
     }
 
     /// The stream is over: the request ends locally (its place in flight
-    /// and its latency). Safe to call more than once.
+    /// and its latency), or an upgraded connection gives back its
+    /// WebSocket place. Safe to call more than once.
     pub fn done(&mut self, qos: &mut StakeQos, now_ms: u64) {
         if let Some(ticket) = self.ticket.take() {
             qos.finish(now_ms, ticket, self.upstream_status);
+        }
+        if let Some((connection, _)) = self.upgraded.take() {
+            qos.closed(connection);
         }
     }
 }

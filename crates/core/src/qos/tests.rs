@@ -352,7 +352,7 @@ fn open_websockets_leave_the_concurrency_allowance_and_their_calls_are_charged()
         // Eight sockets opened before throttling began.
         let sockets: Vec<_> = (0..8)
             .map(|_| match qos.admit(&store, 0, &me).verdict {
-                Verdict::Admit(ticket) if upgrade => Ok(qos.upgraded(ticket)),
+                Verdict::Admit(ticket) if upgrade => Ok(qos.upgraded(ticket).unwrap()),
                 Verdict::Admit(ticket) => Err(ticket),
                 Verdict::Throttle(t) => panic!("below the threshold: {t:?}"),
             })
@@ -384,6 +384,39 @@ fn open_websockets_leave_the_concurrency_allowance_and_their_calls_are_charged()
     let after = (qos.locals[&1].delta.arrivals, qos.locals[&1].lease);
     assert_eq!(after.0, before.0 + 5);
     assert_eq!(after.1, before.1 - 5 * MILLI);
+}
+
+#[test]
+fn an_identity_holds_at_most_its_websocket_allowance_open() {
+    let policy = br#"{"capacityRps": 100, "websocketsPerIdentity": 2}"#;
+    let mut qos = StakeQos::new(QosPolicy::parse(policy).unwrap(), 1);
+    let store = MemoryStore::default();
+    let (me, other) = (identity(1, 10_000_000), identity(2, 10_000_000));
+    let open = |qos: &mut StakeQos, who: &Identity| {
+        let Verdict::Admit(ticket) = qos.admit(&store, 0, who).verdict else {
+            unreachable!("below the threshold")
+        };
+        qos.upgraded(ticket)
+    };
+    let first = open(&mut qos, &me).unwrap();
+    let _second = open(&mut qos, &me).unwrap();
+    let refused = open(&mut qos, &me).unwrap_err();
+    assert_eq!(refused.reason, Reason::Websockets);
+    assert_eq!(refused.rejection.status, 429);
+    assert!(refused.rejection.body.contains("WebSockets open"));
+    assert!(
+        open(&mut qos, &other).is_ok(),
+        "the allowance is per identity"
+    );
+    assert_eq!(
+        qos.locals[&1].inflight, 0,
+        "a refused upgrade is not in flight"
+    );
+    qos.closed(first);
+    let _third = open(&mut qos, &me).unwrap();
+    // An identity with sockets open is kept, however long it stays quiet.
+    qos.sweep(10 * qos.policy.idle_ttl_ms);
+    assert_eq!(qos.locals[&1].websockets, 2);
 }
 
 #[test]

@@ -86,7 +86,7 @@ fuzz:
 integration-test:
 	cargo test -p stakegate-tests --test real_envoy -- --test-threads=1
 
-# The docker-compose stack, offline: images, up, a short tip-flood, checked
+# The docker-compose stack, offline: images, up, a short run of the whole gateway, checked
 # (installs Docker from Debian and starts dockerd if needed).
 compose-test:
 	bash scripts/compose-check.sh
@@ -110,7 +110,7 @@ lint:
 fmt:
 	cargo fmt --all
 
-## demo: Envoy, rpc-node and load, with a readable summary.
+## demo: the whole gateway under a flood, against no filters: Envoy, rpc-node and load, with a readable summary.
 demo: setup build
 	./target/tools/stakegate demo
 

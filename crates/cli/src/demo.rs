@@ -1,12 +1,12 @@
-//! `stakegate demo`: "tip under RPC flood" (docs/background.md part 5), for
-//! real, side by side.
+//! `stakegate demo`: the whole gateway under a flood, for real, side by
+//! side with no gateway at all.
 //!
-//! It is `stakegate scenario run tip-flood` twice, with the flood's length
-//! and Envoy's workers from the command line: "no-gate" with no filter in
-//! the way (`--no-filters`), "gate" with the scenario's admission gate.
-//! Each run writes its own results under `--out` (`no-gate/`, `gate/`);
-//! the demo adds the two summaries side by side in `summary.json` and
-//! prints them as one table.
+//! It is `stakegate scenario run gateway` twice, with the flood's length
+//! and Envoy's workers from the command line: "no-filters" with nothing in
+//! the way (`--no-filters`), "gateway" with stake QoS and the admission
+//! gate (envoy-config/gateway.yaml). Each run writes its own results under
+//! `--out` (`no-filters/`, `gateway/`); the demo adds the two summaries side
+//! by side in `summary.json` and prints them as one table.
 
 use crate::scenario::run::{run_and_record, RunArgs};
 use crate::summary::{ClientSummary, NodeSummary, Summary};
@@ -21,17 +21,17 @@ pub struct DemoArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub flood: Duration,
     /// Where the results go.
-    #[arg(long, default_value = "results/tip-flood")]
+    #[arg(long, default_value = "results/demo")]
     pub out: PathBuf,
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     pub concurrency: u32,
 }
 
-const SCENARIO: &str = "tip-flood";
+const SCENARIO: &str = "gateway";
 
 /// The two runs: a name, and whether the scenario's filters are left out.
-const VARIANTS: [(&str, bool); 2] = [("no-gate", true), ("gate", false)];
+const VARIANTS: [(&str, bool); 2] = [("no-filters", true), ("gateway", false)];
 
 #[derive(Debug, Serialize)]
 struct DemoSummary {
@@ -41,8 +41,8 @@ struct DemoSummary {
 
 pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     println!(
-        "tip under RPC flood: `stakegate scenario run {SCENARIO}` for {:?}, \
-         without the gate and with it.\n",
+        "staked and unstaked clients flooding a node: `stakegate scenario run {SCENARIO}` \
+         for {:?}, without filters and through the whole gateway.\n",
         args.flood
     );
     let mut variants = BTreeMap::new();
@@ -72,26 +72,25 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
 fn table(variants: &BTreeMap<&str, Summary>) -> String {
     type Cell = fn(&Summary) -> String;
     let rows: &[(&str, Cell)] = &[
-        ("flood offered rps", |s| {
-            client(s, "flood", |c| format!("{:.0}", c.offered_rps))
+        ("public offered rps", |s| {
+            format!("{:.0}", public(s).map(|c| c.offered_rps).sum::<f64>())
         }),
-        ("flood answered 200", |s| status(s, "flood", "200")),
-        ("flood rejected 503", |s| status(s, "flood", "503")),
-        ("flood timed out", |s| status(s, "flood", "timeout")),
-        ("flood transport errors", |s| {
-            status(s, "flood", "transport_error")
-        }),
+        ("public answered 200", |s| public_status(s, "200")),
+        ("throttled 429 (QoS)", |s| public_status(s, "429")),
+        ("shed 503 (gate)", |s| public_status(s, "503")),
+        ("timed out", |s| public_status(s, "timeout")),
+        ("transport errors", |s| public_status(s, "transport_error")),
         ("admitted rps", |s| {
-            client(s, "flood", |c| format!("{:.0}", c.admitted_rps))
+            format!("{:.0}", public(s).map(|c| c.admitted_rps).sum::<f64>())
         }),
-        ("admitted p50 ms", |s| {
-            client(s, "flood", |c| format!("{:.1}", c.latency_ms.p50))
+        ("admitted p99 ms (worst)", |s| {
+            format!("{:.1}", worst(s, |c| c.latency_ms.p99))
         }),
-        ("admitted p99 ms", |s| {
-            client(s, "flood", |c| format!("{:.1}", c.latency_ms.p99))
+        ("rejected p99 ms (worst)", |s| {
+            format!("{:.2}", worst(s, |c| c.rejected_latency_ms.p99))
         }),
-        ("rejected p99 ms", |s| {
-            client(s, "flood", |c| format!("{:.2}", c.rejected_latency_ms.p99))
+        ("max share error pp", |s| {
+            format!("{:.2}", s.max_share_error_pp)
         }),
         ("node queue max", |s| node(s, |n| n.queue_max.to_string())),
         ("node tip lag max ms", |s| {
@@ -123,6 +122,20 @@ fn table(variants: &BTreeMap<&str, Summary>) -> String {
         out.push('\n');
     }
     out
+}
+
+fn public(s: &Summary) -> impl Iterator<Item = &ClientSummary> {
+    s.clients.iter().filter(|c| c.public)
+}
+
+fn public_status(s: &Summary, key: &str) -> String {
+    let count = |c: &ClientSummary| c.status_counts.get(key).copied().unwrap_or(0);
+    public(s).map(count).sum::<u64>().to_string()
+}
+
+/// The largest of `f` over the public clients.
+fn worst(s: &Summary, f: fn(&ClientSummary) -> f64) -> f64 {
+    public(s).map(f).fold(0.0, f64::max)
 }
 
 fn client(s: &Summary, id: &str, f: impl Fn(&ClientSummary) -> String) -> String {

@@ -6,16 +6,16 @@ use std::time::Duration;
 
 /// rpc-node with `args`, behind Envoy started from `template` at `--concurrency 2`.
 pub fn node_behind_envoy(template: &str, node_args: &[&str]) -> (RpcNode, Envoy) {
-    start_behind(EnvoyBuilder::new(template), node_args)
+    start_behind(EnvoyBuilder::new(template), node_args, 2)
 }
 
 /// rpc-node with `node_args`, then Envoy from `builder` pointed at it.
-fn start_behind(builder: EnvoyBuilder, node_args: &[&str]) -> (RpcNode, Envoy) {
+fn start_behind(builder: EnvoyBuilder, node_args: &[&str], workers: u32) -> (RpcNode, Envoy) {
     let node = RpcNode::start(node_args).expect("rpc-node starts");
     let envoy = builder
         .var("RPC_NODE_HOST", node.addr().ip())
         .var("RPC_NODE_PORT", node.addr().port())
-        .concurrency(2)
+        .concurrency(workers)
         .start()
         .expect("envoy starts");
     (node, envoy)
@@ -77,7 +77,22 @@ pub fn node_behind_filters(
     let builder = filters
         .into_iter()
         .fold(EnvoyBuilder::new(template), EnvoyBuilder::filter);
-    start_behind(builder, node_args)
+    start_behind(builder, node_args, 2)
+}
+
+/// rpc-node with `node_args` behind the whole gateway (gateway.yaml) with
+/// these policies, on one Envoy worker: a slot or a WebSocket place given
+/// back is at once the next request's (with more workers a spare slot
+/// moves at the gate's heartbeat, and QoS counts sockets per worker).
+pub fn gateway_on_one_worker(
+    qos_policy: &str,
+    gate_policy: &str,
+    node_args: &[&str],
+) -> (RpcNode, Envoy) {
+    let builder = EnvoyBuilder::new("gateway.yaml")
+        .filter(qos_filter(qos_policy))
+        .filter(gate_filter(gate_policy));
+    start_behind(builder, node_args, 1)
 }
 
 /// A shipped example policy (`NAME.example.json` under policies/) with `changes`

@@ -4,9 +4,9 @@
 //! straight at the node.
 
 use serde_json::{json, Value};
-use stakegate_stack::{http, paths, Anvil, Envoy, EnvoyBuilder, RpcNode};
+use stakegate_stack::{http, paths, Anvil, Envoy};
 use stakegate_tests::{
-    assert_refused_call_by_call, eventually, example_policy, gate_filter, qos_filter,
+    assert_refused_call_by_call, eventually, example_policy, gateway_on_one_worker,
     start_initialised,
 };
 use std::io::Write;
@@ -121,17 +121,11 @@ fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
     // request's (with more, a worker's spare slot moves at its heartbeat).
     // Nothing drains, so the gate's retry-after would grow to its cap: 2 s
     // keeps the libraries that wait for it quick.
-    let node = RpcNode::start(&["--cost", "eth_getLogs=120s"]).unwrap();
-    let envoy = EnvoyBuilder::new("gateway.yaml")
-        .filter(qos_filter(&example_policy("stake-qos", json!({}))))
-        .filter(gate_filter(
-            r#"{"maxInflight": 2, "dedup": {}, "retryAfterMaxS": 2, "decideOnBody": true}"#,
-        ))
-        .var("RPC_NODE_HOST", node.addr().ip())
-        .var("RPC_NODE_PORT", node.addr().port())
-        .concurrency(1)
-        .start()
-        .unwrap();
+    let (node, envoy) = gateway_on_one_worker(
+        &example_policy("stake-qos", json!({})),
+        r#"{"maxInflight": 2, "dedup": {}, "retryAfterMaxS": 2, "decideOnBody": true}"#,
+        &["--cost", "eth_getLogs=120s"],
+    );
     let public = envoy.listener("public").unwrap();
     let url = format!("http://{public}");
     let at_node = |n: u64| {

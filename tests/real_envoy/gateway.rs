@@ -5,8 +5,9 @@ use serde_json::json;
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{http, loadgen, paths, Envoy, EnvoyBuilder, RpcNode};
 use stakegate_tests::{
-    assert_refused_call_by_call, client, eventually, example_policy, gate_filter, load_h2,
-    node_behind_filters, qos_filter, stakegate_init, start_initialised, websocket,
+    assert_refused_call_by_call, client, eventually, example_policy, gate_filter,
+    gateway_on_one_worker, load_h2, node_behind_filters, qos_filter, stakegate_init,
+    start_initialised, websocket,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -171,19 +172,12 @@ fn try_websocket(addr: SocketAddr) -> Result<tungstenite::WebSocket<TcpStream>, 
 
 #[test]
 fn an_identity_gets_its_websocket_allowance_and_a_429_beyond_it() {
-    let node = RpcNode::start::<&str>(&[]).unwrap();
     // One worker: the allowance is per identity on each worker.
-    let envoy = EnvoyBuilder::new("gateway.yaml")
-        .filter(qos_filter(&example_policy(
-            "stake-qos",
-            json!({ "websocketsPerIdentity": 2 }),
-        )))
-        .filter(gate_filter(&example_policy("admission-gate", json!({}))))
-        .var("RPC_NODE_HOST", node.addr().ip())
-        .var("RPC_NODE_PORT", node.addr().port())
-        .concurrency(1)
-        .start()
-        .unwrap();
+    let (_node, envoy) = gateway_on_one_worker(
+        &example_policy("stake-qos", json!({ "websocketsPerIdentity": 2 })),
+        &example_policy("admission-gate", json!({})),
+        &[],
+    );
     let public = envoy.listener("public").unwrap();
     let mut first = try_websocket(public).expect("the first socket");
     let _second = try_websocket(public).expect("the second socket");

@@ -93,6 +93,27 @@ fn a_slow_original_blocks_its_retries_past_the_window() {
 }
 
 #[test]
+fn a_retry_is_sent_when_the_node_failed_its_original() {
+    let mut host = gate(r#"{"windowMs": 10000}"#, 2);
+    let request = call(1, r#"{"data":"0x01"}"#);
+    let original = sent(&mut host, 0, &request);
+    host.finish(original, 503, Duration::from_millis(100))
+        .unwrap();
+    let retry = sent(&mut host, 1, &request);
+    // Answered, it blocks the key for the window as before; and so does a
+    // stream its client reset (the node may still be working on it).
+    host.finish(retry, 200, Duration::from_millis(100)).unwrap();
+    refused(&mut host, 0, &request);
+    let other = call(2, r#"{"data":"0x02"}"#);
+    let abandoned = sent(&mut host, 0, &other);
+    host.abort(abandoned).unwrap();
+    refused(&mut host, 1, &other);
+    host.advance(Duration::from_millis(1000)).unwrap();
+    assert_eq!(host.metric("stakegate.gate.dedup.failed"), 1);
+    assert_eq!(host.metric("stakegate.gate.dedup.duplicates_rejected"), 2);
+}
+
+#[test]
 fn a_lost_completion_stops_blocking_when_the_window_ends() {
     let mut host = gate(r#"{"windowMs": 5000}"#, 2);
     let request = call(1, r#"{"data":"0x01"}"#);

@@ -256,12 +256,15 @@ impl Dedup {
     }
 
     /// The request `pending` ended (answered, reset or refused later in the
-    /// chain). Returns entries purged (1 if its window was already over).
+    /// chain), and its entry blocks the key until the window is over; but
+    /// if `failed` (the node answered 5xx), the entry goes at once, so that
+    /// a retry is sent. Returns entries purged (1 if the entry went).
     pub fn complete(
         &self,
         store: &impl SharedStore,
         pending: Pending,
         now_ms: u64,
+        failed: bool,
     ) -> Result<(u64, u32), StoreError> {
         let page = page_key(page_of(&pending.key, self.policy.pages));
         let window_end = pending.start_ms.saturating_add(self.policy.window_ms);
@@ -271,7 +274,7 @@ impl Dedup {
             }) else {
                 return Change::Keep(0);
             };
-            if now_ms >= window_end {
+            if now_ms >= window_end || failed {
                 page.entries.swap_remove(i);
                 Change::Write(1)
             } else {
@@ -456,7 +459,7 @@ mod tests {
         };
         let _in_flight = pending(verdict(&d, &store, &keyed(&d, &call("1"), bob), 1, 10_100));
         // Completing early does not end the window...
-        assert_eq!(d.complete(&store, sent, 10_300).unwrap().0, 0);
+        assert_eq!(d.complete(&store, sent, 10_300, false).unwrap().0, 0);
         assert_eq!(retry_after(&verdict(&d, &store, &a, 1, 12_000)), Some(1));
         // ...which ends at start + window.
         let checked = d.check(&store, &a, 1, 12_500).unwrap();
@@ -474,7 +477,7 @@ mod tests {
         assert_eq!(retry_after(&verdict(&d, &store, &a, 2, 5000)), Some(1));
         assert_eq!(d.sweep(&store, 2, 5000).unwrap().entries, 1);
         // It completes after its window: the entry goes at once.
-        assert_eq!(d.complete(&store, sent, 6000).unwrap().0, 1);
+        assert_eq!(d.complete(&store, sent, 6000, false).unwrap().0, 1);
         let _in_flight = pending(verdict(&d, &store, &a, 2, 6001));
     }
 
@@ -517,7 +520,7 @@ mod tests {
         // In flight, they stay however old; completed, their window ends them.
         assert_eq!(d.sweep(&store, 1, 400).unwrap().entries, 64);
         for p in sent {
-            d.complete(&store, p, 500).unwrap();
+            d.complete(&store, p, 500, false).unwrap();
         }
         assert_eq!(d.sweep(&store, 1, 999).unwrap().entries, 64);
         let sweep = d.sweep(&store, 1, 1000).unwrap();

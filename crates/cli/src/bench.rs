@@ -69,11 +69,14 @@ const LOCAL_RATELIMIT: &str = r#"          - name: envoy.filters.http.local_rate
               filter_enabled: { runtime_key: bench_enabled, default_value: { numerator: 100, denominator: HUNDRED } }
               filter_enforced: { runtime_key: bench_enforced, default_value: { numerator: 100, denominator: HUNDRED } }"#;
 
-const GATE: &str = r#"{"maxInflight": 1000000}"#;
+// Each deciding once the body is whole, as the example policies and
+// gateway.yaml do (the bench listener holds the headers, as they do).
+const GATE: &str = r#"{"maxInflight": 1000000, "decideOnBody": true}"#;
 /// Room for every call of a 1 s window at the rates a core reaches.
-const GATE_DEDUP: &str = r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536}}"#;
-const QOS_BELOW: &str = r#"{"capacityRps": 10000000}"#;
-const QOS_THROTTLING: &str = r#"{"capacityRps": 100}"#;
+const GATE_DEDUP: &str =
+    r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536}, "decideOnBody": true}"#;
+const QOS_BELOW: &str = r#"{"capacityRps": 10000000, "decideOnBody": true}"#;
+const QOS_THROTTLING: &str = r#"{"capacityRps": 100, "decideOnBody": true}"#;
 
 fn chains() -> anyhow::Result<Vec<Chain>> {
     let gate = |policy: &str| -> anyhow::Result<Element> {

@@ -1,13 +1,12 @@
 //! Any bytes as a request body for retry-storm protection: reading and
 //! keying never panic, the key ignores the `id` and whitespace around the
-//! body, and a duplicate's 429 body quoting the request's `id` is JSON with
-//! that same `id`.
+//! body, and a refusal answering the body is JSON with each call's `id`.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use stakegate_core::dedup::key::Body;
 use stakegate_core::gate::policy::GatePolicy;
-use stakegate_core::rejection::{json_rpc_error_body, LIMIT_EXCEEDED};
+use stakegate_core::rejection::{Rejection, LIMIT_EXCEEDED};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(body) = Body::parse(data) else {
@@ -27,12 +26,26 @@ fuzz_target!(|data: &[u8]| {
     let policy = GatePolicy::parse(br#"{"maxInflight": 8, "dedup": {"methods": ["m"]}}"#)
         .expect("a valid policy");
     let dedup = stakegate_core::dedup::Dedup::new(policy.dedup.expect("dedup"), 1000, 30);
-    if let Ok(keyed) = dedup.key(data, "client") {
-        let answer = json_rpc_error_body(keyed.id.as_deref(), LIMIT_EXCEEDED, "duplicate");
-        let value: serde_json::Value = serde_json::from_str(&answer).expect("the 429 body is JSON");
-        if let Some(id) = &keyed.id {
-            let quoted: serde_json::Value = serde_json::from_str(id).expect("the id is JSON");
-            assert_eq!(value["id"], quoted);
+    let _ = dedup.key(data, "client");
+
+    // A refusal answering this body is JSON: for one call, its own id (or
+    // null where a JSON reader refuses the id); for a batch, an array with
+    // one error per call that has an id.
+    let refusal = Rejection::new(429, 1, LIMIT_EXCEEDED, "duplicate").answering(data);
+    let value: serde_json::Value =
+        serde_json::from_str(&refusal.body).expect("the refusal's body is JSON");
+    let ids: Vec<&[u8]> = calls.iter().filter_map(|c| c.id).collect();
+    let readable = |raw: &[u8]| serde_json::from_slice::<serde_json::Value>(raw).ok();
+    match (body.is_batch(), ids.as_slice(), &value) {
+        (_, [], v) => assert!(v["id"].is_null()),
+        (false, [id], v) => assert_eq!(v["id"], readable(id).unwrap_or_default()),
+        (_, ids, serde_json::Value::Array(errors)) => {
+            assert_eq!(errors.len(), ids.len());
+            for (error, id) in errors.iter().zip(ids) {
+                assert_eq!(error["id"], readable(id).unwrap_or_default());
+                assert_eq!(error["error"]["code"], LIMIT_EXCEEDED);
+            }
         }
+        (_, _, v) => panic!("a batch answered with {v}"),
     }
 });

@@ -61,7 +61,7 @@ impl Rejection {
             .iter()
             .filter_map(|call| call.id)
             .map(|raw| {
-                serde_json::from_slice::<serde::de::IgnoredAny>(raw)
+                serde_json::from_slice::<serde_json::Value>(raw)
                     .ok()
                     .and_then(|_| std::str::from_utf8(raw).ok())
             })
@@ -213,6 +213,9 @@ mod tests {
         // A one-call batch is still a batch: an array.
         let single = refused().answering(br#"[{"jsonrpc":"2.0","id":9,"method":"a"}]"#);
         assert_eq!(single.body, format!("[{}]", error("9")));
+        // An id a JSON reader refuses (out of range) is answered `null`.
+        let huge = refused().answering(br#"{"method":"m","id":-0.5e+333333}"#);
+        assert_eq!(huge.body, error("null"));
         for unanswerable in [
             &b"not json"[..],
             br#"{"jsonrpc":"2.0","method":"note"}"#,

@@ -1,6 +1,7 @@
 //! Retry-storm protection in the compiled admission gate, in the offline
-//! host: duplicates refused while in flight and within the window, a lost
-//! completion, and what passes unchecked.
+//! host: duplicates refused while in flight, and within the window after a
+//! client abandoned the original; a lost completion, and what passes
+//! unchecked.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -41,7 +42,7 @@ fn refused(host: &mut Host, worker: usize, request: &Request) -> LocalReply {
 }
 
 #[test]
-fn a_duplicate_is_refused_until_the_window_ends() {
+fn a_duplicate_is_refused_until_its_abandoned_original_s_window_ends() {
     let mut host = gate(r#"{"windowMs": 3000}"#, 2);
     let original = sent(&mut host, 0, &call(1, r#"{"data":"0x01"}"#));
     // A retry with a new id, on another worker: 429 with the rest of the window.
@@ -57,10 +58,10 @@ fn a_duplicate_is_refused_until_the_window_ends() {
         .contains("duplicate"));
     // Other params are another request.
     let other = sent(&mut host, 1, &call(3, r#"{"data":"0x02"}"#));
-    // Completed, it still blocks until start + window...
+    // Abandoned by its client, it still blocks until start + window (the
+    // node may still be working on it)...
     host.advance(Duration::from_millis(1000)).unwrap();
-    host.finish(original, 200, Duration::from_millis(1000))
-        .unwrap();
+    host.abort(original).unwrap();
     let reply = refused(&mut host, 0, &call(4, r#"{"data":"0x01"}"#));
     assert_eq!(reply.header("retry-after"), Some("2"));
     // ...and no longer.
@@ -93,24 +94,26 @@ fn a_slow_original_blocks_its_retries_past_the_window() {
 }
 
 #[test]
-fn a_retry_is_sent_when_the_node_failed_its_original() {
+fn an_answered_original_stops_blocking_at_once() {
+    // A poll for a receipt not yet mined: the node answers null, and the
+    // next poll 50 ms later must reach it, whatever the window.
     let mut host = gate(r#"{"windowMs": 10000}"#, 2);
-    let request = call(1, r#"{"data":"0x01"}"#);
-    let original = sent(&mut host, 0, &request);
-    host.finish(original, 503, Duration::from_millis(100))
-        .unwrap();
-    let retry = sent(&mut host, 1, &request);
-    // Answered, it blocks the key for the window as before; and so does a
-    // stream its client reset (the node may still be working on it).
-    host.finish(retry, 200, Duration::from_millis(100)).unwrap();
-    refused(&mut host, 0, &request);
+    let poll = Request::json_rpc(
+        r#"{"jsonrpc":"2.0","id":1,"method":"eth_getTransactionReceipt","params":["0xab"]}"#,
+    );
+    for (worker, status) in [(0, 200), (1, 503), (0, 200)] {
+        let id = sent(&mut host, worker, &poll);
+        host.finish(id, status, Duration::from_millis(50)).unwrap();
+    }
+    // A stream its client reset still blocks for the window.
     let other = call(2, r#"{"data":"0x02"}"#);
     let abandoned = sent(&mut host, 0, &other);
     host.abort(abandoned).unwrap();
     refused(&mut host, 1, &other);
     host.advance(Duration::from_millis(1000)).unwrap();
-    assert_eq!(host.metric("stakegate.gate.dedup.failed"), 1);
-    assert_eq!(host.metric("stakegate.gate.dedup.duplicates_rejected"), 2);
+    assert_eq!(host.metric("stakegate.gate.dedup.tracked"), 4);
+    assert_eq!(host.metric("stakegate.gate.dedup.abandoned"), 1);
+    assert_eq!(host.metric("stakegate.gate.dedup.duplicates_rejected"), 1);
 }
 
 #[test]

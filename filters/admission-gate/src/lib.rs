@@ -291,11 +291,7 @@ impl HttpContext for GateHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.with(|stream, w, now| {
-            stream.response_headers(w, &EnvoyStore, now, end_of_stream, || {
-                host::response_header(":status").and_then(|s| s.parse().ok())
-            })
-        });
+        self.with(|stream, w, now| stream.response_headers(w, &EnvoyStore, now, end_of_stream));
         Action::Continue
     }
 

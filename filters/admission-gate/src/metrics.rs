@@ -33,7 +33,7 @@ const COUNTERS: &[(&str, Count)] = &[
     ("dedup.too_large", |c| c.dedup.too_large),
     ("dedup.table_full", |c| c.dedup.table_full),
     ("dedup.purged", |c| c.dedup.purged),
-    ("dedup.failed", |c| c.dedup.failed),
+    ("dedup.abandoned", |c| c.dedup.abandoned),
 ];
 
 pub struct GateMetrics {

@@ -1,7 +1,7 @@
 //! Retry-storm protection (docs/background.md part 4, Agave's outstanding-request
-//! map, at the gateway): a request identical to one still in flight, or
-//! started less than `windowMs` ago, is not sent upstream again. The
-//! duplicate gets 429 with `retry-after` set to what is left of the window.
+//! map, at the gateway): a request identical to one the node is still
+//! working on is not sent upstream again. The duplicate gets 429 with
+//! `retry-after` set to what is left of the window.
 //!
 //! - `key`: what makes two requests the same (scope, method, canonical
 //!   params; never the JSON-RPC id).
@@ -9,14 +9,21 @@
 //! - `policy`: the `dedup` section of the gate's policy.
 //!
 //! **An entry's life.** It is written when its request is sent upstream
-//! (`check`), marked complete when the stream ends (`complete`), and blocks
-//! its key until `max(end, start + window)`. While it is in flight, it
-//! blocks for as long as its owner, the gate VM that sent it, is alive in
-//! the gate's shard table. A completion is lost only if its VM vanished
-//! (Envoy ends every stream of a live VM); then the owner's shard stops
-//! heartbeating, and after three missed heartbeats the entry blocks only
-//! until `start + window`. So a lost completion cannot block a key beyond
-//! the later of the window and three heartbeats.
+//! (`check`) and blocks its key while the request is in flight. When the
+//! stream ends (`complete`):
+//! - answered (any status): the entry goes at once. The node is done with
+//!   it, and an identical request after it (a receipt poll, a balance at
+//!   `latest`) wants a fresh answer, not a refusal;
+//! - abandoned (its client reset first): the node may still be working on
+//!   it, so the entry blocks until `start + window`. This is the retry
+//!   storm: a client that times out and sends the same call again.
+//!
+//! While in flight, an entry blocks for as long as its owner, the gate VM
+//! that sent it, is alive in the gate's shard table. A completion is lost
+//! only if its VM vanished (Envoy ends every stream of a live VM); then the
+//! owner's shard stops heartbeating, and after three missed heartbeats the
+//! entry blocks only until `start + window`. So a lost completion cannot
+//! block a key beyond the later of the window and three heartbeats.
 //!
 //! **Failure is open.** A full page, a store error, or an unreadable body
 //! lets the request pass: dedup never refuses a request it is not sure is
@@ -255,16 +262,18 @@ impl Dedup {
         })
     }
 
-    /// The request `pending` ended (answered, reset or refused later in the
-    /// chain), and its entry blocks the key until the window is over; but
-    /// if `failed` (the node answered 5xx), the entry goes at once, so that
-    /// a retry is sent. Returns entries purged (1 if the entry went).
+    /// The request `pending` ended. If it was `answered` (whatever the
+    /// status), its entry goes at once: the node is done with it, and an
+    /// identical request after it wants a fresh answer (a receipt poll, a
+    /// balance at `latest`). If its client went first (a reset), the node
+    /// may still be working on it, so the entry blocks the key until the
+    /// window ends. Returns entries purged (1 if the entry went).
     pub fn complete(
         &self,
         store: &impl SharedStore,
         pending: Pending,
         now_ms: u64,
-        failed: bool,
+        answered: bool,
     ) -> Result<(u64, u32), StoreError> {
         let page = page_key(page_of(&pending.key, self.policy.pages));
         let window_end = pending.start_ms.saturating_add(self.policy.window_ms);
@@ -274,7 +283,7 @@ impl Dedup {
             }) else {
                 return Change::Keep(0);
             };
-            if now_ms >= window_end || failed {
+            if now_ms >= window_end || answered {
                 page.entries.swap_remove(i);
                 Change::Write(1)
             } else {
@@ -452,13 +461,18 @@ mod tests {
         );
         // Another request, or the same from another client, is not a duplicate.
         let b = keyed(&d, &call("2"), ALICE);
-        let _in_flight = pending(verdict(&d, &store, &b, 1, 10_100));
+        let answered = pending(verdict(&d, &store, &b, 1, 10_100));
         let bob = Client {
             ip: "192.0.2.2",
             key: None,
         };
         let _in_flight = pending(verdict(&d, &store, &keyed(&d, &call("1"), bob), 1, 10_100));
-        // Completing early does not end the window...
+        // Answered, an entry goes at once: the next identical request
+        // wants a fresh answer.
+        assert_eq!(d.complete(&store, answered, 10_200, true).unwrap().0, 1);
+        let _in_flight = pending(verdict(&d, &store, &b, 1, 10_201));
+        // Abandoned by its client, it blocks until the window ends (the
+        // node may still be working on it)...
         assert_eq!(d.complete(&store, sent, 10_300, false).unwrap().0, 0);
         assert_eq!(retry_after(&verdict(&d, &store, &a, 1, 12_000)), Some(1));
         // ...which ends at start + window.
@@ -476,7 +490,7 @@ mod tests {
         shards(&store, &[(1, 4500), (2, 4500)]);
         assert_eq!(retry_after(&verdict(&d, &store, &a, 2, 5000)), Some(1));
         assert_eq!(d.sweep(&store, 2, 5000).unwrap().entries, 1);
-        // It completes after its window: the entry goes at once.
+        // Abandoned after its window, the entry goes at once.
         assert_eq!(d.complete(&store, sent, 6000, false).unwrap().0, 1);
         let _in_flight = pending(verdict(&d, &store, &a, 2, 6001));
     }
@@ -517,7 +531,7 @@ mod tests {
         assert_eq!(verdict(&d, &store, &keys[64], 1, 10), Verdict::TableFull);
         // Still refused as a duplicate while the table is full.
         assert_eq!(retry_after(&verdict(&d, &store, &keys[0], 1, 10)), Some(1));
-        // In flight, they stay however old; completed, their window ends them.
+        // In flight, they stay however old; abandoned, their window ends them.
         assert_eq!(d.sweep(&store, 1, 400).unwrap().entries, 64);
         for p in sent {
             d.complete(&store, p, 500, false).unwrap();

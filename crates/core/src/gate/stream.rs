@@ -132,9 +132,9 @@ pub struct DedupCounts {
     /// Passed unrecorded: the key's page was full.
     pub table_full: u64,
     pub purged: u64,
-    /// Tracked requests the node answered 5xx: their entry went at once,
-    /// so that a retry is sent.
-    pub failed: u64,
+    /// Tracked requests whose client went before the answer: their entry
+    /// blocks the key until the window ends (the node may still be at it).
+    pub abandoned: u64,
 }
 
 /// What a gate VM reports as metrics, counted as things happen and handed
@@ -336,8 +336,9 @@ struct HttpRequest {
     dedup_client: Option<String>,
     /// This request's dedup entry, completed when the response ends.
     sent: Option<Pending>,
-    /// The node answered a tracked request with a 5xx.
-    failed: bool,
+    /// The response ended (whatever its status): the request is no
+    /// longer at the node.
+    answered: bool,
 }
 
 #[derive(Debug)]
@@ -440,7 +441,7 @@ impl GateStream {
             body_pieces: 0,
             dedup_client,
             sent: None,
-            failed: false,
+            answered: false,
         });
         OnHeaders::Continue
     }
@@ -523,21 +524,14 @@ impl GateStream {
         matches!(&self.state, State::Websocket(ws) if ws.waiting > 0)
     }
 
-    /// Response headers; `end_of_stream` ends the response. `status` is
-    /// read only for a request dedup tracks.
+    /// Response headers; `end_of_stream` ends the response.
     pub fn response_headers(
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
         now: &mut Now,
         end_of_stream: bool,
-        status: impl FnOnce() -> Option<u32>,
     ) -> bool {
-        if let State::Http(request) = &mut self.state {
-            if request.sent.is_some() {
-                request.failed = status().is_some_and(|s| s >= 500);
-            }
-        }
         end_of_stream && self.response_ended(w, store, now)
     }
 
@@ -582,7 +576,8 @@ impl GateStream {
         store: &impl SharedStore,
         now: &mut Now,
     ) -> bool {
-        if matches!(self.state, State::Http(_)) {
+        if let State::Http(request) = &mut self.state {
+            request.answered = true;
             self.done(w, store, now);
             return true;
         }
@@ -596,10 +591,10 @@ impl GateStream {
             State::Idle => {}
             State::Http(request) => {
                 if let (Some(pending), Some(dedup)) = (request.sent, w.dedup.as_ref()) {
-                    match dedup.complete(store, pending, now.ms(), request.failed) {
+                    match dedup.complete(store, pending, now.ms(), request.answered) {
                         Ok((purged, retries)) => {
                             w.counts.dedup.purged += purged;
-                            w.counts.dedup.failed += u64::from(request.failed);
+                            w.counts.dedup.abandoned += u64::from(!request.answered);
                             w.counts.store.retried(retries);
                         }
                         Err(e) => w.note_store_error("dedup completion", &e),
@@ -1048,7 +1043,7 @@ mod tests {
             first.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Continue
         );
-        assert!(!first.response_headers(&mut w, &store, &mut Now::fixed(0), false, || None));
+        assert!(!first.response_headers(&mut w, &store, &mut Now::fixed(0), false));
         let mut nothing = Bytes(Vec::new());
         assert!(first.response_body(&mut w, &store, &mut Now::fixed(0), 0, true, &mut nothing));
         // The client is still reading, but the node is done.

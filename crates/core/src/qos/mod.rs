@@ -40,8 +40,14 @@
 //! one with new counts (an active-page bitmap says which), reading each
 //! once and writing it once (again only if a worker wrote it in between):
 //! `2A` shared-data calls for `A` active pages of `P = ceil(maxIdentities /
-//! 64)`, nothing for idle pages. The level takes two to four passes over
-//! the active identities' demands. Pages are changed in place (`page`).
+//! 128)`, nothing for idle pages. Within a page, an idle identity with no
+//! new calls is skipped (nothing of it changes; its quiet rounds are
+//! counted from when it was last seen). The level takes two to four passes
+//! over the active identities' demands, and is skipped when the demand
+//! cannot reach capacity: the last round's total demand plus what this
+//! round's calls can add to it (`round::demand_reaches`) bounds it, and
+//! below capacity the level is infinite. Pages are changed in place
+//! (`page`).
 //!
 //! # The request path (`StakeQos::admit`)
 //!
@@ -101,6 +107,8 @@ pub use round::RoundReport;
 pub const STATE_KEY: &str = "stakegate.stake_qos.v3.state";
 /// A bitmap of the pages that hold an active identity, written by the round.
 pub const ACTIVE_KEY: &str = "stakegate.stake_qos.v3.active";
+/// The active identities' demand after the last round (`round::DemandSum`).
+pub const DEMAND_KEY: &str = "stakegate.stake_qos.v3.demand";
 const PAGE_KEY_PREFIX: &str = "stakegate.stake_qos.v3.page.";
 /// Weight of the newest round in the demand prediction.
 pub const DEMAND_SMOOTHING: f64 = 0.2;

@@ -9,7 +9,8 @@ use super::reactive::{self, Finished};
 use super::report::{self, Delta, ReportQueue};
 use super::state::{step_load, QosState};
 use super::{
-    page_key, settle_capacity, ACTIVE_KEY, DEMAND_SMOOTHING, HEADROOM, IDLE_DEMAND, STATE_KEY,
+    page_key, settle_capacity, ACTIVE_KEY, DEMAND_KEY, DEMAND_SMOOTHING, HEADROOM, IDLE_DEMAND,
+    STATE_KEY,
 };
 use crate::shared::{read, update, update_from, Change, SharedStore, StoreError};
 use std::collections::{BTreeMap, HashMap};
@@ -31,6 +32,8 @@ pub struct RoundReport {
     pub level: f64,
     /// Pages read and written.
     pub pages: u64,
+    /// The level was computed (pass one ran): demand could reach capacity.
+    pub level_computed: bool,
     pub reports: u64,
     pub cas_retries: u32,
 }
@@ -39,6 +42,7 @@ pub struct RoundReport {
 struct Plan {
     /// Arrivals are per round; demand is per interval.
     intervals: f64,
+    interval_ms: u64,
     level: f64,
     now_ms: u64,
     idle_ttl_ms: u64,
@@ -59,6 +63,9 @@ impl Plan {
     /// calls. One quiet round is not enough, because each worker reports
     /// once per interval at a moment of its own, and a report can miss one
     /// round and land in the next with two intervals' calls.
+    ///
+    /// An idle entry is not visited while it stays quiet (nothing of it
+    /// changes), so its quiet rounds are counted from when it was last seen.
     fn demand(&self, page: &Page, i: usize, delta: Option<&Delta>) -> (f64, u32, u16) {
         let calls = delta.map_or(0, |d| d.arrivals);
         let before = f64::from(page.demand(i));
@@ -71,7 +78,12 @@ impl Plan {
             let cap = 1.0 / (f64::from(quiet - 1) * self.intervals);
             return (before.min(cap), 0, quiet);
         }
-        let sample = f64::from(calls) / ((f64::from(quiet) + 1.0) * self.intervals);
+        let mut since = (f64::from(quiet) + 1.0) * self.intervals;
+        if page.flags(i) & IDLE != 0 {
+            let elapsed = self.now_ms.saturating_sub(page.last_seen_ms(i));
+            since = since.max(elapsed as f64 / self.interval_ms.max(1) as f64);
+        }
+        let sample = f64::from(calls) / since;
         (
             DEMAND_SMOOTHING * sample + (1.0 - DEMAND_SMOOTHING) * before,
             calls,
@@ -81,8 +93,7 @@ impl Plan {
 
     /// Applies the round to one page: new identities from the reports
     /// (`deltas`, this page's), demand, idleness, grants, eviction.
-    /// Returns (active identities, evicted).
-    fn apply(&self, page: &mut Page, deltas: &[&Delta]) -> (u64, u64) {
+    fn apply(&self, page: &mut Page, deltas: &[&Delta]) -> Applied {
         let mut evicted = 0;
         let mut by_entry = [None; ENTRIES_PER_PAGE];
         for d in deltas {
@@ -97,15 +108,18 @@ impl Plan {
             evicted += u64::from(out);
             by_entry[i] = Some(*d);
         }
-        let mut active = 0;
+        let (mut active, mut demand_sum) = (0, 0.0);
         for (i, delta) in by_entry.into_iter().enumerate().take(page.len()) {
+            if delta.is_none() && page.flags(i) & IDLE != 0 {
+                continue;
+            }
+            let (demand, calls, quiet) = self.demand(page, i, delta);
             if let Some(d) = delta {
                 page.set_stake(i, d.stake);
                 page.set_tier(i, d.tier);
                 page.set_flags(i, (page.flags(i) & !STAKED) | (d.flags & STAKED));
                 page.set_last_seen_ms(i, self.now_ms);
             }
-            let (demand, calls, quiet) = self.demand(page, i, delta);
             page.set_quiet(i, quiet);
             let idle = calls == 0 && demand < IDLE_DEMAND;
             let flags = page.flags(i) & !IDLE;
@@ -118,6 +132,7 @@ impl Plan {
             active += 1;
             page.set_flags(i, flags);
             page.set_demand(i, demand as f32);
+            demand_sum += f64::from(demand as f32);
             let claim = Claim {
                 demand,
                 weight: page.stake(i).max(1) as f64,
@@ -142,8 +157,20 @@ impl Plan {
         evicted += page
             .retain(|p, i| p.flags(i) & IDLE == 0 || now.saturating_sub(p.last_seen_ms(i)) <= ttl)
             as u64;
-        (active, evicted)
+        Applied {
+            active,
+            evicted,
+            demand_sum,
+        }
     }
+}
+
+/// What a round did to one page.
+struct Applied {
+    active: u64,
+    evicted: u64,
+    /// The demand of its active identities, as written.
+    demand_sum: f64,
 }
 
 /// Runs one round over `pages` pages, as the VM that claimed it.
@@ -198,56 +225,75 @@ pub(super) fn run(
             .or_default()
             .push(d);
     }
+    // In key order, so that a round's outcome does not depend on the
+    // map's (a new identity's place in its page, the order of the sums).
+    for page_deltas in visit.values_mut() {
+        page_deltas.sort_unstable_by_key(|d| d.key);
+    }
 
     let intervals = intervals.clamp(1, MAX_CATCH_UP) as f64;
     let mut plan = Plan {
         intervals,
+        interval_ms: policy.refill_interval_ms,
         level: f64::INFINITY,
         now_ms,
         idle_ttl_ms: policy.idle_ttl_ms,
         min_tokens: 2 * MILLI,
     };
-    // Pass one: every active identity's demand, for the level.
-    let mut claims = Vec::new();
-    let mut read_pages = Vec::with_capacity(visit.len());
-    for (&index, page_deltas) in &visit {
-        let (page, cas) = read::<Page>(store, &page_key(index))?;
-        let mut by_entry = [None; ENTRIES_PER_PAGE];
-        for d in page_deltas {
-            match page.find(d.key) {
-                Some(i) => by_entry[i] = Some(*d),
-                None => claims.push(Claim {
-                    demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / intervals,
-                    weight: d.stake.max(1) as f64,
-                }),
-            }
-        }
-        for (i, delta) in by_entry.into_iter().enumerate().take(page.len()) {
-            let (demand, calls, _) = plan.demand(&page, i, delta);
-            if calls > 0 || demand >= IDLE_DEMAND {
-                claims.push(Claim {
-                    demand,
-                    weight: page.stake(i).max(1) as f64,
-                });
-            }
-        }
-        read_pages.push((index, page_deltas, page, cas));
-    }
+    // Pass one: every active identity's demand, for the level; skipped when
+    // the demand cannot reach capacity (then the level is infinite).
     let per_interval = previous.capacity_rps * policy.refill_interval_ms as f64 / 1000.0;
-    plan.level = fair::level(&claims, per_interval);
+    let mut read_pages = Vec::with_capacity(visit.len());
+    if demand_reaches(store, previous.round, arrivals, intervals, per_interval)? {
+        let mut claims = Vec::new();
+        for (&index, page_deltas) in &visit {
+            let (page, cas) = read::<Page>(store, &page_key(index))?;
+            let mut by_entry = [None; ENTRIES_PER_PAGE];
+            for d in page_deltas {
+                match page.find(d.key) {
+                    Some(i) => by_entry[i] = Some(*d),
+                    None => claims.push(Claim {
+                        demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / intervals,
+                        weight: d.stake.max(1) as f64,
+                    }),
+                }
+            }
+            for (i, delta) in by_entry.into_iter().enumerate().take(page.len()) {
+                if delta.is_none() && page.flags(i) & IDLE != 0 {
+                    continue;
+                }
+                let (demand, calls, _) = plan.demand(&page, i, delta);
+                if calls > 0 || demand >= IDLE_DEMAND {
+                    claims.push(Claim {
+                        demand,
+                        weight: page.stake(i).max(1) as f64,
+                    });
+                }
+            }
+            read_pages.push((index, Some((page, cas))));
+        }
+        plan.level = fair::level(&claims, per_interval);
+        report.level_computed = true;
+    } else {
+        read_pages.extend(visit.keys().map(|&index| (index, None)));
+    }
 
     // Pass two: grant, from what pass one read (read again only if a
     // worker wrote the page in between).
     let mut active_after = vec![0u8; (pages as usize).div_ceil(8)];
-    for (index, page_deltas, page, cas) in read_pages {
-        let updated = update_from(
-            store,
-            &page_key(index),
-            Some((page, cas)),
-            |p: &mut Page| Change::Write(plan.apply(p, page_deltas)),
-        )
+    let mut demand_sum = 0.0;
+    for (index, read_before) in read_pages {
+        let page_deltas = &visit[&index];
+        let updated = update_from(store, &page_key(index), read_before, |p: &mut Page| {
+            Change::Write(plan.apply(p, page_deltas))
+        })
         .map_err(|(e, _)| e)?;
-        let (active, evicted) = updated.value;
+        let Applied {
+            active,
+            evicted,
+            demand_sum: page_demand,
+        } = updated.value;
+        demand_sum += page_demand;
         report.identities += active;
         report.evicted += evicted;
         report.cas_retries += updated.retries;
@@ -282,11 +328,74 @@ pub(super) fn run(
     .map_err(|(e, _)| e)?;
     report.cas_retries += updated.retries;
     let state = updated.table;
+    // Only this round's VM writes it; a failed write makes the next round
+    // compute the level.
+    let _ = store.store(
+        DEMAND_KEY,
+        &DemandSum {
+            round: state.round,
+            sum: demand_sum,
+        }
+        .encode(),
+        None,
+    );
     report.throttling = state.throttling;
     report.load_rps = state.load_rps(policy.refill_interval_ms);
     report.capacity_rps = state.capacity_rps;
     report.level = plan.level;
     Ok((state, report))
+}
+
+/// Whether this round's demand may reach `per_interval` (so that the level
+/// must be computed): the demand the last round wrote (`DemandSum`, if that
+/// round was `round`) bounds it. An identity's demand rises in a round by
+/// at most `DEMAND_SMOOTHING` times its calls per interval (a sample is its
+/// calls over at least one interval), and a new identity's starts there;
+/// a quiet one's only falls. So the demand after this round is at most
+/// last round's plus `DEMAND_SMOOTHING × arrivals / intervals`, and when
+/// that is within capacity, everyone is satisfied: the level is infinite,
+/// exactly as pass one would find.
+fn demand_reaches(
+    store: &impl SharedStore,
+    round: u64,
+    arrivals: u64,
+    intervals: f64,
+    per_interval: f64,
+) -> Result<bool, StoreError> {
+    let (bytes, _) = store.load(DEMAND_KEY)?;
+    let last = bytes
+        .and_then(|b| DemandSum::decode(&b).ok())
+        .filter(|d| d.round == round);
+    Ok(last.is_none_or(|d| {
+        let bound = d.sum + DEMAND_SMOOTHING * arrivals as f64 / intervals;
+        // The sum is of f32 demands; a margin for its rounding.
+        bound > per_interval * (1.0 - 1e-6)
+    }))
+}
+
+/// The active identities' demand after round `round`: 8 bytes of round,
+/// 8 of sum (f64), little-endian.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct DemandSum {
+    round: u64,
+    sum: f64,
+}
+
+impl DemandSum {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = self.round.to_le_bytes().to_vec();
+        out.extend_from_slice(&self.sum.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, ()> {
+        let round = bytes.get(..8).ok_or(())?;
+        let sum = bytes.get(8..16).ok_or(())?;
+        Ok(Self {
+            round: u64::from_le_bytes(round.try_into().map_err(|_| ())?),
+            sum: f64::from_le_bytes(sum.try_into().map_err(|_| ())?),
+        })
+    }
 }
 
 fn read_active(store: &impl SharedStore) -> Result<(Vec<u8>, Option<u32>), StoreError> {
@@ -302,6 +411,7 @@ fn bit(bits: &[u8], index: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::MemoryStore;
 
     /// An identity's demand over a run of rounds with these calls.
     fn demands(calls: &[u32]) -> Vec<f64> {
@@ -321,6 +431,7 @@ mod tests {
                 };
                 let plan = Plan {
                     intervals: 1.0,
+                    interval_ms: 20,
                     level: f64::INFINITY,
                     now_ms: 0,
                     idle_ttl_ms: 60_000,
@@ -332,6 +443,73 @@ mod tests {
                 demand
             })
             .collect()
+    }
+
+    /// Every page's bytes and the state after each of `rounds` rounds of
+    /// `arrivals(round)` calls spread over 40 identities; with
+    /// `forget_demand`, the last round's demand sum is lost before each
+    /// round, so that pass one always runs.
+    fn rounds(capacity: u32, forget_demand: bool) -> (Vec<Vec<Vec<u8>>>, u32) {
+        let policy = QosPolicy::parse(
+            format!(r#"{{"capacityRps": {capacity}, "maxIdentities": 512}}"#).as_bytes(),
+        )
+        .unwrap();
+        let (store, queue) = (MemoryStore::default(), report::MemoryQueue::default());
+        let mut state = QosState {
+            capacity_rps: f64::from(capacity),
+            ..QosState::default()
+        };
+        let mut seen = Vec::new();
+        let mut computed = 0;
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..400u64 {
+            // Load swings between a tenth and twice capacity, in waves.
+            let wave = 0.1 + 1.9 * ((round as f64 / 40.0).sin() + 1.0) / 2.0;
+            let calls = (wave * f64::from(capacity) / 50.0) as u32;
+            let mut deltas = Vec::new();
+            for _ in 0..calls {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let key = 1 + (x % 40) * (x % 7 + 1) % 40;
+                deltas.push(Delta {
+                    key,
+                    stake: key * 1000,
+                    arrivals: 1,
+                    ..Delta::default()
+                });
+            }
+            queue.push(&report::encode(&deltas)).unwrap();
+            if forget_demand {
+                store.store(DEMAND_KEY, &[], None).unwrap();
+            }
+            let report;
+            (state, report) = run(&policy, 4, &store, &queue, round * 20, &state, 1).unwrap();
+            computed += u32::from(report.level_computed);
+            let pages = (0..4)
+                .map(|i| store.load(&page_key(i)).unwrap().0.unwrap_or_default())
+                .collect();
+            seen.push(pages);
+        }
+        (seen, computed)
+    }
+
+    #[test]
+    fn skipping_the_level_below_capacity_changes_nothing() {
+        for capacity in [500, 2000] {
+            let (skipping, computed) = rounds(capacity, false);
+            let (always, every) = rounds(capacity, true);
+            assert_eq!(every, 400);
+            assert!(
+                (50..350).contains(&computed),
+                "capacity {capacity}: the level was computed in {computed} rounds of 400"
+            );
+            let first = (0..400).find(|&r| skipping[r] != always[r]);
+            assert!(
+                first.is_none(),
+                "capacity {capacity}: the pages differ from round {first:?}"
+            );
+        }
     }
 
     #[test]

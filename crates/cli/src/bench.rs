@@ -91,11 +91,13 @@ fn chains() -> anyhow::Result<Vec<Chain>> {
             policy,
         )))
     };
-    let noop = Element::Wasm(FilterConfig::other(
-        "noop",
-        paths::wasm_module("noop_filter")?,
-        "",
-    ));
+    let noop = || -> anyhow::Result<Element> {
+        Ok(Element::Wasm(FilterConfig::other(
+            "noop",
+            paths::wasm_module("noop_filter")?,
+            "",
+        )))
+    };
     let chain = |name, what, elements, refuses| Chain {
         name,
         what,
@@ -113,7 +115,13 @@ fn chains() -> anyhow::Result<Vec<Chain>> {
         chain(
             NOOP,
             "a proxy-wasm filter that does nothing",
-            vec![noop],
+            vec![noop()?],
+            false,
+        ),
+        chain(
+            "two no-op Wasm",
+            "two such filters: what a second Wasm filter adds by itself",
+            vec![noop()?, noop()?],
             false,
         ),
         chain(
@@ -152,17 +160,18 @@ fn chains() -> anyhow::Result<Vec<Chain>> {
 const NOOP: &str = "no-op Wasm";
 
 /// One Envoy answering by itself, with a listener per `(name, elements)`.
-/// A Wasm filter in several chains gets its own names and VM in each.
+/// Each Wasm filter gets its own names and VM, in every chain and place.
 fn direct(listeners: &[(String, Vec<Element>)]) -> anyhow::Result<EnvoyBuilder> {
     let mut blocks = Vec::new();
     let mut configs = Vec::new();
     for (i, (name, elements)) in listeners.iter().enumerate() {
         let entries: Vec<String> = elements
             .iter()
-            .map(|element| match element {
+            .enumerate()
+            .map(|(j, element)| match element {
                 Element::Native(entry) => entry.to_string(),
                 Element::Wasm(config) => {
-                    let config = config.named(&format!("c{i}"));
+                    let config = config.named(&format!("c{i}f{j}"));
                     let entry = config.http_filter_entry();
                     configs.push(config);
                     entry

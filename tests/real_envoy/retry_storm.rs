@@ -1,7 +1,8 @@
 //! Retry-storm protection in a real Envoy at `--concurrency 2`: duplicates
-//! are refused at the gateway while the original is outstanding, bodies over
-//! the limit pass whole, and a retry storm reaches the node once per
-//! request (scenarios/retry-storm.toml, shortened).
+//! are refused at the gateway while the original is outstanding, a poll
+//! the node has answered is sent again, bodies over the limit pass whole,
+//! and a retry storm reaches the node once per request
+//! (scenarios/retry-storm.toml, shortened).
 
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{http, loadgen, Envoy, RpcNode};
@@ -65,6 +66,26 @@ fn a_duplicate_is_refused_while_the_original_is_outstanding() {
     assert_eq!(original.join().unwrap().status, 200);
     assert!(eventually(Duration::from_secs(5), || {
         dedup_stat(&envoy, "duplicates_rejected") == 1 && dedup_stat(&envoy, "too_large") == 2
+    }));
+}
+
+#[test]
+fn a_poll_answered_by_the_node_is_sent_again_at_once() {
+    // A receipt wait: the same call every 50 ms until its answer changes.
+    // Each poll follows the last one's answer, so none is a duplicate of
+    // a call in flight, however long the window.
+    let (node, envoy) =
+        node_behind_gate(r#"{"maxInflight": 100, "dedup": {"windowMs": 10000}}"#, &[]);
+    let url = envoy.url("public").unwrap();
+    for id in 1..=5 {
+        let answer = http::post(&url, &[], &call(id, "0x05")).unwrap();
+        assert_eq!(answer.status, 200, "poll {id}: {}", answer.body);
+        assert_eq!(answer.json().unwrap()["id"], id);
+    }
+    let metrics = node.metrics().unwrap();
+    assert_eq!(metrics["requests"], 5, "{metrics}");
+    assert!(eventually(Duration::from_secs(5), || {
+        dedup_stat(&envoy, "tracked") == 5 && dedup_stat(&envoy, "duplicates_rejected") == 0
     }));
 }
 

@@ -230,7 +230,7 @@ impl Dedup {
                     Rejection::TOO_MANY_REQUESTS,
                     self.retry_after_s(left),
                     LIMIT_EXCEEDED,
-                    "duplicate request: an identical request is already in flight or was sent moments ago; retry after the retry-after header",
+                    "duplicate request: the node is still working on an identical request; retry after the retry-after header",
                 )),
                 None if page.entries.len() < ENTRIES_PER_PAGE => {
                     page.entries.push(Entry {

@@ -12,7 +12,7 @@ use super::{
     page_key, settle_capacity, ACTIVE_KEY, DEMAND_KEY, DEMAND_SMOOTHING, HEADROOM, IDLE_DEMAND,
     STATE_KEY,
 };
-use crate::shared::{read, update, update_from, Change, SharedStore, StoreError};
+use crate::shared::{read, update, update_from, Change, SharedStore, StoreError, Write};
 use std::collections::{BTreeMap, HashMap};
 
 /// A late round makes up for at most this many intervals.
@@ -302,10 +302,11 @@ pub(super) fn run(
             active_after[index as usize / 8] |= 1 << (index % 8);
         }
     }
-    if active_after != active_before {
-        // Only this round's VM writes it; a failed write is redone next round.
-        let _ = store.store(ACTIVE_KEY, &active_after, active_cas);
-    }
+    // Only this round's VM writes it; a failed write is redone next round.
+    // Until then a page with active identities may go unvisited, and its
+    // demand uncounted: the demand sum is not written either.
+    let active_written = active_after == active_before
+        || store.store(ACTIVE_KEY, &active_after, active_cas) == Ok(Write::Stored);
 
     let updated = update(store, STATE_KEY, |s: &mut QosState| {
         s.round = s.round.wrapping_add(1);
@@ -328,17 +329,19 @@ pub(super) fn run(
     .map_err(|(e, _)| e)?;
     report.cas_retries += updated.retries;
     let state = updated.table;
-    // Only this round's VM writes it; a failed write makes the next round
-    // compute the level.
-    let _ = store.store(
-        DEMAND_KEY,
-        &DemandSum {
-            round: state.round,
-            sum: demand_sum,
-        }
-        .encode(),
-        None,
-    );
+    // Only this round's VM writes it; without it (not written, or a write
+    // that failed) the next round computes the level.
+    if active_written {
+        let _ = store.store(
+            DEMAND_KEY,
+            &DemandSum {
+                round: state.round,
+                sum: demand_sum,
+            }
+            .encode(),
+            None,
+        );
+    }
     report.throttling = state.throttling;
     report.load_rps = state.load_rps(policy.refill_interval_ms);
     report.capacity_rps = state.capacity_rps;

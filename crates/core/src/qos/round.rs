@@ -515,6 +515,58 @@ mod tests {
         }
     }
 
+    /// A store whose writes of the active-page bitmap fail.
+    struct NoBitmap(MemoryStore);
+
+    impl SharedStore for NoBitmap {
+        fn load(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+            self.0.load(key)
+        }
+        fn store(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<Write, StoreError> {
+            if key == ACTIVE_KEY {
+                return Ok(Write::CasMismatch);
+            }
+            self.0.store(key, value, cas)
+        }
+    }
+
+    /// Whether each of three rounds, a call each, far below capacity,
+    /// computed the level.
+    fn levels_computed(store: &impl SharedStore) -> Vec<bool> {
+        let policy = QosPolicy::parse(br#"{"capacityRps": 1000000}"#).unwrap();
+        let queue = report::MemoryQueue::default();
+        let mut state = QosState {
+            capacity_rps: 1e6,
+            ..QosState::default()
+        };
+        (0..3u64)
+            .map(|round| {
+                let call = Delta {
+                    key: round + 1,
+                    arrivals: 1,
+                    ..Delta::default()
+                };
+                queue.push(&report::encode(&[call])).unwrap();
+                let report;
+                (state, report) = run(&policy, 4, store, &queue, round * 20, &state, 1).unwrap();
+                report.level_computed
+            })
+            .collect()
+    }
+
+    #[test]
+    fn without_the_bitmap_written_the_next_round_computes_the_level() {
+        // The first round has no demand sum to go by.
+        assert_eq!(
+            levels_computed(&MemoryStore::default()),
+            [true, false, false]
+        );
+        assert_eq!(
+            levels_computed(&NoBitmap(MemoryStore::default())),
+            [true, true, true]
+        );
+    }
+
     #[test]
     fn a_report_that_misses_one_round_does_not_move_the_demand() {
         // 16 calls a round; one round's report comes a round late.

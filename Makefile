@@ -8,7 +8,7 @@ ENVOY_VERSION := 1.40.0
 WASM_TARGET := wasm32-wasip1
 FILTERS := admission-gate stake-qos
 # Test-only modules, built with the filters.
-FIXTURES := ghost-worker noop-filter
+FIXTURES := ghost-worker noop-filter host-call-probe
 TOOLS := rpc-node stakegate-loadgen stakegate-cli
 # cargo fuzz (libFuzzer) targets under fuzz/, run on the nightly toolchain.
 FUZZ_TARGETS := gate_policy qos_policy dedup_key error_body websocket_frames
@@ -118,6 +118,7 @@ demo: setup build
 bench: setup build
 	@command -v wrk >/dev/null || { apt-get install -y wrk || { echo "install wrk (apt-get install wrk)"; exit 1; }; }
 	./target/tools/stakegate bench filters
+	./target/tools/stakegate bench host-calls
 	./target/tools/stakegate bench qos-refill
 	./target/tools/stakegate bench qos-scale
 

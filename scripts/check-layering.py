@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 IN_ENVOY = {"stakegate-core", "stakegate-glue", "admission-gate", "stake-qos",
-            "ghost-worker", "noop-filter"}
+            "ghost-worker", "noop-filter", "host-call-probe"}
 # Which stakegate crates each may depend on (all dependency tables).
 ALLOWED = {
     "stakegate-core": set(),
@@ -28,6 +28,7 @@ ALLOWED = {
     "stake-qos": {"stakegate-core", "stakegate-glue"},
     "ghost-worker": {"stakegate-core", "stakegate-glue"},
     "noop-filter": set(),
+    "host-call-probe": set(),
 }
 PROXY_WASM_USERS = IN_ENVOY - {"stakegate-core"}
 # (importer, imported module): allowed, with the reason above.

@@ -14,6 +14,10 @@
 //! the median time it adds to a request (Envoy's one worker is busy the
 //! whole run, so a request costs `1 / rps` of it).
 //!
+//! `host-calls`: the same, for a probe filter (tests/fixtures/host-call-probe)
+//! making one kind of the host calls the filters make: where their cost
+//! beyond the no-op filter goes.
+//!
 //! `qos-refill`: how long a stake QoS refill round takes as the identity
 //! table fills. `qos-scale`: what a request costs stake QoS at 10 to
 //! 100,000 identities, and Envoy's memory.
@@ -233,8 +237,60 @@ fn machine() -> String {
 }
 
 pub fn filters(args: &FiltersArgs) -> anyhow::Result<()> {
+    run_chains(args, &chains()?, &args.out)
+}
+
+/// The host calls the filters make, one kind per chain (`FilterConfig` of
+/// the host-call probe fixture), beside the no-op filter they add to.
+fn host_call_chains() -> anyhow::Result<Vec<Chain>> {
+    let probe = |calls: &str| -> anyhow::Result<Vec<Element>> {
+        Ok(vec![Element::Wasm(FilterConfig::other(
+            "host_call_probe",
+            paths::wasm_module("host_call_probe")?,
+            calls,
+        ))])
+    };
+    let chain = |name, what, calls: &str| -> anyhow::Result<Chain> {
+        Ok(Chain {
+            name,
+            what,
+            elements: probe(calls)?,
+            refuses: false,
+        })
+    };
+    Ok(vec![
+        Chain {
+            name: "no filter",
+            what: "Envoy answering by itself",
+            elements: vec![],
+            refuses: false,
+        },
+        chain(NOOP, "a proxy-wasm filter that does nothing", "")?,
+        chain("address", "the source.address property", "address")?,
+        chain("clock x3", "three reads of the host clock", "clock")?,
+        chain("headers x2", "two request header reads", "headers")?,
+        chain("body 64 B", "the body's first 64 bytes", "body")?,
+        chain(
+            "shared x2",
+            "a shared-data read and CAS write, twice",
+            "shared",
+        )?,
+        chain(
+            "QoS's calls",
+            "what stake QoS calls below its threshold",
+            "address,clock,headers,body",
+        )?,
+    ])
+}
+
+/// `stakegate bench host-calls`: what each kind of host call adds to the
+/// no-op filter, as `filters` measures chains (summary in `out/host-calls`).
+pub fn host_calls(args: &FiltersArgs) -> anyhow::Result<()> {
+    run_chains(args, &host_call_chains()?, &args.out.join("host-calls"))
+}
+
+fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Result<()> {
     require_wrk()?;
-    let chains = chains()?;
     let listeners: Vec<(String, Vec<Element>)> = (0..chains.len())
         .map(|i| (format!("chain-{i}"), chains[i].elements.clone()))
         .collect();
@@ -332,8 +388,8 @@ pub fn filters(args: &FiltersArgs) -> anyhow::Result<()> {
         pinned,
         chains: results,
     };
-    crate::summary::write(&args.out, &summary)?;
-    let chart = args.out.join("filters.png");
+    crate::summary::write(out, &summary)?;
+    let chart = out.join("filters.png");
     let bars: Vec<(String, f64, [f64; 2])> = summary
         .chains
         .iter()
@@ -375,7 +431,12 @@ fn check_in_path(
         .elements
         .iter()
         .filter_map(|e| match e {
-            Element::Wasm(c) if !c.name.starts_with("stakegate.noop") => Some(c),
+            Element::Wasm(c)
+                if c.name.starts_with("stakegate.admission_gate")
+                    || c.name.starts_with("stakegate.stake_qos") =>
+            {
+                Some(c)
+            }
             _ => None,
         })
         .collect();

@@ -54,6 +54,8 @@ enum ScenarioCommand {
 enum Bench {
     /// Every filter chain's throughput against Envoy with no filter, side by side (needs wrk).
     Filters(bench::FiltersArgs),
+    /// What each kind of host call the filters make adds to a no-op filter (needs wrk).
+    HostCalls(bench::FiltersArgs),
     /// How long a stake QoS refill round takes in Envoy as identities grow (needs wrk).
     QosRefill(bench::QosRefillArgs),
     /// What a request costs stake QoS, and Envoy's memory, at 10 to 100,000 identities (needs wrk).
@@ -83,6 +85,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Stack(args)) => scenario::stack::write(&args),
         Command::Probe { url } => scenario::stack::probe(&url),
         Command::Bench(Bench::Filters(args)) => bench::filters(&args),
+        Command::Bench(Bench::HostCalls(args)) => bench::host_calls(&args),
         Command::Bench(Bench::QosRefill(args)) => bench::qos_refill(&args),
         Command::Bench(Bench::QosScale(args)) => bench::qos_scale(&args),
     }

@@ -114,10 +114,10 @@ async function withEthers() {
 }
 
 // Overload (`node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate`):
-// one call, one batch of two, or `eth_getLogs [{}]` (which the test keeps in
-// flight, so that dedup refuses it), against an endpoint that refuses it,
-// with the library's default retries: what the caller is finally given, and
-// when.
+// one call or one batch of two against an endpoint that refuses it, or
+// `eth_getLogs [{}]` while the test keeps the same call in flight (dedup
+// holds it for that call's answer), with the library's default retries:
+// what the caller is finally given, and when.
 async function overload(url, what) {
   const batch = what === "batch";
   let call;

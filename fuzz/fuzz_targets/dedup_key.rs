@@ -1,9 +1,12 @@
 //! Any bytes as a request body for retry-storm protection: reading and
 //! keying never panic, the key ignores the `id` and whitespace around the
 //! body, and a refusal answering the body is JSON with each call's `id`.
+//! The same bytes as a node's answer: given to a waiter with other ids, a
+//! JSON answer stays JSON, and the answer record round-trips.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use stakegate_core::dedup::answer::Answer;
 use stakegate_core::dedup::key::Body;
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::rejection::{Rejection, LIMIT_EXCEEDED};
@@ -25,8 +28,30 @@ fuzz_target!(|data: &[u8]| {
 
     let policy = GatePolicy::parse(br#"{"maxInflight": 8, "dedup": {"methods": ["m"]}}"#)
         .expect("a valid policy");
-    let dedup = stakegate_core::dedup::Dedup::new(policy.dedup.expect("dedup"), 1000, 30);
+    let dedup = stakegate_core::dedup::Dedup::new(policy.dedup.expect("dedup"), 1000);
     let _ = dedup.key(data, "client");
+
+    let ids: Vec<Option<Vec<u8>>> = calls.iter().map(|c| c.id.map(<[u8]>::to_vec)).collect();
+    let own: Vec<Option<Vec<u8>>> = ids
+        .iter()
+        .map(|id| id.as_ref().map(|_| br#""w""#.to_vec()))
+        .collect();
+    let answer = Answer {
+        key: [7; 16],
+        status: 200,
+        content_type: "application/json".into(),
+        ids,
+        body: data.to_vec(),
+    };
+    let given = answer.body_for(&own);
+    if serde_json::from_slice::<serde_json::Value>(data).is_ok() {
+        assert!(
+            serde_json::from_slice::<serde_json::Value>(&given).is_ok(),
+            "{}",
+            String::from_utf8_lossy(&given)
+        );
+    }
+    assert_eq!(Answer::decode(&answer.encode()), Some(answer));
 
     // A refusal answering this body is JSON: for one call, its own id (or
     // null where a JSON reader refuses the id); for a batch, an array with

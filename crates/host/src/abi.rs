@@ -17,13 +17,16 @@ pub const MAP_REQUEST_HEADERS: i32 = 0;
 pub const MAP_REQUEST_TRAILERS: i32 = 1;
 pub const MAP_RESPONSE_HEADERS: i32 = 2;
 pub const MAP_RESPONSE_TRAILERS: i32 = 3;
+pub const MAP_HTTP_CALL_RESPONSE_HEADERS: i32 = 6;
 
 pub const BUFFER_REQUEST_BODY: i32 = 0;
 pub const BUFFER_RESPONSE_BODY: i32 = 1;
+pub const BUFFER_HTTP_CALL_RESPONSE_BODY: i32 = 4;
 pub const BUFFER_VM_CONFIGURATION: i32 = 6;
 pub const BUFFER_PLUGIN_CONFIGURATION: i32 = 7;
 
 pub const ACTION_CONTINUE: i32 = 0;
+pub const STREAM_REQUEST: i32 = 0;
 
 pub const METRIC_COUNTER: i32 = 0;
 pub const METRIC_GAUGE: i32 = 1;

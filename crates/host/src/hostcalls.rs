@@ -2,7 +2,8 @@
 //! minimal WASI preview1 they need (environ, fd_write for logs, clocks,
 //! random, proc_exit).
 //!
-//! Calls we do not serve (HTTP and gRPC callouts, foreign functions)
+//! HTTP callouts are recorded for the host's caller to answer
+//! (`Host::take_callouts`). Calls we do not serve (gRPC, foreign functions)
 //! answer a clear "unsupported" and log it; any other import the module
 //! asks for is defined as a trap naming it, so a test fails on it.
 
@@ -66,6 +67,9 @@ fn status(s: Status) -> wasmtime::Result<i32> {
 
 /// The headers of `map_type` for the current stream, if it has them.
 fn map(state: &mut VmState, map_type: i32) -> Option<&mut Vec<(String, String)>> {
+    if map_type == abi::MAP_HTTP_CALL_RESPONSE_HEADERS {
+        return state.call_response.as_mut().map(|(headers, _)| headers);
+    }
     let stream = state.streams.get_mut(&state.current)?;
     match map_type {
         abi::MAP_REQUEST_HEADERS => Some(&mut stream.request_headers),
@@ -233,6 +237,11 @@ fn define_maps_and_buffers(linker: &mut Linker<VmState>) -> wasmtime::Result<()>
                     .map(|s| s.request_body.clone())
                     .unwrap_or_default(),
                 abi::BUFFER_RESPONSE_BODY => Vec::new(),
+                abi::BUFFER_HTTP_CALL_RESPONSE_BODY => state
+                    .call_response
+                    .as_ref()
+                    .map(|(_, body)| body.clone())
+                    .unwrap_or_default(),
                 _ => return status(Status::NotFound),
             };
             let start = (start as u32 as usize).min(bytes.len());
@@ -331,7 +340,8 @@ fn define_shared(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
         "proxy_register_shared_queue",
         |mut c: Call<'_>, np: i32, nl: i32, id_out: i32| {
             let name = read_string(&mut c, np, nl)?;
-            let id = c.data().shared.borrow_mut().register_queue(&name);
+            let (vm, root) = (c.data().index, c.data().current);
+            let id = c.data().shared.borrow_mut().register_queue(&name, vm, root);
             write_u32(&mut c, id_out, id)?;
             status(Status::Ok)
         },
@@ -356,13 +366,10 @@ fn define_shared(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
         "proxy_enqueue_shared_queue",
         |mut c: Call<'_>, id: i32, vp: i32, vl: i32| {
             let value = read(&mut c, vp, vl)?;
-            let mut shared = c.data().shared.borrow_mut();
-            match shared.queue(id as u32) {
-                Some(queue) => {
-                    queue.push_back(value);
-                    status(Status::Ok)
-                }
-                None => status(Status::NotFound),
+            if c.data().shared.borrow_mut().enqueue(id as u32, value) {
+                status(Status::Ok)
+            } else {
+                status(Status::NotFound)
             }
         },
     )?;
@@ -479,7 +486,11 @@ fn define_stream_control(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
         "proxy_set_effective_context",
         |mut c: Call<'_>, id: i32| {
             let state = c.data_mut();
-            if state.streams.contains_key(&(id as u32)) || id as u32 == state.root_id {
+            let id_ = id as u32;
+            if state.streams.contains_key(&id_)
+                || id_ == state.root_id
+                || state.retired_roots.contains(&id_)
+            {
                 state.current = id as u32;
                 status(Status::Ok)
             } else {
@@ -487,9 +498,45 @@ fn define_stream_control(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
             }
         },
     )?;
-    for name in ["proxy_continue_stream", "proxy_close_stream"] {
-        linker.func_wrap("env", name, |_: Call<'_>, _stream: i32| status(Status::Ok))?;
-    }
+    linker.func_wrap(
+        "env",
+        "proxy_continue_stream",
+        |mut c: Call<'_>, stream_type: i32| {
+            let state = c.data_mut();
+            let current = state.current;
+            if let (abi::STREAM_REQUEST, Some(stream)) =
+                (stream_type, state.streams.get_mut(&current))
+            {
+                stream.resumed = true;
+            }
+            status(Status::Ok)
+        },
+    )?;
+    linker.func_wrap("env", "proxy_close_stream", |_: Call<'_>, _stream: i32| {
+        status(Status::Ok)
+    })?;
+    linker.func_wrap(
+        "env",
+        "proxy_http_call",
+        |mut c: Call<'_>,
+         up: i32,
+         ul: i32,
+         _hp: i32,
+         _hl: i32,
+         bp: i32,
+         bl: i32,
+         _tp: i32,
+         _tl: i32,
+         _timeout: i32,
+         token_out: i32| {
+            let cluster = read_string(&mut c, up, ul)?;
+            let body = read(&mut c, bp, bl)?;
+            let vm = c.data().index;
+            let token = c.data().shared.borrow_mut().call(vm, cluster, body);
+            write_u32(&mut c, token_out, token)?;
+            status(Status::Ok)
+        },
+    )?;
     linker.func_wrap("env", "proxy_done", |_: Call<'_>| status(Status::Ok))?;
     linker.func_wrap(
         "env",
@@ -499,10 +546,9 @@ fn define_stream_control(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
             status(Status::Ok)
         },
     )?;
-    // Outbound calls and foreign functions: each answers InternalFailure and
+    // gRPC calls and foreign functions: each answers InternalFailure and
     // logs a warning, whatever its arity.
     for (name, arity) in [
-        ("proxy_http_call", 10),
         ("proxy_grpc_call", 12),
         ("proxy_grpc_stream", 9),
         ("proxy_grpc_send", 4),

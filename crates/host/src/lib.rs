@@ -30,6 +30,7 @@ mod hostcalls;
 mod shared;
 mod vm;
 
+pub use shared::Callout;
 pub use vm::LogLine;
 
 use anyhow::{anyhow, bail, Context};
@@ -38,7 +39,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
-use vm::{Stream, Vm, VmState};
+use vm::{Settled, Stream, Vm, VmState};
 use wasmtime::{Engine, Linker, Module};
 
 /// What the module reported as the wall clock at virtual time zero
@@ -75,6 +76,9 @@ pub enum Reply {
     /// The module let the request through; `finish` or `abort` it later.
     Continue(RequestId),
     LocalReply(LocalReply),
+    /// The module paused it: it is answered or let through later, and
+    /// `Host::take_settled` says which (or `abort` it).
+    Held(RequestId),
 }
 
 /// A request as the filter sees it.
@@ -146,6 +150,8 @@ pub struct Host {
     /// When each VM's next tick is due (main first), in virtual ns.
     next_tick: Vec<Option<u64>>,
     next_context: u32,
+    /// Held requests answered or let through since the last `take_settled`.
+    settled: Vec<(RequestId, Reply)>,
 }
 
 impl Host {
@@ -182,6 +188,8 @@ impl Host {
                 .collect();
             let state = VmState {
                 name: name.clone(),
+                index,
+                call_response: None,
                 shared: shared.clone(),
                 logs: logs.clone(),
                 plugin_config: plugin_config.to_vec(),
@@ -211,6 +219,7 @@ impl Host {
             workers: vms.into_iter().map(Some).collect(),
             next_tick: vec![None; workers + 1],
             next_context: ROOT_CONTEXT + 1,
+            settled: Vec::new(),
         };
         host.schedule_ticks(0);
         Ok(host)
@@ -274,12 +283,91 @@ impl Host {
             ..Stream::default()
         };
         let vm = self.worker(worker)?;
-        match vm.request(context, stream)? {
-            None => Ok(Reply::Continue(RequestId { worker, context })),
-            Some(reply) => {
+        let id = RequestId { worker, context };
+        let reply = match vm.request(context, stream)? {
+            vm::Request::Continue => Reply::Continue(id),
+            vm::Request::Held => Reply::Held(id),
+            vm::Request::Replied(reply) => {
                 // A local reply ends the stream there, as in Envoy.
                 vm.finish(context, Some(reply.headers.clone()))?;
-                Ok(Reply::LocalReply(reply))
+                Reply::LocalReply(reply)
+            }
+        };
+        self.deliver()?;
+        Ok(reply)
+    }
+
+    /// Held requests answered or let through since the last call: each
+    /// as `LocalReply` (its stream has ended) or `Continue` (now in flight
+    /// upstream; `finish` or `abort` it).
+    pub fn take_settled(&mut self) -> Vec<(RequestId, Reply)> {
+        std::mem::take(&mut self.settled)
+    }
+
+    /// HTTP callouts the VMs made since the last call; answer each with
+    /// `answer_callout`.
+    pub fn take_callouts(&mut self) -> Vec<Callout> {
+        std::mem::take(&mut self.shared.borrow_mut().callouts)
+    }
+
+    /// Answers `callout` with `status` and a JSON `body`, or, with `None`,
+    /// fails it (a reset or timeout: no headers).
+    pub fn answer_callout(
+        &mut self,
+        callout: &Callout,
+        response: Option<(u32, Vec<u8>)>,
+    ) -> anyhow::Result<()> {
+        let response = response.map(|(status, body)| {
+            let headers = vec![
+                (":status".to_string(), status.to_string()),
+                ("content-type".to_string(), "application/json".to_string()),
+            ];
+            (headers, body)
+        });
+        if let Some(vm) = self.vm(callout.vm) {
+            vm.call_response(callout.token, response)?;
+        }
+        self.deliver()
+    }
+
+    /// The VM at `index` (0 main, then the workers), if it is there.
+    fn vm(&mut self, index: usize) -> Option<&mut Vm> {
+        match index {
+            0 => Some(&mut self.main),
+            i => self.workers.get_mut(i - 1).and_then(Option::as_mut),
+        }
+    }
+
+    /// Tells VMs of their queues' new items, and collects the held
+    /// requests that got settled on the way, until nothing moves.
+    fn deliver(&mut self) -> anyhow::Result<()> {
+        loop {
+            let ready = self.shared.borrow_mut().take_ready();
+            for ((index, root), queue) in &ready {
+                if let Some(vm) = self.vm(*index) {
+                    vm.queue_ready(*root, *queue)?;
+                }
+            }
+            let mut moved = !ready.is_empty();
+            for worker in 0..self.workers.len() {
+                let Some(vm) = self.workers[worker].as_mut() else {
+                    continue;
+                };
+                for (context, settled) in vm.settled() {
+                    moved = true;
+                    let id = RequestId { worker, context };
+                    let reply = match settled {
+                        Settled::Resumed => Reply::Continue(id),
+                        Settled::Replied(reply) => {
+                            vm.finish(context, Some(reply.headers.clone()))?;
+                            Reply::LocalReply(reply)
+                        }
+                    };
+                    self.settled.push((id, reply));
+                }
+            }
+            if !moved {
+                return Ok(());
             }
         }
     }
@@ -304,12 +392,14 @@ impl Host {
         vm.finish(
             id.context,
             Some(vec![(":status".to_string(), status.to_string())]),
-        )
+        )?;
+        self.deliver()
     }
 
     /// The stream ended without a response (client or upstream reset).
     pub fn abort(&mut self, id: RequestId) -> anyhow::Result<()> {
-        self.worker(id.worker)?.finish(id.context, None)
+        self.worker(id.worker)?.finish(id.context, None)?;
+        self.deliver()
     }
 
     /// Drops a worker's VM with no callback at all, as when a VM vanishes
@@ -343,6 +433,7 @@ impl Host {
             if let Some(vm) = vm {
                 vm.tick()?;
             }
+            self.deliver()?;
             self.schedule_tick(index, at);
         }
         self.shared.borrow_mut().now_ns = target;

@@ -11,6 +11,20 @@ pub enum MetricKind {
     Histogram,
 }
 
+/// Who registered a queue: the VM (0 main, then the workers from 1) and
+/// its root context.
+pub type Owner = (usize, u32);
+
+/// An HTTP callout a VM made, for the host's caller to answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Callout {
+    /// The VM that made it (0 main, then the workers from 1).
+    pub vm: usize,
+    pub token: u32,
+    pub cluster: String,
+    pub body: Vec<u8>,
+}
+
 #[derive(Debug, Default)]
 pub struct Shared {
     /// Virtual time since the host started, in nanoseconds.
@@ -19,7 +33,14 @@ pub struct Shared {
     pub epoch_ns: u64,
     data: HashMap<String, (Vec<u8>, u32)>,
     next_cas: u32,
-    queues: Vec<(String, VecDeque<Vec<u8>>)>,
+    /// Queues: name, items, and the VM and root context that registered
+    /// it (which is told when an item arrives).
+    queues: Vec<(String, VecDeque<Vec<u8>>, Option<Owner>)>,
+    /// Queues with new items: (registering VM and root, queue), to deliver.
+    ready: Vec<(Owner, u32)>,
+    /// HTTP callouts made and not yet answered.
+    pub callouts: Vec<Callout>,
+    next_token: u32,
     metric_ids: Vec<(String, MetricKind)>,
     metric_values: BTreeMap<String, i64>,
 }
@@ -57,11 +78,17 @@ impl Shared {
         (self.data.len(), bytes)
     }
 
-    pub fn register_queue(&mut self, name: &str) -> u32 {
-        match self.queues.iter().position(|(n, _)| n == name) {
-            Some(i) => i as u32,
+    /// Registers `name` for root context `root` of VM `vm` (as in Envoy,
+    /// the last to register it is told of its items).
+    pub fn register_queue(&mut self, name: &str, vm: usize, root: u32) -> u32 {
+        match self.queues.iter().position(|(n, _, _)| n == name) {
+            Some(i) => {
+                self.queues[i].2 = Some((vm, root));
+                i as u32
+            }
             None => {
-                self.queues.push((name.to_string(), VecDeque::new()));
+                self.queues
+                    .push((name.to_string(), VecDeque::new(), Some((vm, root))));
                 (self.queues.len() - 1) as u32
             }
         }
@@ -70,12 +97,43 @@ impl Shared {
     pub fn resolve_queue(&self, name: &str) -> Option<u32> {
         self.queues
             .iter()
-            .position(|(n, _)| n == name)
+            .position(|(n, _, _)| n == name)
             .map(|i| i as u32)
     }
 
     pub fn queue(&mut self, id: u32) -> Option<&mut VecDeque<Vec<u8>>> {
-        self.queues.get_mut(id as usize).map(|(_, q)| q)
+        self.queues.get_mut(id as usize).map(|(_, q, _)| q)
+    }
+
+    /// Puts `value` on queue `id`, and notes that its VM is to be told.
+    pub fn enqueue(&mut self, id: u32, value: Vec<u8>) -> bool {
+        let Some((_, queue, owner)) = self.queues.get_mut(id as usize) else {
+            return false;
+        };
+        queue.push_back(value);
+        if let Some(vm) = owner {
+            if !self.ready.contains(&(*vm, id)) {
+                self.ready.push((*vm, id));
+            }
+        }
+        true
+    }
+
+    /// The queues with new items, by the VM and root context to tell.
+    pub fn take_ready(&mut self) -> Vec<(Owner, u32)> {
+        std::mem::take(&mut self.ready)
+    }
+
+    /// Records a callout from VM `vm`; returns its token.
+    pub fn call(&mut self, vm: usize, cluster: String, body: Vec<u8>) -> u32 {
+        self.next_token += 1;
+        self.callouts.push(Callout {
+            vm,
+            token: self.next_token,
+            cluster,
+            body,
+        });
+        self.next_token
     }
 
     /// Metric ids are global here (Envoy's are per VM but name the same

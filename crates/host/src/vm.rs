@@ -18,6 +18,12 @@ pub struct LogLine {
     pub message: String,
 }
 
+/// A callout's response as the module reads it: headers and body.
+pub type CallResponse = (Vec<(String, String)>, Vec<u8>);
+
+/// `proxy_on_http_call_response(context, token, headers, body, trailers)`.
+type OnHttpCallResponse = TypedFunc<(i32, i32, i32, i32, i32), ()>;
+
 /// One HTTP stream's state, as the module sees it through hostcalls.
 #[derive(Debug, Default)]
 pub struct Stream {
@@ -30,10 +36,34 @@ pub struct Stream {
     pub local_reply: Option<LocalReply>,
     /// The root context (plugin) the stream was created under.
     pub root: u32,
+    /// The module paused the request (its answer comes later).
+    pub held: bool,
+    /// The module resumed the paused request.
+    pub resumed: bool,
+}
+
+/// What the module did with a request's headers and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Continue,
+    Replied(LocalReply),
+    /// Paused: it is answered or resumed later (`Vm::settled`).
+    Held,
+}
+
+/// What became of a request the module paused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settled {
+    Resumed,
+    Replied(LocalReply),
 }
 
 pub struct VmState {
     pub name: String,
+    /// 0 for the main VM, then the workers from 1.
+    pub index: usize,
+    /// The callout response being handed over: headers and body.
+    pub call_response: Option<CallResponse>,
     pub shared: Rc<RefCell<Shared>>,
     pub logs: Rc<RefCell<Vec<LogLine>>>,
     pub plugin_config: Vec<u8>,
@@ -89,6 +119,8 @@ struct Exports {
     done: TypedFunc<i32, i32>,
     log: TypedFunc<i32, ()>,
     delete: TypedFunc<i32, ()>,
+    queue_ready: Option<TypedFunc<(i32, i32), ()>>,
+    http_call_response: Option<OnHttpCallResponse>,
 }
 
 pub struct Vm {
@@ -172,6 +204,12 @@ impl Vm {
             done: export!("proxy_on_done"),
             log: export!("proxy_on_log"),
             delete: export!("proxy_on_delete"),
+            queue_ready: instance
+                .get_typed_func(&mut store, "proxy_on_queue_ready")
+                .ok(),
+            http_call_response: instance
+                .get_typed_func(&mut store, "proxy_on_http_call_response")
+                .ok(),
         };
         for init in ["_initialize", "_start"] {
             if let Ok(f) = instance.get_typed_func::<(), ()>(&mut store, init) {
@@ -297,7 +335,7 @@ impl Vm {
 
     /// Runs a request's headers and body through a new stream context.
     /// Returns the module's local reply, if it sent one.
-    pub fn request(&mut self, context: u32, stream: Stream) -> anyhow::Result<Option<LocalReply>> {
+    pub fn request(&mut self, context: u32, stream: Stream) -> anyhow::Result<Request> {
         let root = self.state().root_id;
         let (headers, body_len) = (stream.request_headers.len(), stream.request_body.len());
         self.state_mut()
@@ -331,14 +369,72 @@ impl Vm {
         } else {
             action
         };
-        let reply = self.local_reply(context);
-        if reply.is_none() && action != abi::ACTION_CONTINUE {
-            bail!(
-                "the filter paused request {context} and nothing can resume it \
-                 (in Envoy the request would hang until its timeout)"
-            );
+        if let Some(reply) = self.local_reply(context) {
+            return Ok(Request::Replied(reply));
         }
-        Ok(reply)
+        if action == abi::ACTION_CONTINUE {
+            return Ok(Request::Continue);
+        }
+        if let Some(stream) = self.state_mut().streams.get_mut(&context) {
+            stream.held = true;
+        }
+        Ok(Request::Held)
+    }
+
+    /// Tells root context `root` that queue `queue` has items.
+    pub fn queue_ready(&mut self, root: u32, queue: u32) -> anyhow::Result<()> {
+        let Some(f) = self.exports.queue_ready.clone() else {
+            return Ok(());
+        };
+        self.state_mut().current = root;
+        f.call(&mut self.store, (root as i32, queue as i32))
+            .map_err(|e| self.fail(e, "proxy_on_queue_ready"))
+    }
+
+    /// Hands callout `token`'s response (`None`: it failed) to the root.
+    pub fn call_response(
+        &mut self,
+        token: u32,
+        response: Option<CallResponse>,
+    ) -> anyhow::Result<()> {
+        let Some(f) = self.exports.http_call_response.clone() else {
+            return Ok(());
+        };
+        let root = self.state().root_id;
+        let (headers, body) = response
+            .as_ref()
+            .map_or((0, 0), |(h, b)| (h.len(), b.len()));
+        let state = self.state_mut();
+        state.current = root;
+        state.call_response = response;
+        let called = f
+            .call(
+                &mut self.store,
+                (root as i32, token as i32, headers as i32, body as i32, 0),
+            )
+            .map_err(|e| self.fail(e, "proxy_on_http_call_response"));
+        self.state_mut().call_response = None;
+        called
+    }
+
+    /// Paused requests the module has since answered or resumed.
+    pub fn settled(&mut self) -> Vec<(u32, Settled)> {
+        let mut settled = Vec::new();
+        for (context, stream) in &mut self.state_mut().streams {
+            if !stream.held {
+                continue;
+            }
+            if let Some(reply) = &stream.local_reply {
+                settled.push((*context, Settled::Replied(reply.clone())));
+            } else if stream.resumed {
+                settled.push((*context, Settled::Resumed));
+            } else {
+                continue;
+            }
+            stream.held = false;
+        }
+        settled.sort_by_key(|(context, _)| *context);
+        settled
     }
 
     fn local_reply(&self, context: u32) -> Option<LocalReply> {

@@ -20,6 +20,7 @@ fn send(host: &mut Host, worker: usize) -> Option<RequestId> {
             assert_eq!(reply.status, 503);
             None
         }
+        Reply::Held(id) => panic!("held {id:?} with dedup off"),
     }
 }
 

@@ -1,11 +1,12 @@
-//! Retry-storm protection in the compiled admission gate, in the offline
-//! host: duplicates refused while in flight, and within the window after a
-//! client abandoned the original; a lost completion, and what passes
-//! unchecked.
+//! Coalescing in the compiled admission gate, in the offline host: a
+//! request that leads its key is sent as a callout and held; identical
+//! ones wait, on any worker, and get its answer with their own ids; a
+//! failed leader hands over; an answer a client gave up on is kept for its
+//! retry; a lost leader is replaced; and what passes unchecked.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use stakegate_host::{Host, LocalReply, Reply, Request, RequestId};
+use stakegate_host::{Callout, Host, LocalReply, Reply, Request, RequestId};
 use std::time::Duration;
 
 fn gate(dedup: &str, workers: usize) -> Host {
@@ -26,112 +27,162 @@ fn call(id: u64, params: &str) -> Request {
 fn sent(host: &mut Host, worker: usize, request: &Request) -> RequestId {
     match host.request(worker, request).unwrap() {
         Reply::Continue(id) => id,
-        Reply::LocalReply(reply) => panic!(
-            "refused: {} {}",
-            reply.status,
-            String::from_utf8_lossy(&reply.body)
-        ),
+        other => panic!("expected it through, got {other:?}"),
     }
 }
 
-fn refused(host: &mut Host, worker: usize, request: &Request) -> LocalReply {
+fn held(host: &mut Host, worker: usize, request: &Request) -> RequestId {
     match host.request(worker, request).unwrap() {
-        Reply::Continue(_) => panic!("sent upstream, expected a duplicate"),
+        Reply::Held(id) => id,
+        other => panic!("expected it held, got {other:?}"),
+    }
+}
+
+fn replied(reply: &Reply) -> &LocalReply {
+    match reply {
         Reply::LocalReply(reply) => reply,
+        other => panic!("expected a local reply, got {other:?}"),
     }
 }
 
+fn json(reply: &LocalReply) -> serde_json::Value {
+    serde_json::from_slice(&reply.body).unwrap()
+}
+
+/// The one callout made since the last call.
+fn callout(host: &mut Host) -> Callout {
+    let mut callouts = host.take_callouts();
+    assert_eq!(callouts.len(), 1, "{callouts:?}");
+    callouts.remove(0)
+}
+
+fn answer(id: u64) -> Vec<u8> {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"result":"0xabc"}}"#).into_bytes()
+}
+
+fn stat(host: &Host, name: &str) -> i64 {
+    host.metric(&format!("stakegate.gate.dedup.{name}"))
+}
+
 #[test]
-fn a_duplicate_is_refused_until_its_abandoned_original_s_window_ends() {
-    let mut host = gate(r#"{"windowMs": 3000}"#, 2);
-    let original = sent(&mut host, 0, &call(1, r#"{"data":"0x01"}"#));
-    // A retry with a new id, on another worker: 429 with the rest of the window.
-    let reply = refused(&mut host, 1, &call(2, r#"{ "data" : "0x01" }"#));
-    assert_eq!(reply.status, 429);
-    assert_eq!(reply.header("retry-after"), Some("3"));
-    let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
-    assert_eq!(body["id"], 2);
-    assert_eq!(body["error"]["code"], -32005);
-    assert!(body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("duplicate"));
+fn identical_requests_on_every_worker_get_the_leaders_answer_with_their_ids() {
+    let mut host = gate("{}", 2);
+    let leader = held(&mut host, 0, &call(1, r#"{"data":"0x01"}"#));
+    let sent = callout(&mut host);
+    assert_eq!(sent.cluster, "rpc_node");
+    assert_eq!(sent.body, call(1, r#"{"data":"0x01"}"#).body);
+    // Retries with new ids and other spacing, on both workers.
+    let waiters = [
+        held(&mut host, 1, &call(2, r#"{ "data" : "0x01" }"#)),
+        held(&mut host, 0, &call(3, r#"{"data":"0x01"}"#)),
+    ];
+    assert!(host.take_callouts().is_empty(), "one call for all of them");
     // Other params are another request.
-    let other = sent(&mut host, 1, &call(3, r#"{"data":"0x02"}"#));
-    // Abandoned by its client, it still blocks until start + window (the
-    // node may still be working on it)...
-    host.advance(Duration::from_millis(1000)).unwrap();
-    host.abort(original).unwrap();
-    let reply = refused(&mut host, 0, &call(4, r#"{"data":"0x01"}"#));
-    assert_eq!(reply.header("retry-after"), Some("2"));
-    // ...and no longer.
-    host.advance(Duration::from_millis(2000)).unwrap();
-    let again = sent(&mut host, 0, &call(5, r#"{"data":"0x01"}"#));
-    for id in [other, again] {
-        host.finish(id, 200, Duration::ZERO).unwrap();
+    let other = held(&mut host, 1, &call(4, r#"{"data":"0x02"}"#));
+    let _ = callout(&mut host);
+    host.answer_callout(&sent, Some((200, answer(1)))).unwrap();
+    let mut settled = host.take_settled();
+    settled.sort_by_key(|(id, _)| format!("{id:?}"));
+    let ids: Vec<RequestId> = settled.iter().map(|(id, _)| *id).collect();
+    let mut expected = vec![leader, waiters[0], waiters[1]];
+    expected.sort_by_key(|id| format!("{id:?}"));
+    assert_eq!(ids, expected);
+    for (id, reply) in &settled {
+        let reply = replied(reply);
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("content-type"), Some("application/json"));
+        let want = if *id == leader {
+            1
+        } else if *id == waiters[0] {
+            2
+        } else {
+            3
+        };
+        assert_eq!(json(reply)["id"], want);
+        assert_eq!(json(reply)["result"], "0xabc");
     }
-    host.advance(Duration::from_millis(1000)).unwrap();
-    assert_eq!(host.metric("stakegate.gate.dedup.duplicates_rejected"), 2);
-    assert_eq!(host.metric("stakegate.gate.dedup.tracked"), 3);
-    // The 429s still count as admitted by the gate and gave their slots back.
-    assert_eq!(host.metric("stakegate.gate.inflight.default"), 0);
+    host.advance(Duration::from_secs(1)).unwrap();
+    assert_eq!(stat(&host, "led"), 2);
+    assert_eq!(stat(&host, "coalesced"), 2);
+    assert_eq!(stat(&host, "shared"), 2);
+    assert_eq!(stat(&host, "waiting"), 1, "{other:?} still waits");
+    // Held requests hold no gate slot; the leader's callout gave its back.
+    assert_eq!(host.metric("stakegate.gate.inflight.default"), 1);
 }
 
 #[test]
-fn a_slow_original_blocks_its_retries_past_the_window() {
-    let mut host = gate(r#"{"windowMs": 1000}"#, 2);
-    let request = call(1, r#"{"data":"0x01"}"#);
-    let original = sent(&mut host, 0, &request);
-    host.advance(Duration::from_secs(5)).unwrap();
-    assert_eq!(
-        refused(&mut host, 1, &request).header("retry-after"),
-        Some("1")
-    );
-    host.finish(original, 200, Duration::from_secs(5)).unwrap();
-    host.advance(Duration::from_millis(1)).unwrap();
-    let id = sent(&mut host, 1, &request);
-    host.finish(id, 200, Duration::ZERO).unwrap();
-}
-
-#[test]
-fn an_answered_original_stops_blocking_at_once() {
-    // A poll for a receipt not yet mined: the node answers null, and the
-    // next poll 50 ms later must reach it, whatever the window.
-    let mut host = gate(r#"{"windowMs": 10000}"#, 2);
-    let poll = Request::json_rpc(
-        r#"{"jsonrpc":"2.0","id":1,"method":"eth_getTransactionReceipt","params":["0xab"]}"#,
-    );
-    for (worker, status) in [(0, 200), (1, 503), (0, 200)] {
-        let id = sent(&mut host, worker, &poll);
-        host.finish(id, status, Duration::from_millis(50)).unwrap();
+fn a_failed_leader_hands_over_and_an_answer_given_up_on_is_kept_for_the_retry() {
+    let mut host = gate(r#"{"windowMs": 3000}"#, 2);
+    let request = |id| call(id, r#"{"data":"0x01"}"#);
+    let leader = held(&mut host, 0, &request(1));
+    let first = callout(&mut host);
+    let waiter = held(&mut host, 1, &request(2));
+    // The callout fails (no answer): the leader's client gets 502 with its
+    // id, and the waiter on the other worker leads with a callout of its own.
+    host.answer_callout(&first, None).unwrap();
+    let settled = host.take_settled();
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    assert_eq!(settled[0].0, leader);
+    let reply = replied(&settled[0].1);
+    assert_eq!((reply.status, json(reply)["id"].clone()), (502, 1.into()));
+    let second = callout(&mut host);
+    assert_eq!(second.body, request(2).body);
+    // Its client gives up; the answer comes after: kept, and the retry
+    // takes it without a call.
+    host.abort(waiter).unwrap();
+    host.answer_callout(&second, Some((200, answer(2))))
+        .unwrap();
+    let retry = host.request(0, &request(3)).unwrap();
+    let reply = replied(&retry);
+    assert_eq!((reply.status, json(reply)["id"].clone()), (200, 3.into()));
+    assert!(host.take_callouts().is_empty());
+    host.advance(Duration::from_secs(1)).unwrap();
+    for (name, count) in [
+        ("handed_over", 1),
+        ("woken_by_failure", 1),
+        ("callouts_failed", 1),
+        ("kept", 1),
+        ("taken", 1),
+        ("left", 1),
+        ("waiting", 0),
+    ] {
+        assert_eq!(stat(&host, name), count, "{name}");
     }
-    // A stream its client reset still blocks for the window.
-    let other = call(2, r#"{"data":"0x02"}"#);
-    let abandoned = sent(&mut host, 0, &other);
-    host.abort(abandoned).unwrap();
-    refused(&mut host, 1, &other);
-    host.advance(Duration::from_millis(1000)).unwrap();
-    assert_eq!(host.metric("stakegate.gate.dedup.tracked"), 4);
-    assert_eq!(host.metric("stakegate.gate.dedup.abandoned"), 1);
-    assert_eq!(host.metric("stakegate.gate.dedup.duplicates_rejected"), 1);
 }
 
 #[test]
-fn a_lost_completion_stops_blocking_when_the_window_ends() {
-    let mut host = gate(r#"{"windowMs": 5000}"#, 2);
+fn a_request_led_by_a_vanished_worker_is_led_again() {
+    let mut host = gate(r#"{"windowMs": 2000}"#, 2);
     let request = call(1, r#"{"data":"0x01"}"#);
-    sent(&mut host, 0, &request);
-    // Worker 0's VM vanishes with the request in flight: its completion
-    // never comes.
+    held(&mut host, 0, &request);
+    let _lost = callout(&mut host);
+    // Worker 0's VM vanishes: its callout's answer never comes.
     host.remove_worker(0).unwrap();
-    host.advance(Duration::from_millis(4990)).unwrap();
-    refused(&mut host, 1, &request);
-    host.advance(Duration::from_millis(10)).unwrap();
-    let id = sent(&mut host, 1, &request);
-    host.finish(id, 200, Duration::ZERO).unwrap();
-    host.advance(Duration::from_secs(6)).unwrap();
-    assert_eq!(host.metric("stakegate.gate.dedup.entries"), 0);
-    assert!(host.metric("stakegate.gate.dedup.purged") >= 2);
+    let waiter = held(&mut host, 1, &request);
+    // Once the window is over and worker 0 has missed its heartbeats, the
+    // waiter's own check on the heartbeat makes it lead.
+    host.advance(Duration::from_secs(4)).unwrap();
+    let again = callout(&mut host);
+    host.answer_callout(&again, Some((200, answer(1)))).unwrap();
+    let settled = host.take_settled();
+    assert_eq!(settled.len(), 1);
+    assert_eq!(settled[0].0, waiter);
+    assert_eq!(replied(&settled[0].1).status, 200);
+}
+
+#[test]
+fn past_max_waiters_a_request_gets_429() {
+    let mut host = gate(r#"{"maxWaiters": 2}"#, 1);
+    let request = call(1, r#"{"data":"0x01"}"#);
+    held(&mut host, 0, &request);
+    held(&mut host, 0, &request);
+    let reply = host.request(0, &request).unwrap();
+    let reply = replied(&reply);
+    assert_eq!(
+        (reply.status, reply.header("retry-after")),
+        (429, Some("1"))
+    );
+    assert_eq!(json(reply)["error"]["code"], -32005);
 }
 
 #[test]
@@ -148,9 +199,10 @@ fn large_bodies_polls_and_internal_traffic_pass_unchecked() {
         }
     }
     host.advance(Duration::from_secs(1)).unwrap();
-    assert_eq!(host.metric("stakegate.gate.dedup.too_large"), 2);
-    assert_eq!(host.metric("stakegate.gate.dedup.skipped"), 4);
-    assert_eq!(host.metric("stakegate.gate.dedup.duplicates_rejected"), 0);
+    assert_eq!(stat(&host, "too_large"), 2);
+    assert_eq!(stat(&host, "skipped"), 4);
+    assert_eq!(stat(&host, "led"), 0);
+    assert!(host.take_callouts().is_empty());
 }
 
 #[test]
@@ -162,20 +214,22 @@ fn the_same_signed_transaction_is_one_request_whoever_sends_it() {
         )
         .property(&["source", "address"], from.as_bytes())
     };
-    sent(&mut host, 0, &tx("192.0.2.1:1000"));
-    refused(&mut host, 1, &tx("198.51.100.7:2000"));
+    held(&mut host, 0, &tx("192.0.2.1:1000"));
+    held(&mut host, 1, &tx("198.51.100.7:2000"));
+    assert_eq!(host.take_callouts().len(), 1);
     // eth_call is per client.
     let request = call(1, r#"{"data":"0x01"}"#);
-    sent(&mut host, 0, &request.clone().header("x-api-key", "alice"));
-    sent(&mut host, 0, &request.clone().header("x-api-key", "bob"));
-    refused(&mut host, 1, &request.header("x-api-key", "alice"));
+    held(&mut host, 0, &request.clone().header("x-api-key", "alice"));
+    held(&mut host, 0, &request.clone().header("x-api-key", "bob"));
+    held(&mut host, 1, &request.header("x-api-key", "alice"));
+    assert_eq!(host.take_callouts().len(), 2);
 }
 
-/// Random distinct requests are never refused; sent again while in flight,
-/// every one is.
+/// Random distinct requests each lead; sent again while in flight, every
+/// one waits, and no other call is made.
 #[test]
-fn random_requests_are_refused_only_as_duplicates() {
-    let mut host = gate(r#"{"windowMs": 60000, "maxEntries": 8192}"#, 4);
+fn random_requests_coalesce_only_when_identical() {
+    let mut host = gate(r#"{"maxEntries": 8192}"#, 4);
     let mut rng = SmallRng::seed_from_u64(5);
     let methods = ["eth_call", "eth_getLogs", "eth_getBalance", "eth_getProof"];
     let mut seen = std::collections::BTreeSet::new();
@@ -198,12 +252,11 @@ fn random_requests_are_refused_only_as_duplicates() {
         }
     }
     for request in &requests {
-        sent(&mut host, rng.random_range(0..4), request);
+        held(&mut host, rng.random_range(0..4), request);
     }
+    assert_eq!(host.take_callouts().len(), requests.len());
     for request in &requests {
-        assert_eq!(
-            refused(&mut host, rng.random_range(0..4), request).status,
-            429
-        );
+        held(&mut host, rng.random_range(0..4), request);
     }
+    assert!(host.take_callouts().is_empty());
 }

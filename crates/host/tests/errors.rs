@@ -67,15 +67,15 @@ fn a_trap_carries_the_modules_last_words() {
 }
 
 #[test]
-fn callouts_answer_unsupported() {
+fn grpc_calls_answer_unsupported() {
     let module = proxy_wasm(
-        r#"(import "env" "proxy_http_call" (func $call (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))"#,
+        r#"(import "env" "proxy_grpc_call" (func $call (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))"#,
         // Configure succeeds only if the call returned InternalFailure (10).
-        "i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 call $call i32.const 10 i32.eq",
+        "i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 i32.const 0 call $call i32.const 10 i32.eq",
     );
     let host = Host::new(&module, b"{}", 1).unwrap();
     assert!(host
         .logs()
         .iter()
-        .any(|l| l.message == "stakegate-host: proxy_http_call is not supported offline"));
+        .any(|l| l.message == "stakegate-host: proxy_grpc_call is not supported offline"));
 }

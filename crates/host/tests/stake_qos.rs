@@ -30,6 +30,7 @@ fn from_addresses(host: &mut Host, addresses: impl Iterator<Item = String>, per_
         match host.request(n % host.workers(), &request).unwrap() {
             Reply::Continue(id) => host.finish(id, 200, Duration::from_millis(1)).unwrap(),
             Reply::LocalReply(reply) => panic!("throttled below capacity: {}", reply.status),
+            Reply::Held(id) => panic!("QoS held {id:?}"),
         }
         if n % per_ms == per_ms - 1 {
             host.advance(Duration::from_millis(1)).unwrap();

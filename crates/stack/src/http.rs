@@ -26,9 +26,11 @@ impl Answer {
 }
 
 fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(30))
-        .build()
+    agent_within(Duration::from_secs(30))
+}
+
+fn agent_within(timeout: Duration) -> ureq::Agent {
+    ureq::AgentBuilder::new().timeout(timeout).build()
 }
 
 fn answer(result: Result<ureq::Response, ureq::Error>) -> anyhow::Result<Answer> {
@@ -58,7 +60,22 @@ pub fn get(url: &str) -> anyhow::Result<Answer> {
 
 /// POSTs `body` with the given extra headers.
 pub fn post(url: &str, headers: &[(&str, &str)], body: &str) -> anyhow::Result<Answer> {
-    let mut request = agent().post(url).set("content-type", "application/json");
+    post_with(agent(), url, headers, body)
+}
+
+/// POSTs `body` as a client that gives up (closing its connection) after
+/// `timeout`.
+pub fn post_within(url: &str, body: &str, timeout: Duration) -> anyhow::Result<Answer> {
+    post_with(agent_within(timeout), url, &[], body)
+}
+
+fn post_with(
+    agent: ureq::Agent,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> anyhow::Result<Answer> {
+    let mut request = agent.post(url).set("content-type", "application/json");
     for (name, value) in headers {
         request = request.set(name, value);
     }

@@ -8,15 +8,22 @@
 //!   is logged with the field and the reason, and `false` makes Envoy refuse
 //!   the config, so the previous one keeps serving.
 //! - request headers: admit or refuse (503) before any body byte is read.
-//! - request body: dedup's check (429 for a duplicate), or a WebSocket's
-//!   messages, held while they wait for a slot.
+//! - request body: dedup's check, or a WebSocket's messages, held while
+//!   they wait for a slot. A request that leads its key is held while the
+//!   root context sends it to the node as a callout (so its client's going
+//!   cannot cancel it); one identical to a request in flight is held for
+//!   that request's answer.
+//! - `on_http_call_response` (root): a leader's answer, for every request
+//!   here waiting on its key, and on the other gate VMs' wake queues.
+//! - `on_queue_ready` (root): callouts to send, and wake messages: an
+//!   answer, or a failed leader to take over.
 //! - response: the end of the node's response gives the slot back; a
 //!   WebSocket's answers give their messages' slots back, and held
 //!   WebSockets on this worker retry.
 //! - `on_done` (or, if that never comes, dropping the stream context) gives
 //!   back whatever is left.
-//! - `on_tick` is the heartbeat (shard, spares, dedup sweep, metrics) and
-//!   retries held WebSockets.
+//! - `on_tick` is the heartbeat (shard, spares, dedup sweep, metrics,
+//!   held requests' deadlines) and retries held WebSockets.
 
 mod metrics;
 
@@ -24,6 +31,8 @@ use metrics::GateMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::clock::Now;
+use stakegate_core::dedup::wake_queue;
+use stakegate_core::gate::coalesce::{Act, Acts, Callout, Held, Reply, Response};
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::stream::{GateStream, GateWorker, Head, OnBody, OnHeaders, Settled};
 use stakegate_core::gate::InflightGate;
@@ -31,7 +40,8 @@ use stakegate_core::rejection::Rejection;
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
 use stakegate_glue::{now_ms, EnvoyStore};
-use std::cell::RefCell;
+use std::cell::{RefCell, RefMut};
+use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::time::Duration;
 
@@ -51,9 +61,180 @@ struct Worker {
     metrics: GateMetrics,
     /// Streams held for a slot, oldest first.
     held: Vec<(u32, Weak<RefCell<GateStream>>)>,
+    /// Streams held for an answer (dedup), oldest first.
+    coalesced: Vec<(u32, Weak<RefCell<GateStream>>)>,
+    /// Leaders' callouts, sent from the root context.
+    to_dispatch: Vec<(u32, Callout)>,
+    root: u32,
+    /// This VM's wake queue, and whether a wake-up to send callouts is on it.
+    wake: Option<u32>,
+    poked: bool,
+    vm_id: String,
+    /// Other gate VMs' wake queues, by VM.
+    peers: HashMap<u32, u32>,
+    /// Warnings already logged.
+    told: Vec<String>,
+}
+
+type StreamRef = (u32, Weak<RefCell<GateStream>>);
+
+/// Borrows the live streams of `list` (one borrowed elsewhere is skipped).
+fn borrow_all(list: &[StreamRef]) -> Vec<(u32, Rc<RefCell<GateStream>>)> {
+    list.iter()
+        .filter_map(|(id, weak)| Some((*id, weak.upgrade()?)))
+        .collect()
 }
 
 impl Worker {
+    /// Runs a coalescing step over the streams held for an answer, then
+    /// does what it says. `in_root`: this is a root-context callback, where
+    /// callouts can be sent at once.
+    fn coalesce(
+        &mut self,
+        current: u32,
+        in_root: bool,
+        step: impl FnOnce(&mut GateWorker, &mut [Held<'_>]) -> Acts,
+    ) {
+        let streams = borrow_all(&self.coalesced);
+        let mut borrowed: Vec<(u32, RefMut<'_, GateStream>)> = streams
+            .iter()
+            .filter_map(|(id, s)| Some((*id, s.try_borrow_mut().ok()?)))
+            .collect();
+        let mut held: Vec<Held<'_>> = borrowed.iter_mut().map(|(id, s)| (*id, &mut **s)).collect();
+        let acts = step(&mut self.core, &mut held);
+        drop(held);
+        drop(borrowed);
+        self.log();
+        self.act(current, in_root, acts);
+    }
+
+    fn act(&mut self, current: u32, in_root: bool, acts: Acts) {
+        if let Some(message) = acts.wake {
+            self.broadcast(&message);
+        }
+        let mut acted = false;
+        for (id, act) in acts.acts {
+            match act {
+                Act::Answer(reply) => {
+                    acted = true;
+                    if host::act_on(id) {
+                        answer(&reply);
+                    }
+                }
+                Act::Resume => {
+                    acted = true;
+                    if host::act_on(id) {
+                        host::resume_request();
+                    }
+                }
+                Act::Dispatch(callout) => self.to_dispatch.push((id, callout)),
+            }
+        }
+        if in_root {
+            self.dispatch(current);
+        } else if !self.to_dispatch.is_empty() {
+            self.poke();
+        }
+        if acted {
+            host::act_on(current);
+        }
+        self.coalesced.retain(|(_, weak)| {
+            weak.upgrade()
+                .is_some_and(|s| s.try_borrow().map_or(true, |s| s.held_for().is_some()))
+        });
+    }
+
+    /// Sends the leaders' callouts; called in a root-context callback, so
+    /// the callouts are the root's: a stream's end cannot cancel them.
+    fn dispatch(&mut self, current: u32) {
+        while !self.to_dispatch.is_empty() {
+            let (id, callout) = self.to_dispatch.remove(0);
+            host::act_on(self.root);
+            let headers: Vec<(&str, &str)> = callout
+                .headers
+                .iter()
+                .map(|(n, v)| (*n, v.as_str()))
+                .collect();
+            let sent = proxy_wasm::hostcalls::dispatch_http_call(
+                &callout.cluster,
+                headers,
+                Some(&callout.body),
+                vec![],
+                Duration::from_millis(callout.timeout_ms),
+            );
+            let stream = self
+                .coalesced
+                .iter()
+                .find(|(i, _)| *i == id)
+                .and_then(|(_, weak)| weak.upgrade());
+            match sent {
+                Ok(token) => {
+                    if let Some(stream) = stream {
+                        if let Ok(mut stream) = stream.try_borrow_mut() {
+                            stream.led(&mut self.core, token, now_ms());
+                        }
+                    }
+                }
+                Err(status) => {
+                    self.note_once(&format!(
+                        "a dedup leader's callout to cluster {:?} was refused ({status:?}): its request goes through the route uncoalesced; check dedup.upstream.cluster",
+                        callout.cluster
+                    ));
+                    self.coalesce(current, true, |core, held| {
+                        core.lead_refused(&EnvoyStore, &mut Now::lazy(now_ms), id, held)
+                    });
+                }
+            }
+        }
+        host::act_on(current);
+    }
+
+    /// Puts a wake-up on this VM's own queue, so the root context sends
+    /// the callouts waiting (the heartbeat does, if there is no queue).
+    fn poke(&mut self) {
+        if let (Some(queue), false) = (self.wake, self.poked) {
+            self.poked = host::enqueue(queue, &[]);
+        }
+    }
+
+    /// Registers this VM's wake queue once its shard (VM number) is known.
+    fn register_wake(&mut self) {
+        if self.wake.is_some() || self.core.dedup.is_none() {
+            return;
+        }
+        if let Some(vm) = self.core.gate.vm() {
+            self.wake = host::register_queue(&wake_queue(vm));
+        }
+    }
+
+    /// Puts `message` on every other live gate VM's wake queue.
+    fn broadcast(&mut self, message: &[u8]) {
+        let (Some(dedup), Some(me)) = (self.core.dedup.as_ref(), self.core.gate.vm()) else {
+            return;
+        };
+        for vm in dedup.peers(&EnvoyStore, me, now_ms()) {
+            let queue = match self.peers.get(&vm) {
+                Some(queue) => Some(*queue),
+                None => host::resolve_queue(&self.vm_id, &wake_queue(vm)),
+            };
+            match queue {
+                Some(queue) if host::enqueue(queue, message) => {
+                    self.peers.insert(vm, queue);
+                }
+                _ => {
+                    self.peers.remove(&vm);
+                }
+            }
+        }
+    }
+
+    fn note_once(&mut self, line: &str) {
+        if !self.told.iter().any(|t| t == line) {
+            log(LogLevel::Warn, line);
+            self.told.push(line.to_string());
+        }
+    }
+
     fn log(&mut self) {
         for line in self.core.take_log() {
             log(LogLevel::Warn, &line);
@@ -122,11 +303,21 @@ impl GateRoot {
         let mut core = GateWorker::new(gate);
         core.join(&EnvoyStore, now_ms);
         self.set_tick_period(heartbeat);
+        let vm_id = stakegate_glue::property_string(&["plugin_vm_id"]).unwrap_or_default();
         let mut worker = Worker {
             core,
             metrics,
             held: Vec::new(),
+            coalesced: Vec::new(),
+            to_dispatch: Vec::new(),
+            root: self.context_id,
+            wake: None,
+            poked: false,
+            vm_id,
+            peers: HashMap::new(),
+            told: Vec::new(),
         };
+        worker.register_wake();
         worker.log();
         self.worker = Some(Rc::new(RefCell::new(worker)));
         Ok(())
@@ -142,10 +333,36 @@ impl Context for GateRoot {
             let mut worker = worker.borrow_mut();
             worker.core.leave(&EnvoyStore, now_ms());
             worker.log();
+            let waiting = worker.coalesced.len();
             let Worker { core, metrics, .. } = &mut *worker;
-            metrics.flush(&mut core.counts, None, None);
+            metrics.flush(&mut core.counts, None, None, waiting);
         }
         true
+    }
+
+    /// A leader's callout ended: its answer goes to every request waiting
+    /// for it.
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _: usize,
+    ) {
+        let Some(worker) = &self.worker else { return };
+        let mut worker = worker.borrow_mut();
+        // No headers: the callout failed (reset, timeout, no upstream).
+        let response = (num_headers > 0).then(|| Response {
+            status: host::call_response_header(":status")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(502),
+            content_type: host::call_response_header("content-type")
+                .unwrap_or_else(|| "application/json".into()),
+            body: host::body(BodyOf::CallResponse, 0, body_size),
+        });
+        worker.coalesce(self.context_id, true, |core, held| {
+            core.callout_ended(&EnvoyStore, &mut Now::lazy(now_ms), token, response, held)
+        });
     }
 }
 
@@ -159,10 +376,31 @@ impl RootContext for GateRoot {
         let Some(worker) = &self.worker else { return };
         let mut worker = worker.borrow_mut();
         let (totals, entries) = worker.core.tick(&EnvoyStore, now_ms());
+        worker.register_wake();
+        worker.coalesce(self.context_id, true, |core, held| {
+            core.heartbeat(&EnvoyStore, &mut Now::lazy(now_ms), held)
+        });
         worker.log();
+        let waiting = worker.coalesced.len();
         let Worker { core, metrics, .. } = &mut *worker;
-        metrics.flush(&mut core.counts, totals, entries);
+        metrics.flush(&mut core.counts, totals, entries, waiting);
         worker.wake(self.context_id);
+    }
+
+    /// Wake messages: callouts to send, answers, failed leaders.
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        let Some(worker) = &self.worker else { return };
+        let mut worker = worker.borrow_mut();
+        worker.poked = false;
+        worker.dispatch(self.context_id);
+        while let Ok(Some(message)) = host::dequeue(queue_id) {
+            if message.is_empty() {
+                continue;
+            }
+            worker.coalesce(self.context_id, true, |core, held| {
+                core.woken(&EnvoyStore, &mut Now::lazy(now_ms), &message, held)
+            });
+        }
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -183,6 +421,15 @@ struct GateHttp {
     context_id: u32,
     worker: Rc<RefCell<Worker>>,
     stream: Rc<RefCell<GateStream>>,
+}
+
+/// Answers the current request with another request's answer.
+fn answer(reply: &Reply) {
+    host::send_response(
+        reply.status,
+        &[("content-type", reply.content_type.as_str())],
+        &reply.body,
+    );
 }
 
 fn refuse(rejection: &Rejection) -> Action {
@@ -208,8 +455,8 @@ impl GateHttp {
 
 impl Context for GateHttp {
     fn on_done(&mut self) -> bool {
-        self.with(|stream, w, now| {
-            stream.done(w, &EnvoyStore, now);
+        self.with(|stream, w, _| {
+            stream.done(w, &EnvoyStore);
             true
         });
         true
@@ -259,15 +506,31 @@ impl HttpContext for GateHttp {
             end_of_stream,
             &mut HostBody(BodyOf::Request),
         );
+        let coalesced = stream.held_for().is_some();
+        drop(stream);
         worker.log();
+        let me = (self.context_id, Rc::downgrade(&self.stream));
         match action {
             OnBody::Continue => Action::Continue,
+            OnBody::Hold if coalesced => {
+                worker.coalesced.push(me);
+                Action::Pause
+            }
             OnBody::Hold => {
-                if stream.waiting() && !worker.held.iter().any(|(id, _)| *id == self.context_id) {
-                    worker
-                        .held
-                        .push((self.context_id, Rc::downgrade(&self.stream)));
+                let waits = self.stream.try_borrow().is_ok_and(|s| s.waiting());
+                if waits && !worker.held.iter().any(|(id, _)| *id == self.context_id) {
+                    worker.held.push(me);
                 }
+                Action::Pause
+            }
+            OnBody::Lead(callout) => {
+                worker.coalesced.push(me);
+                worker.to_dispatch.push((self.context_id, callout));
+                worker.poke();
+                Action::Pause
+            }
+            OnBody::Answer(reply) => {
+                answer(&reply);
                 Action::Pause
             }
             OnBody::Close => {
@@ -291,17 +554,16 @@ impl HttpContext for GateHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.with(|stream, w, now| stream.response_headers(w, &EnvoyStore, now, end_of_stream));
+        self.with(|stream, w, _| stream.response_headers(w, &EnvoyStore, end_of_stream));
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         // Answers give slots back; held streams (this one too) retry.
-        self.with(|stream, w, now| {
+        self.with(|stream, w, _| {
             stream.response_body(
                 w,
                 &EnvoyStore,
-                now,
                 body_size,
                 end_of_stream,
                 &mut HostBody(BodyOf::Response),
@@ -311,7 +573,7 @@ impl HttpContext for GateHttp {
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
-        self.with(|stream, w, now| stream.response_trailers(w, &EnvoyStore, now));
+        self.with(|stream, w, _| stream.response_trailers(w, &EnvoyStore));
         Action::Continue
     }
 }
@@ -321,7 +583,7 @@ impl Drop for GateHttp {
     fn drop(&mut self) {
         if let Ok(mut worker) = self.worker.try_borrow_mut() {
             if let Ok(mut stream) = self.stream.try_borrow_mut() {
-                stream.done(&mut worker.core, &EnvoyStore, &mut Now::lazy(now_ms));
+                stream.done(&mut worker.core, &EnvoyStore);
             }
         }
     }

@@ -27,13 +27,21 @@ const COUNTERS: &[(&str, Count)] = &[
     ("cas_retries", |c| c.store.cas_retries),
     ("store_errors", |c| c.store.store_errors),
     ("expired_slots", |c| c.expired_slots),
-    ("dedup.tracked", |c| c.dedup.tracked),
-    ("dedup.duplicates_rejected", |c| c.dedup.duplicates_rejected),
+    ("dedup.led", |c| c.dedup.led),
+    ("dedup.coalesced", |c| c.dedup.coalesced),
+    ("dedup.shared", |c| c.dedup.shared),
+    ("dedup.kept", |c| c.dedup.kept),
+    ("dedup.taken", |c| c.dedup.taken),
+    ("dedup.handed_over", |c| c.dedup.handed_over),
+    ("dedup.woken_by_failure", |c| c.dedup.woken_by_failure),
+    ("dedup.wait_timeouts", |c| c.dedup.wait_timeouts),
+    ("dedup.left", |c| c.dedup.left),
+    ("dedup.refused", |c| c.dedup.refused),
+    ("dedup.callouts_failed", |c| c.dedup.callouts_failed),
     ("dedup.skipped", |c| c.dedup.skipped),
     ("dedup.too_large", |c| c.dedup.too_large),
     ("dedup.table_full", |c| c.dedup.table_full),
     ("dedup.purged", |c| c.dedup.purged),
-    ("dedup.abandoned", |c| c.dedup.abandoned),
 ];
 
 pub struct GateMetrics {
@@ -42,6 +50,9 @@ pub struct GateMetrics {
     inflight: [u32; 3],
     websocket_active: u32,
     dedup_entries: u32,
+    /// Requests held for an answer, on every worker (each adds its change).
+    dedup_waiting: u32,
+    waiting_reported: i64,
     counters: Vec<u32>,
 }
 
@@ -65,6 +76,8 @@ impl GateMetrics {
             inflight: per_class(MetricType::Gauge, "inflight")?,
             websocket_active: define(MetricType::Gauge, &stat("websocket.active"))?,
             dedup_entries: define(MetricType::Gauge, &stat("dedup.entries"))?,
+            dedup_waiting: define(MetricType::Gauge, &stat("dedup.waiting"))?,
+            waiting_reported: 0,
             counters: COUNTERS
                 .iter()
                 .map(|(name, _)| define(MetricType::Counter, &stat(name)))
@@ -73,14 +86,21 @@ impl GateMetrics {
     }
 
     /// Hands the counts to Envoy (and resets them), and sets the gauges
-    /// from `totals`, the shared slot counts as of this heartbeat, and
-    /// `dedup_entries`, the dedup table's size.
+    /// from `totals`, the shared slot counts as of this heartbeat,
+    /// `dedup_entries`, the dedup table's size, and `waiting`, the requests
+    /// this VM holds for an answer.
     pub fn flush(
         &mut self,
         counts: &mut Counts,
         totals: Option<Totals>,
         dedup_entries: Option<u64>,
+        waiting: usize,
     ) {
+        let change = waiting as i64 - self.waiting_reported;
+        if change != 0 {
+            let _ = hostcalls::increment_metric(self.dedup_waiting, change);
+            self.waiting_reported = waiting as i64;
+        }
         let counts = std::mem::take(counts);
         for class in RequestClass::ALL {
             add(self.admitted[class.index()], counts.admitted[class.index()]);

@@ -34,6 +34,13 @@ extern "C" {
         return_value_size: *mut usize,
     ) -> u32;
     fn proxy_register_shared_queue(name_data: *const u8, name_size: usize, token: *mut u32) -> u32;
+    fn proxy_resolve_shared_queue(
+        vm_id_data: *const u8,
+        vm_id_size: usize,
+        name_data: *const u8,
+        name_size: usize,
+        token: *mut u32,
+    ) -> u32;
     fn proxy_enqueue_shared_queue(token: u32, value_data: *const u8, value_size: usize) -> u32;
     fn proxy_dequeue_shared_queue(
         token: u32,
@@ -58,6 +65,7 @@ extern "C" {
 const OK: u32 = 0;
 const REQUEST_HEADERS: u32 = 0;
 const RESPONSE_HEADERS: u32 = 2;
+const CALL_RESPONSE_HEADERS: u32 = 6;
 const STREAM_REQUEST: u32 = 0;
 
 /// Which body a read is from.
@@ -65,6 +73,8 @@ const STREAM_REQUEST: u32 = 0;
 pub enum BodyOf {
     Request = 0,
     Response = 1,
+    /// The body of an HTTP callout's response.
+    CallResponse = 4,
 }
 
 /// Takes ownership of bytes the host wrote into memory the module
@@ -86,6 +96,11 @@ pub fn request_header(name: &str) -> Option<String> {
 /// A response header's value; `None` when absent, or not UTF-8.
 pub fn response_header(name: &str) -> Option<String> {
     header(RESPONSE_HEADERS, name)
+}
+
+/// A header of the HTTP callout response being handed over.
+pub fn call_response_header(name: &str) -> Option<String> {
+    header(CALL_RESPONSE_HEADERS, name)
 }
 
 fn header(map: u32, name: &str) -> Option<String> {
@@ -148,6 +163,22 @@ pub fn register_queue(name: &str) -> Option<u32> {
     let mut token = 0;
     // SAFETY: the name's own bytes and a local.
     let status = unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut token) };
+    (status == OK).then_some(token)
+}
+
+/// Finds the shared queue `name` that a VM of `vm_id` registered.
+pub fn resolve_queue(vm_id: &str, name: &str) -> Option<u32> {
+    let mut token = 0;
+    // SAFETY: the strings' own bytes and a local.
+    let status = unsafe {
+        proxy_resolve_shared_queue(
+            vm_id.as_ptr(),
+            vm_id.len(),
+            name.as_ptr(),
+            name.len(),
+            &mut token,
+        )
+    };
     (status == OK).then_some(token)
 }
 

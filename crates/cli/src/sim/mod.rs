@@ -18,7 +18,7 @@ use crate::summary::{BaselineSummary, Summary, SwapResult};
 use anyhow::Context;
 use node::{Job, VirtualNode};
 use stakegate_core::baseline::{BaselineQos, Mechanism};
-use stakegate_host::{Host, LocalReply, Reply, Request, RequestId};
+use stakegate_host::{Callout, Host, LocalReply, Reply, Request, RequestId};
 use stakegate_loadgen::report::{ClientHeader, Outcome, Recorder};
 use stakegate_loadgen::run::{params_for, unique_params};
 use stakegate_loadgen::Report;
@@ -98,12 +98,191 @@ struct InFlight {
     method: usize,
     arrived: u64,
     cost: Duration,
+    worker: usize,
+    request: Request,
     /// The request's stream in each filter it went through: (filter, id).
     ids: Vec<(usize, RequestId)>,
+    /// The filter holding it (the gate's coalescing), and its stream there.
+    held: Option<(usize, RequestId)>,
+    /// The filters still to pass once the holding one lets it go.
+    rest: Vec<usize>,
+    /// Not a client's request: filter `.0`'s callout, sent for a held one.
+    callout: Option<(usize, Callout)>,
+    /// It is at the node (waiting or served).
+    on_node: bool,
     /// The node is working on it (it holds a slot).
     started: bool,
     /// The client gave up; the node finishes it for nobody.
     abandoned: bool,
+}
+
+/// Where a request got to in the filter chain.
+enum Passage {
+    /// Through every filter: it goes to the node.
+    Upstream,
+    /// A filter answered it.
+    Replied(LocalReply),
+    /// A filter holds it: its answer, or its way on, comes later.
+    Held,
+}
+
+/// Runs `r` through `filters` in order, from where it is. A local reply
+/// ends it for the filters before (they see its status).
+fn pass(hosts: &mut [Host], filters: &[usize], r: &mut InFlight) -> anyhow::Result<Passage> {
+    for (at, &filter) in filters.iter().enumerate() {
+        match hosts[filter].request(r.worker, &r.request)? {
+            Reply::Continue(id) => r.ids.push((filter, id)),
+            Reply::LocalReply(reply) => {
+                for (filter, id) in std::mem::take(&mut r.ids) {
+                    hosts[filter].finish(id, reply.status as u16, Duration::ZERO)?;
+                }
+                return Ok(Passage::Replied(reply));
+            }
+            Reply::Held(id) => {
+                r.held = Some((filter, id));
+                r.rest = filters[at + 1..].to_vec();
+                return Ok(Passage::Held);
+            }
+        }
+    }
+    Ok(Passage::Upstream)
+}
+
+/// What the virtual node answers a callout: a result for each call with
+/// an id, with that id.
+fn node_answer(body: &[u8]) -> Vec<u8> {
+    let answer = |call: &serde_json::Value| {
+        call.get("id")
+            .map(|id| serde_json::json!({"jsonrpc": "2.0", "id": id, "result": "0x"}))
+    };
+    let answer = match serde_json::from_slice::<serde_json::Value>(body) {
+        Ok(serde_json::Value::Array(calls)) => {
+            serde_json::Value::Array(calls.iter().filter_map(answer).collect())
+        }
+        Ok(call) => answer(&call).unwrap_or_default(),
+        Err(_) => serde_json::Value::Null,
+    };
+    answer.to_string().into_bytes()
+}
+
+/// What the run keeps of each client's requests and the node.
+struct World<'a> {
+    scenario: &'a Scenario,
+    hosts: Vec<Host>,
+    node: VirtualNode,
+    requests: Vec<Option<InFlight>>,
+    recorders: Vec<Recorder>,
+    events: BinaryHeap<Reverse<(u64, Event)>>,
+}
+
+impl World<'_> {
+    /// A client's request got `status` at `now`; a 429 or 503 is retried.
+    fn answered(&mut self, now: u64, r: &InFlight, status: u32) {
+        let spec = &self.scenario.clients[r.client];
+        let observed = Duration::from_nanos(now - r.arrived) + spec.latency;
+        let second = (r.arrived / 1_000_000_000) as usize;
+        self.recorders[r.client].record(
+            second,
+            Outcome::Status(status as u16),
+            observed,
+            observed,
+            false,
+        );
+        if matches!(status, 429 | 503) && r.attempt < spec.retries {
+            let retry = Event::retry(r.client, r.n, r.attempt, r.method);
+            self.events.push(Reverse((now, retry)));
+        }
+    }
+
+    /// Puts request `job` on the node.
+    fn send_to_node(&mut self, job: usize) {
+        if let Some(r) = self.requests[job].as_mut() {
+            r.on_node = true;
+            let (client, n) = (r.client, r.n);
+            self.node.arrive(job, client, n);
+        }
+    }
+
+    /// After the filters ran: their callouts go to the node, and held
+    /// requests they settled are answered or go on, until nothing moves.
+    fn pump(&mut self, now: u64) -> anyhow::Result<()> {
+        loop {
+            let mut moved = false;
+            for filter in 0..self.hosts.len() {
+                for callout in self.hosts[filter].take_callouts() {
+                    moved = true;
+                    // The held request it is for sent the same body.
+                    let leader = self.requests.iter().flatten().find(|r| {
+                        r.held.is_some_and(|(f, _)| f == filter) && r.request.body == callout.body
+                    });
+                    let (client, n, cost, worker) = leader
+                        .map_or((0, u64::MAX, Duration::ZERO, 0), |r| {
+                            (r.client, r.n, r.cost, r.worker)
+                        });
+                    let job = self.requests.len();
+                    self.requests.push(Some(InFlight {
+                        client,
+                        n,
+                        attempt: 0,
+                        method: 0,
+                        arrived: now,
+                        cost,
+                        worker,
+                        request: Request::default(),
+                        ids: Vec::new(),
+                        held: None,
+                        rest: Vec::new(),
+                        callout: Some((filter, callout)),
+                        on_node: false,
+                        started: false,
+                        abandoned: false,
+                    }));
+                    self.send_to_node(job);
+                }
+                for (id, reply) in self.hosts[filter].take_settled() {
+                    let Some(job) = self
+                        .requests
+                        .iter()
+                        .position(|r| r.as_ref().is_some_and(|r| r.held == Some((filter, id))))
+                    else {
+                        continue;
+                    };
+                    moved = true;
+                    let Some(mut r) = self.requests[job].take() else {
+                        continue;
+                    };
+                    r.held = None;
+                    match reply {
+                        Reply::LocalReply(reply) => {
+                            for (filter, id) in std::mem::take(&mut r.ids) {
+                                self.hosts[filter].finish(
+                                    id,
+                                    reply.status as u16,
+                                    Duration::ZERO,
+                                )?;
+                            }
+                            self.answered(now, &r, reply.status);
+                        }
+                        Reply::Continue(id) | Reply::Held(id) => {
+                            r.ids.push((filter, id));
+                            let rest = std::mem::take(&mut r.rest);
+                            match pass(&mut self.hosts, &rest, &mut r)? {
+                                Passage::Replied(reply) => self.answered(now, &r, reply.status),
+                                Passage::Held => self.requests[job] = Some(r),
+                                Passage::Upstream => {
+                                    self.requests[job] = Some(r);
+                                    self.send_to_node(job);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            if !moved {
+                return Ok(());
+            }
+        }
+    }
 }
 
 /// Runs a scenario and returns its summary, with what each of `baselines`
@@ -121,7 +300,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
             )
         })
         .collect();
-    let mut hosts = scenario
+    let hosts = scenario
         .filters
         .iter()
         .map(|f| {
@@ -133,14 +312,13 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         .collect::<anyhow::Result<Vec<Host>>>()?;
     let end = scenario.duration.as_nanos() as u64;
     let node_config = &scenario.node;
-    let mut node = VirtualNode::new(node_config);
-    let mut recorders: Vec<Recorder> = scenario
+    let node = VirtualNode::new(node_config);
+    let recorders: Vec<Recorder> = scenario
         .clients
         .iter()
         .map(|_| Recorder::default())
         .collect();
     let mut scheduled = vec![0u64; scenario.clients.len()];
-    let mut requests: Vec<Option<InFlight>> = Vec::new();
     let mut events: BinaryHeap<Reverse<(u64, Event)>> = BinaryHeap::new();
     // Each client's due times, in ns.
     let dues: Vec<Vec<u64>> = scenario
@@ -175,8 +353,16 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
         .map(|(i, c)| Picker::new(c, i as u64))
         .collect();
 
-    while let Some(Reverse((now, event))) = events.pop() {
-        for host in &mut hosts {
+    let mut w = World {
+        scenario,
+        hosts,
+        node,
+        requests: Vec::new(),
+        recorders,
+        events,
+    };
+    while let Some(Reverse((now, event))) = w.events.pop() {
+        for host in &mut w.hosts {
             let behind = Duration::from_nanos(now).saturating_sub(host.now());
             host.advance(behind)?;
         }
@@ -184,7 +370,8 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
             Event::Arrive { client, n } => {
                 let spec = &scenario.clients[client];
                 if let Some(next) = dues[client].get(n as usize + 1) {
-                    events.push(Reverse((*next, Event::Arrive { client, n: n + 1 })));
+                    w.events
+                        .push(Reverse((*next, Event::Arrive { client, n: n + 1 })));
                 }
                 scheduled[client] += 1;
                 let second = ((now / 1_000_000_000) as usize).min(seconds.saturating_sub(1));
@@ -192,7 +379,7 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     admitted[client][second] += u64::from(model.offer(now, client, spec.stake));
                 }
                 let method = pickers[client].pick();
-                events.push(Reverse((
+                w.events.push(Reverse((
                     now,
                     Event::Attempt {
                         client,
@@ -209,64 +396,62 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 method,
             } => {
                 let spec = &scenario.clients[client];
-                let (name, cost) = (&spec.mix[method].0, Duration::ZERO);
-                let cost = node_config.costs.cost(name).unwrap_or(cost);
-                let request = request(spec, client, name, n, attempt);
-                let worker = next_worker % scenario.workers;
+                let name = &spec.mix[method].0;
+                let cost = node_config.costs.cost(name).unwrap_or(Duration::ZERO);
+                let mut r = InFlight {
+                    client,
+                    n,
+                    attempt,
+                    method,
+                    arrived: now,
+                    cost,
+                    worker: next_worker % scenario.workers,
+                    request: request(spec, client, name, n, attempt),
+                    ids: Vec::new(),
+                    held: None,
+                    rest: Vec::new(),
+                    callout: None,
+                    on_node: false,
+                    started: false,
+                    abandoned: false,
+                };
                 next_worker += 1;
-                let chain = chain(scenario, spec.internal);
-                match through_filters(&mut hosts, &chain, worker, &request)? {
-                    Err(reply) => {
-                        let second = (now / 1_000_000_000) as usize;
-                        recorders[client].record(
-                            second,
-                            Outcome::Status(reply.status as u16),
-                            spec.latency,
-                            spec.latency,
-                            false,
-                        );
-                        if matches!(reply.status, 429 | 503) && attempt < spec.retries {
-                            events.push(Reverse((now, Event::retry(client, n, attempt, method))));
-                        }
+                let passage = pass(&mut w.hosts, &chain(scenario, spec.internal), &mut r)?;
+                if let Passage::Replied(reply) = passage {
+                    w.answered(now, &r, reply.status);
+                } else {
+                    let job = w.requests.len();
+                    w.requests.push(Some(r));
+                    if matches!(passage, Passage::Upstream) {
+                        w.send_to_node(job);
                     }
-                    Ok(ids) => {
-                        let job = requests.len();
-                        requests.push(Some(InFlight {
-                            client,
-                            n,
-                            attempt,
-                            method,
-                            arrived: now,
-                            cost,
-                            ids,
-                            started: false,
-                            abandoned: false,
-                        }));
-                        node.arrive(job, client, n);
-                        events.push(Reverse((
-                            now + spec.timeout.as_nanos() as u64,
-                            Event::GiveUp { job },
-                        )));
-                    }
+                    w.events.push(Reverse((
+                        now + spec.timeout.as_nanos() as u64,
+                        Event::GiveUp { job },
+                    )));
                 }
             }
             Event::GiveUp { job } => {
-                let Some(waiting) = requests.get_mut(job).and_then(Option::as_mut) else {
+                let Some(waiting) = w.requests.get_mut(job).and_then(Option::as_mut) else {
                     continue;
                 };
                 waiting.abandoned = true;
-                for (filter, id) in std::mem::take(&mut waiting.ids) {
-                    hosts[filter].abort(id)?;
-                }
-                let (client, started) = (waiting.client, waiting.started);
+                let mut streams = std::mem::take(&mut waiting.ids);
+                streams.extend(waiting.held.take());
+                let (client, started, on_node) = (waiting.client, waiting.started, waiting.on_node);
                 let (n, attempt, method) = (waiting.n, waiting.attempt, waiting.method);
                 if !started {
-                    node.abandon_waiting();
-                    requests[job] = None;
+                    if on_node {
+                        w.node.abandon_waiting();
+                    }
+                    w.requests[job] = None;
+                }
+                for (filter, id) in streams {
+                    w.hosts[filter].abort(id)?;
                 }
                 let second = (now / 1_000_000_000) as usize;
                 let spec = &scenario.clients[client];
-                recorders[client].record(
+                w.recorders[client].record(
                     second,
                     Outcome::Timeout,
                     spec.timeout,
@@ -274,43 +459,39 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                     false,
                 );
                 if attempt < spec.retries {
-                    events.push(Reverse((now, Event::retry(client, n, attempt, method))));
+                    w.events
+                        .push(Reverse((now, Event::retry(client, n, attempt, method))));
                 }
             }
             Event::Served { job } => {
-                let Some(done) = requests.get_mut(job).and_then(Option::take) else {
+                let Some(done) = w.requests.get_mut(job).and_then(Option::take) else {
                     continue;
                 };
-                node.served();
-                if done.abandoned {
-                    continue;
+                w.node.served();
+                if let Some((filter, callout)) = &done.callout {
+                    let answer = node_answer(&callout.body);
+                    w.hosts[*filter].answer_callout(callout, Some((200, answer)))?;
+                } else if !done.abandoned {
+                    let latency = Duration::from_nanos(now - done.arrived);
+                    for (filter, id) in &done.ids {
+                        w.hosts[*filter].finish(*id, 200, latency)?;
+                    }
+                    w.answered(now, &done, 200);
                 }
-                let latency = Duration::from_nanos(now - done.arrived);
-                for (filter, id) in done.ids {
-                    hosts[filter].finish(id, 200, latency)?;
-                }
-                let second = (done.arrived / 1_000_000_000) as usize;
-                let observed = latency + scenario.clients[done.client].latency;
-                recorders[done.client].record(
-                    second,
-                    Outcome::Status(200),
-                    observed,
-                    observed,
-                    false,
-                );
             }
             Event::BlockArrives => {
-                node.block_arrives(now);
+                w.node.block_arrives(now);
                 if now + block_ns < end {
-                    events.push(Reverse((now + block_ns, Event::BlockArrives)));
+                    w.events
+                        .push(Reverse((now + block_ns, Event::BlockArrives)));
                 }
             }
             Event::NodeChange { index } => {
-                node.resize(node_config.changes[index].1);
+                w.node.resize(node_config.changes[index].1);
             }
             Event::Swap { index } => {
                 let swap = &scenario.swaps[index];
-                hosts[swap.filter]
+                w.hosts[swap.filter]
                     .reconfigure(swap.policy.as_bytes())
                     .with_context(|| format!("gateway.swaps[{index}] at {:?}", swap.at))?;
                 swapped.push(SwapResult {
@@ -322,10 +503,12 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 });
             }
             Event::BlockExecuted => {
-                node.block_executed(now);
+                w.node.block_executed(now);
             }
         }
-        while let Some(job) = node.start_next(|r| requests[r].is_none()) {
+        w.pump(now)?;
+        let requests = &mut w.requests;
+        while let Some(job) = w.node.start_next(|r| requests[r].is_none()) {
             let (ends, event) = match job {
                 Job::Rpc(job) => {
                     let cost = requests[job].as_mut().map_or(Duration::ZERO, |r| {
@@ -336,10 +519,17 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
                 }
                 Job::Sync => (node_config.block_exec, Event::BlockExecuted),
             };
-            events.push(Reverse((now + ends.as_nanos() as u64, event)));
+            w.events
+                .push(Reverse((now + ends.as_nanos() as u64, event)));
         }
-        node.observe(now);
+        w.node.observe(now);
     }
+    let World {
+        hosts,
+        node,
+        recorders,
+        ..
+    } = w;
 
     let report = report(scenario, &recorders, &scheduled);
     let parties = scenario.parties();
@@ -387,30 +577,6 @@ fn chain(scenario: &Scenario, internal: bool) -> Vec<usize> {
     (0..scenario.filters.len())
         .filter(|&i| !internal || scenario.filters[i].name != "stake-qos")
         .collect()
-}
-
-/// Runs the request through the filters of `chain` in order. `Err` is the
-/// local reply that stopped it; the filters before that one see their
-/// stream end.
-fn through_filters(
-    hosts: &mut [Host],
-    chain: &[usize],
-    worker: usize,
-    request: &Request,
-) -> anyhow::Result<Result<Vec<(usize, RequestId)>, LocalReply>> {
-    let mut ids = Vec::with_capacity(chain.len());
-    for &filter in chain {
-        match hosts[filter].request(worker, request)? {
-            Reply::Continue(id) => ids.push((filter, id)),
-            Reply::LocalReply(reply) => {
-                for (filter, id) in ids {
-                    hosts[filter].finish(id, reply.status as u16, Duration::ZERO)?;
-                }
-                return Ok(Err(reply));
-            }
-        }
-    }
-    Ok(Ok(ids))
 }
 
 /// The request the loadgen would send: the same params, and ids that

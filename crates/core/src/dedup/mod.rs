@@ -1,34 +1,58 @@
 //! Retry-storm protection (docs/background.md part 4, Agave's outstanding-request
-//! map, at the gateway): a request identical to one the node is still
-//! working on is not sent upstream again. The duplicate gets 429 with
-//! `retry-after` set to what is left of the window.
+//! map, at the gateway), by **coalescing**: a request identical to one the
+//! node is already working on is not sent again; it waits at the gateway
+//! and gets that request's answer, with its own JSON-RPC ids.
 //!
 //! - `key`: what makes two requests the same (scope, method, canonical
 //!   params; never the JSON-RPC id).
 //! - `table`: the shared-data pages of outstanding requests.
+//! - `answer`: an answer as it travels to the requests that waited for it.
 //! - `policy`: the `dedup` section of the gate's policy.
 //!
-//! **An entry's life.** It is written when its request is sent upstream
-//! (`check`) and blocks its key while the request is in flight. When the
-//! stream ends (`complete`):
-//! - answered (any status): the entry goes at once. The node is done with
-//!   it, and an identical request after it (a receipt poll, a balance at
-//!   `latest`) wants a fresh answer, not a refusal;
-//! - abandoned (its client reset first): the node may still be working on
-//!   it, so the entry blocks until `start + window`. This is the retry
-//!   storm: a client that times out and sends the same call again.
+//! **The leader.** The first of a set of identical requests *leads*: its
+//! entry is written (`check`) and the gate VM sends it to the node itself,
+//! as an HTTP callout to the policy's upstream cluster, not through the
+//! client's stream. So a client that gives up does not cancel the node's
+//! work: its retry waits for the same call. The leader's own client waits
+//! like any other.
 //!
-//! While in flight, an entry blocks for as long as its owner, the gate VM
-//! that sent it, is alive in the gate's shard table. A completion is lost
-//! only if its VM vanished (Envoy ends every stream of a live VM); then the
-//! owner's shard stops heartbeating, and after three missed heartbeats the
-//! entry blocks only until `start + window`. So a lost completion cannot
-//! block a key beyond the later of the window and three heartbeats.
+//! **Waiters.** An identical request that finds the entry in flight is
+//! counted in it and held (`Verdict::Wait`), for at most `maxWaitMs`.
+//! When the answer comes, the leading VM answers its own waiters, and, if
+//! the entry counts others, puts the answer on every live gate VM's wake
+//! queue (`wake_queue`); each answers its waiters for that key. Past
+//! `maxWaiters` on one key, a request is refused with 429: the one refusal
+//! left.
 //!
-//! **Failure is open.** A full page, a store error, or an unreadable body
-//! lets the request pass: dedup never refuses a request it is not sure is
-//! a duplicate.
+//! **Failure.** A callout that fails (no answer, or a 5xx) gives its own
+//! client what it got, and another waiter leads: one on the same VM at
+//! once; else the entry is orphaned and the other VMs are woken to claim
+//! it (`check` again), the first to come back leading. A waiter that finds
+//! no wake (a lost message, a VM gone) checks again on the heartbeat.
+//!
+//! **Answers a client gave up on** (the retry storm: a client's timeout is
+//! shorter than the node's answer) are kept for `windowMs` in one of the
+//! page's answer slots, and the next identical request takes it
+//! (`Verdict::Take`): that is the retry of the client that gave up, which
+//! may come just after the answer. An answer nobody gave up on is never
+//! given again: a later identical request (a receipt poll, a balance at
+//! `latest`) wants a fresh one.
+//!
+//! While in flight, an entry is trusted for `windowMs`, then for as long as
+//! its owner, the leading gate VM, is alive in the gate's shard table; a
+//! request that finds it owned by a vanished VM leads instead.
+//!
+//! **Failure is open.** A full page, a store error, an unreadable body, or
+//! a callout that cannot be made lets the request pass through the route as
+//! it is: dedup never refuses a request it is not sure about.
+//!
+//! **Bounds.** Entries: `maxEntries`. Kept answers: `ANSWER_SLOTS` per page,
+//! each at most `maxAnswerBytes` (so at most `pages × 4 × maxAnswerBytes`
+//! of shared data). A wake message carries one answer, once per live gate
+//! VM, and is taken off the queue at once. A waiting request holds its
+//! buffered body (at most `maxBodyBytes`) and no gate slot.
 
+pub mod answer;
 pub mod key;
 pub mod policy;
 pub mod table;
@@ -37,14 +61,27 @@ use crate::gate::shards::ShardTable;
 use crate::gate::SHARED_KEY as SHARDS_KEY;
 use crate::rejection::{Rejection, LIMIT_EXCEEDED};
 use crate::request::{sha256_hex, RequestFacts};
-use crate::shared::{read, update, Change, SharedStore, StoreError};
+use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
+use answer::{Answer, Id};
 use key::{Body, Key, Unkeyed};
 use policy::{DedupPolicy, Scope};
-use table::{page_of, Entry, Page, ENTRIES_PER_PAGE};
+use table::{page_of, Entry, Page, State, ANSWER_SLOTS, ENTRIES_PER_PAGE};
+
+const PREFIX: &str = "stakegate.admission_gate.v2.dedup";
 
 /// The shared-data key of page `index`.
 pub fn page_key(index: u32) -> String {
-    format!("stakegate.admission_gate.v1.dedup.{index}")
+    format!("{PREFIX}.{index}")
+}
+
+/// The shared-data key of an answer slot.
+pub fn answer_key(slot: Slot) -> String {
+    format!("{PREFIX}.answer.{}.{}", slot.page, slot.index)
+}
+
+/// The name of gate VM `vm`'s wake queue.
+pub fn wake_queue(vm: u32) -> String {
+    format!("{PREFIX}.wake.{vm}")
 }
 
 /// An owner that missed this many heartbeats no longer holds its entries
@@ -57,29 +94,43 @@ pub enum Skip {
     Body(Unkeyed),
     /// A method the policy does not deduplicate.
     Method,
+    /// A batch whose ids repeat: an answer could not be given back id by id.
+    RepeatedIds,
 }
 
-/// A body's key.
+/// A body's key, and its calls' ids (to give an answer back with).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keyed {
     pub key: Key,
+    pub ids: Vec<Id>,
 }
 
-/// An entry this VM wrote; `complete` it when the stream ends.
-#[derive(Debug, PartialEq, Eq)]
-#[must_use = "an entry written stays in flight until it is completed"]
+/// An answer slot: page and index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub page: u32,
+    pub index: u8,
+}
+
+/// An entry this VM leads; `complete` it when its callout ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "an entry led stays in flight until it is completed"]
 pub struct Pending {
-    key: Key,
+    pub key: Key,
     start_ms: u64,
     owner: u32,
 }
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Not a duplicate: send it (its entry is written).
-    Send(Pending),
-    /// A duplicate: answer 429.
-    Duplicate(Rejection),
+    /// Nobody is sending it: this VM sends it (the entry is written).
+    Lead(Pending),
+    /// Identical to one in flight: wait for its answer.
+    Wait,
+    /// An answer nobody stayed for, in this slot: it is this request's.
+    Take(Slot),
+    /// Too many wait for this answer already: 429.
+    Refuse(Rejection),
     /// Its page has no room: send it, unrecorded.
     TableFull,
 }
@@ -91,6 +142,30 @@ pub struct Checked {
     /// Expired entries removed on the way.
     pub purged: u64,
     pub cas_retries: u32,
+}
+
+/// How a leader's callout ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// An answer to share; `keep`: it may be kept for a retry (it fits).
+    Answered { keep: bool },
+    /// No answer, or a 5xx: another waiter leads.
+    Failed,
+}
+
+/// What the table says to do after a leader's callout ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Completed {
+    /// Answered: waiters on other VMs need the answer (`remote` of them),
+    /// and, if a client gave up on it, the answer is kept in `keep` for
+    /// its retry.
+    Share { remote: u32, keep: Option<Slot> },
+    /// Failed: a waiter on this VM leads now.
+    LeadHere(Pending),
+    /// Failed: the entry is orphaned; other VMs' waiters must be woken.
+    Orphaned,
+    /// Nothing more to do.
+    Done,
 }
 
 /// What a sweep of the whole table found.
@@ -106,9 +181,8 @@ pub struct Sweep {
 pub struct Dedup {
     policy: DedupPolicy,
     /// How stale an owner's heartbeat may be before its in-flight entries
-    /// stop blocking past the window.
+    /// stop counting past the window.
     owner_max_age_ms: u64,
-    retry_after_max_s: u32,
 }
 
 /// Which gate VMs are alive, from the shard table, read at most once.
@@ -121,53 +195,66 @@ struct Owners<'s, S> {
 }
 
 impl<S: SharedStore> Owners<'_, S> {
+    fn table(&mut self) -> Option<&ShardTable> {
+        let store = self.store;
+        self.table
+            .get_or_insert_with(|| read::<ShardTable>(store, SHARDS_KEY).ok().map(|(t, _)| t))
+            .as_ref()
+    }
+
     /// Unknown (the table cannot be read) counts as gone: dedup fails open.
     fn alive(&mut self, vm: u32) -> bool {
         if vm == self.me {
             return true;
         }
-        let store = self.store;
-        let table = self
-            .table
-            .get_or_insert_with(|| read::<ShardTable>(store, SHARDS_KEY).ok().map(|(t, _)| t));
-        table.as_ref().is_some_and(|t| {
-            t.shards.iter().any(|s| {
-                s.vm == vm && self.now_ms.saturating_sub(s.heartbeat_ms) <= self.max_age_ms
-            })
+        let (now_ms, max_age_ms) = (self.now_ms, self.max_age_ms);
+        self.table().is_some_and(|t| {
+            t.shards
+                .iter()
+                .any(|s| s.vm == vm && now_ms.saturating_sub(s.heartbeat_ms) <= max_age_ms)
         })
     }
 }
 
-/// How long an entry still blocks its key: `Some(Some(ms))`, `Some(None)`
-/// for as long as it stays in flight, or `None` when it has expired.
-fn blocking<S: SharedStore>(
+/// Whether an entry still stands: in flight, for `window` and then while
+/// its owner lives; orphaned, while a waiter may still come back for it;
+/// unclaimed, until it expires.
+fn live<S: SharedStore>(
     e: &Entry,
     now_ms: u64,
-    window_ms: u64,
+    policy: &DedupPolicy,
     owners: &mut Owners<'_, S>,
-) -> Option<Option<u64>> {
-    let window_end = e.start_ms.saturating_add(window_ms);
-    let until = if e.in_flight() {
-        if now_ms < window_end {
-            window_end
-        } else if owners.alive(e.owner) {
-            return Some(None);
-        } else {
-            return None;
+) -> bool {
+    match e.state {
+        State::InFlight => {
+            now_ms < e.start_ms.saturating_add(policy.window_ms) || owners.alive(e.owner)
         }
-    } else {
-        e.end_ms.max(window_end)
-    };
-    (now_ms < until).then(|| Some(until - now_ms))
+        State::Orphaned => e.waiters > 0 && now_ms < e.start_ms.saturating_add(policy.max_wait_ms),
+        State::Unclaimed => now_ms < e.until_ms,
+    }
+}
+
+/// The entry for `key` in `page`, with the expired ones removed; how many.
+fn find<S: SharedStore>(
+    page: &mut Page,
+    key: &Key,
+    now_ms: u64,
+    policy: &DedupPolicy,
+    owners: &mut Owners<'_, S>,
+) -> (Option<usize>, u64) {
+    let before = page.entries.len();
+    page.entries
+        .retain(|e| e.key == *key || live(e, now_ms, policy, owners));
+    let purged = (before - page.entries.len()) as u64;
+    (page.entries.iter().position(|e| e.key == *key), purged)
 }
 
 impl Dedup {
-    /// `heartbeat_ms` and `retry_after_max_s` come from the gate's policy.
-    pub fn new(policy: DedupPolicy, heartbeat_ms: u64, retry_after_max_s: u32) -> Self {
+    /// `heartbeat_ms` comes from the gate's policy.
+    pub fn new(policy: DedupPolicy, heartbeat_ms: u64) -> Self {
         Self {
             policy,
             owner_max_age_ms: MISSED_HEARTBEATS * heartbeat_ms,
-            retry_after_max_s,
         }
     }
 
@@ -190,6 +277,12 @@ impl Dedup {
         if !calls.iter().all(|c| policy.methods.contains(c.method)) {
             return Err(Skip::Method);
         }
+        let ids: Vec<Id> = calls.iter().map(|c| c.id.map(<[u8]>::to_vec)).collect();
+        let mut seen: Vec<&[u8]> = ids.iter().flatten().map(Vec::as_slice).collect();
+        seen.sort_unstable();
+        if seen.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Skip::RepeatedIds);
+        }
         let global = policy.scope == Scope::Global
             || calls
                 .iter()
@@ -197,57 +290,83 @@ impl Dedup {
         let scope = if global { "global" } else { client };
         Ok(Keyed {
             key: parsed.key(scope),
+            ids,
         })
     }
 
-    /// Checks `keyed` against the table as gate VM `vm`, and records it if
-    /// it is to be sent.
+    /// Checks `key` against the table as gate VM `vm`. `waiting`: the
+    /// request is already counted as a waiter (it was woken, or checks
+    /// again on the heartbeat).
     pub fn check(
         &self,
         store: &impl SharedStore,
-        keyed: &Keyed,
+        key: &Key,
         vm: u32,
         now_ms: u64,
+        waiting: bool,
     ) -> Result<Checked, StoreError> {
-        let window = self.policy.window_ms;
+        let policy = &self.policy;
         let mut owners = self.owners(store, vm, now_ms);
-        let page = page_key(page_of(&keyed.key, self.policy.pages));
-        let updated = update(store, &page, |page: &mut Page| {
-            let mut found = None;
-            let before = page.entries.len();
-            page.entries.retain(|e| match blocking(e, now_ms, window, &mut owners) {
-                None => false,
-                Some(left) => {
-                    if e.key == keyed.key {
-                        found = Some(left);
-                    }
-                    true
-                }
-            });
-            let purged = (before - page.entries.len()) as u64;
-            let verdict = match found {
-                Some(left) => Verdict::Duplicate(Rejection::new(
-                    Rejection::TOO_MANY_REQUESTS,
-                    self.retry_after_s(left),
-                    LIMIT_EXCEEDED,
-                    "duplicate request: the node is still working on an identical request; retry after the retry-after header",
-                )),
+        let page_index = page_of(key, policy.pages);
+        let lead = Pending {
+            key: *key,
+            start_ms: now_ms,
+            owner: vm,
+        };
+        let updated = update(store, &page_key(page_index), |page: &mut Page| {
+            let (found, purged) = find(page, key, now_ms, policy, &mut owners);
+            let (verdict, changed) = match found {
                 None if page.entries.len() < ENTRIES_PER_PAGE => {
                     page.entries.push(Entry {
-                        key: keyed.key,
+                        key: *key,
                         start_ms: now_ms,
-                        end_ms: 0,
                         owner: vm,
+                        waiters: 1,
+                        ..Entry::default()
                     });
-                    Verdict::Send(Pending {
-                        key: keyed.key,
-                        start_ms: now_ms,
-                        owner: vm,
-                    })
+                    (Verdict::Lead(lead.clone()), true)
                 }
-                None => Verdict::TableFull,
+                None => (Verdict::TableFull, false),
+                Some(i) => {
+                    let e = &mut page.entries[i];
+                    let standing = live(e, now_ms, policy, &mut owners);
+                    match e.state {
+                        State::Unclaimed if standing => {
+                            let slot = Slot {
+                                page: page_index,
+                                index: e.slot,
+                            };
+                            page.entries.swap_remove(i);
+                            (Verdict::Take(slot), true)
+                        }
+                        State::InFlight if standing && waiting => (Verdict::Wait, false),
+                        State::InFlight if standing && e.waiters >= policy.max_waiters => {
+                            (Verdict::Refuse(self.refusal()), false)
+                        }
+                        State::InFlight if standing => {
+                            e.waiters += 1;
+                            (Verdict::Wait, true)
+                        }
+                        // Orphaned, expired, or led by a VM that is gone:
+                        // this request leads it now.
+                        _ => {
+                            *e = Entry {
+                                key: *key,
+                                start_ms: now_ms,
+                                owner: vm,
+                                waiters: if e.state == State::Unclaimed {
+                                    1
+                                } else {
+                                    e.waiters + u32::from(!waiting)
+                                },
+                                ..Entry::default()
+                            };
+                            (Verdict::Lead(lead.clone()), true)
+                        }
+                    }
+                }
             };
-            if purged > 0 || matches!(verdict, Verdict::Send(_)) {
+            if purged > 0 || changed {
                 Change::Write((verdict, purged))
             } else {
                 Change::Keep((verdict, purged))
@@ -262,38 +381,154 @@ impl Dedup {
         })
     }
 
-    /// The request `pending` ended. If it was `answered` (whatever the
-    /// status), its entry goes at once: the node is done with it, and an
-    /// identical request after it wants a fresh answer (a receipt poll, a
-    /// balance at `latest`). If its client went first (a reset), the node
-    /// may still be working on it, so the entry blocks the key until the
-    /// window ends. Returns entries purged (1 if the entry went).
+    /// The leader's callout for `pending` ended. `settled`: the waiting
+    /// requests on this VM that its end settles (answered, or the leader's
+    /// own client given its failure); `can_lead`: those left on this VM
+    /// that could lead after a failure. Returns what to do next and the
+    /// CAS retries.
     pub fn complete(
         &self,
         store: &impl SharedStore,
-        pending: Pending,
+        pending: &Pending,
+        outcome: Outcome,
+        settled: u32,
+        can_lead: u32,
         now_ms: u64,
-        answered: bool,
-    ) -> Result<(u64, u32), StoreError> {
-        let page = page_key(page_of(&pending.key, self.policy.pages));
-        let window_end = pending.start_ms.saturating_add(self.policy.window_ms);
-        let updated = update(store, &page, |page: &mut Page| {
+    ) -> Result<(Completed, u32), StoreError> {
+        let page_index = page_of(&pending.key, self.policy.pages);
+        let window_ms = self.policy.window_ms;
+        let updated = update(store, &page_key(page_index), |page: &mut Page| {
             let Some(i) = page.entries.iter().position(|e| {
-                e.key == pending.key && e.owner == pending.owner && e.start_ms == pending.start_ms
+                e.key == pending.key
+                    && e.owner == pending.owner
+                    && e.start_ms == pending.start_ms
+                    && e.in_flight()
             }) else {
-                return Change::Keep(0);
+                return Change::Keep(Completed::Done);
             };
-            if now_ms >= window_end || answered {
-                page.entries.swap_remove(i);
-                Change::Write(1)
-            } else {
-                // 0 means in flight; a clock at 0 still completes.
-                page.entries[i].end_ms = now_ms.max(1);
-                Change::Write(0)
-            }
+            let e = page.entries[i];
+            let completed = match outcome {
+                Outcome::Answered { keep } => {
+                    let remote = e.waiters.saturating_sub(settled);
+                    let nobody = e.waiters == 0 && settled == 0;
+                    let used: Vec<u8> = page
+                        .entries
+                        .iter()
+                        .filter(|e| e.state == State::Unclaimed)
+                        .map(|e| e.slot)
+                        .collect();
+                    let free = (0..ANSWER_SLOTS).find(|s| !used.contains(s));
+                    match free.filter(|_| keep && (nobody || e.abandoned)) {
+                        Some(index) => {
+                            let e = &mut page.entries[i];
+                            e.state = State::Unclaimed;
+                            e.until_ms = now_ms.saturating_add(window_ms);
+                            e.slot = index;
+                            e.waiters = 0;
+                            let slot = Slot {
+                                page: page_index,
+                                index,
+                            };
+                            return Change::Write(Completed::Share {
+                                remote,
+                                keep: Some(slot),
+                            });
+                        }
+                        None => Completed::Share { remote, keep: None },
+                    }
+                }
+                Outcome::Failed => {
+                    let left = e.waiters.saturating_sub(settled);
+                    if can_lead > 0 {
+                        let e = &mut page.entries[i];
+                        e.start_ms = now_ms;
+                        e.waiters = left;
+                        return Change::Write(Completed::LeadHere(Pending {
+                            key: pending.key,
+                            start_ms: now_ms,
+                            owner: pending.owner,
+                        }));
+                    }
+                    if left > 0 {
+                        let e = &mut page.entries[i];
+                        e.state = State::Orphaned;
+                        e.owner = 0;
+                        e.start_ms = now_ms;
+                        e.waiters = left;
+                        return Change::Write(Completed::Orphaned);
+                    }
+                    Completed::Done
+                }
+            };
+            page.entries.swap_remove(i);
+            Change::Write(completed)
         })
         .map_err(|(e, _)| e)?;
         Ok((updated.value, updated.retries))
+    }
+
+    /// A request that waited for `key` left without its answer (its client
+    /// went, or its wait ran out): it is no longer counted. An orphaned
+    /// entry nobody waits for goes.
+    pub fn left(&self, store: &impl SharedStore, key: &Key) -> Result<u32, StoreError> {
+        let page = page_key(page_of(key, self.policy.pages));
+        let updated = update(store, &page, |page: &mut Page| {
+            let Some(i) = page
+                .entries
+                .iter()
+                .position(|e| e.key == *key && e.state != State::Unclaimed)
+            else {
+                return Change::Keep(());
+            };
+            let e = &mut page.entries[i];
+            e.waiters = e.waiters.saturating_sub(1);
+            e.abandoned = true;
+            if e.state == State::Orphaned && e.waiters == 0 {
+                page.entries.swap_remove(i);
+            }
+            Change::Write(())
+        })
+        .map_err(|(e, _)| e)?;
+        Ok(updated.retries)
+    }
+
+    /// Keeps an answer nobody stayed for in its slot.
+    pub fn keep(
+        &self,
+        store: &impl SharedStore,
+        slot: Slot,
+        answer: &Answer,
+    ) -> Result<(), StoreError> {
+        match store.store(&answer_key(slot), &answer.encode(), None)? {
+            Write::Stored => Ok(()),
+            Write::CasMismatch => Err(StoreError::Host("unconditional write refused".into())),
+        }
+    }
+
+    /// The kept answer for `key` in `slot`, if it is still there.
+    pub fn take(
+        &self,
+        store: &impl SharedStore,
+        slot: Slot,
+        key: &Key,
+    ) -> Result<Option<Answer>, StoreError> {
+        let (bytes, _) = store.load(&answer_key(slot))?;
+        Ok(bytes
+            .and_then(|b| Answer::decode(&b))
+            .filter(|a| a.key == *key))
+    }
+
+    /// The other live gate VMs, to wake with an answer or a failure.
+    pub fn peers(&self, store: &impl SharedStore, me: u32, now_ms: u64) -> Vec<u32> {
+        let mut owners = self.owners(store, me, now_ms);
+        let max_age_ms = self.owner_max_age_ms;
+        owners.table().map_or_else(Vec::new, |t| {
+            t.shards
+                .iter()
+                .filter(|s| s.vm != me && now_ms.saturating_sub(s.heartbeat_ms) <= max_age_ms)
+                .map(|s| s.vm)
+                .collect()
+        })
     }
 
     /// Purges expired entries from every page and counts what is left.
@@ -304,14 +539,14 @@ impl Dedup {
         vm: u32,
         now_ms: u64,
     ) -> Result<Sweep, StoreError> {
-        let window = self.policy.window_ms;
+        let policy = &self.policy;
         let mut owners = self.owners(store, vm, now_ms);
         let mut sweep = Sweep::default();
-        for index in 0..self.policy.pages {
+        for index in 0..policy.pages {
             let updated = update(store, &page_key(index), |page: &mut Page| {
                 let before = page.entries.len();
                 page.entries
-                    .retain(|e| blocking(e, now_ms, window, &mut owners).is_some());
+                    .retain(|e| live(e, now_ms, policy, &mut owners));
                 let purged = (before - page.entries.len()) as u64;
                 if purged > 0 {
                     Change::Write(purged)
@@ -337,9 +572,13 @@ impl Dedup {
         }
     }
 
-    fn retry_after_s(&self, left_ms: Option<u64>) -> u32 {
-        let seconds = left_ms.map_or(1, |ms| ms.div_ceil(1000).max(1));
-        seconds.min(u64::from(self.retry_after_max_s)) as u32
+    fn refusal(&self) -> Rejection {
+        Rejection::new(
+            Rejection::TOO_MANY_REQUESTS,
+            1,
+            LIMIT_EXCEEDED,
+            "too many identical requests are waiting for the node's answer; retry after the retry-after header",
+        )
     }
 }
 
@@ -395,7 +634,7 @@ mod tests {
         let policy =
             GatePolicy::parse(format!(r#"{{"maxInflight": 100, "dedup": {section}}}"#).as_bytes())
                 .unwrap();
-        Dedup::new(policy.dedup.unwrap(), 1000, 30)
+        Dedup::new(policy.dedup.unwrap(), 1000)
     }
 
     fn call(params: &str) -> String {
@@ -411,21 +650,20 @@ mod tests {
     }
 
     fn verdict(d: &Dedup, store: &MemoryStore, keyed: &Keyed, vm: u32, now: u64) -> Verdict {
-        d.check(store, keyed, vm, now).unwrap().verdict
+        d.check(store, &keyed.key, vm, now, false).unwrap().verdict
     }
 
-    fn retry_after(verdict: &Verdict) -> Option<u32> {
+    fn lead(verdict: Verdict) -> Pending {
         match verdict {
-            Verdict::Duplicate(rejection) => Some(rejection.retry_after_s),
-            _ => None,
+            Verdict::Lead(p) => p,
+            other => panic!("expected Lead, got {other:?}"),
         }
     }
 
-    fn pending(verdict: Verdict) -> Pending {
-        match verdict {
-            Verdict::Send(p) => p,
-            other => panic!("expected Send, got {other:?}"),
-        }
+    fn entry(d: &Dedup, store: &MemoryStore, keyed: &Keyed) -> Option<Entry> {
+        let page = page_key(page_of(&keyed.key, d.policy().pages));
+        let (page, _) = read::<Page>(store, &page).unwrap();
+        page.entries.into_iter().find(|e| e.key == keyed.key)
     }
 
     /// Gate VMs with these heartbeats, as the gate's heartbeat writes them.
@@ -445,77 +683,222 @@ mod tests {
         store.store(SHARDS_KEY, &table.encode(), None).unwrap();
     }
 
+    const ANSWERED: Outcome = Outcome::Answered { keep: true };
+
     #[test]
-    fn a_duplicate_is_refused_in_flight_and_within_the_window() {
-        let (d, store) = (dedup(r#"{"windowMs": 2500}"#), MemoryStore::default());
+    fn identical_requests_wait_for_the_leader_and_an_answer_is_shared_once() {
+        let (d, store) = (dedup("{}"), MemoryStore::default());
         let a = keyed(&d, &call("1"), ALICE);
-        let sent = pending(verdict(&d, &store, &a, 1, 10_000));
-        let dup = verdict(&d, &store, &a, 1, 10_100);
-        assert_eq!(retry_after(&dup), Some(3), "2.4 s left rounds up");
-        let Verdict::Duplicate(rejection) = dup else {
-            unreachable!()
-        };
-        let body = rejection.answering(call("1").as_bytes()).body;
-        assert!(
-            body.contains(r#""id":7"#) && body.contains("-32005") && body.contains("duplicate")
-        );
-        // Another request, or the same from another client, is not a duplicate.
-        let b = keyed(&d, &call("2"), ALICE);
-        let answered = pending(verdict(&d, &store, &b, 1, 10_100));
+        let led = lead(verdict(&d, &store, &a, 1, 10_000));
+        // Two more on VM 1 and one on VM 2 wait; each is counted.
+        for vm in [1, 1, 2] {
+            assert_eq!(verdict(&d, &store, &a, vm, 10_100), Verdict::Wait);
+        }
+        assert_eq!(entry(&d, &store, &a).unwrap().waiters, 4);
+        // Another request, or the same from another client, is not identical.
         let bob = Client {
             ip: "192.0.2.2",
             key: None,
         };
-        let _in_flight = pending(verdict(&d, &store, &keyed(&d, &call("1"), bob), 1, 10_100));
-        // Answered, an entry goes at once: the next identical request
-        // wants a fresh answer.
-        assert_eq!(d.complete(&store, answered, 10_200, true).unwrap().0, 1);
-        let _in_flight = pending(verdict(&d, &store, &b, 1, 10_201));
-        // Abandoned by its client, it blocks until the window ends (the
-        // node may still be working on it)...
-        assert_eq!(d.complete(&store, sent, 10_300, false).unwrap().0, 0);
-        assert_eq!(retry_after(&verdict(&d, &store, &a, 1, 12_000)), Some(1));
-        // ...which ends at start + window.
-        let checked = d.check(&store, &a, 1, 12_500).unwrap();
-        assert!(matches!(checked.verdict, Verdict::Send(_)));
-        assert_eq!(checked.purged, 1);
+        let _other = lead(verdict(
+            &d,
+            &store,
+            &keyed(&d, &call("2"), ALICE),
+            1,
+            10_100,
+        ));
+        let _bobs = lead(verdict(&d, &store, &keyed(&d, &call("1"), bob), 1, 10_100));
+        // The answer: VM 1 answers its three, VM 2's one needs waking.
+        let (completed, _) = d.complete(&store, &led, ANSWERED, 3, 0, 12_000).unwrap();
+        assert_eq!(
+            completed,
+            Completed::Share {
+                remote: 1,
+                keep: None
+            }
+        );
+        // The entry is gone: the next identical request (a poll) is sent.
+        assert_eq!(entry(&d, &store, &a), None);
+        let _poll = lead(verdict(&d, &store, &a, 2, 12_001));
     }
 
     #[test]
-    fn a_slow_original_blocks_until_it_completes() {
-        let (d, store) = (dedup(r#"{"windowMs": 1000}"#), MemoryStore::default());
+    fn past_max_waiters_a_request_is_refused_with_429() {
+        let (d, store) = (dedup(r#"{"maxWaiters": 2}"#), MemoryStore::default());
         let a = keyed(&d, &call("1"), ALICE);
-        let sent = pending(verdict(&d, &store, &a, 1, 0));
-        // VM 1 is alive (heartbeat 4.5 s): VM 2 sees the entry in flight.
-        shards(&store, &[(1, 4500), (2, 4500)]);
-        assert_eq!(retry_after(&verdict(&d, &store, &a, 2, 5000)), Some(1));
-        assert_eq!(d.sweep(&store, 2, 5000).unwrap().entries, 1);
-        // Abandoned after its window, the entry goes at once.
-        assert_eq!(d.complete(&store, sent, 6000, false).unwrap().0, 1);
-        let _in_flight = pending(verdict(&d, &store, &a, 2, 6001));
+        let _led = lead(verdict(&d, &store, &a, 1, 0));
+        assert_eq!(verdict(&d, &store, &a, 1, 1), Verdict::Wait);
+        let Verdict::Refuse(refusal) = verdict(&d, &store, &a, 1, 2) else {
+            panic!("expected a refusal")
+        };
+        assert_eq!((refusal.status, refusal.retry_after_s), (429, 1));
+        let body = refusal.answering(call("1").as_bytes()).body;
+        assert!(
+            body.contains(r#""id":7"#) && body.contains("-32005"),
+            "{body}"
+        );
+        // One leaves: there is room again.
+        d.left(&store, &a.key).unwrap();
+        assert_eq!(verdict(&d, &store, &a, 1, 3), Verdict::Wait);
     }
 
     #[test]
-    fn a_lost_completion_stops_blocking_when_the_window_expires() {
+    fn an_answer_a_client_gave_up_on_is_the_next_identical_requests_within_the_window() {
         let (d, store) = (dedup(r#"{"windowMs": 5000}"#), MemoryStore::default());
         let a = keyed(&d, &call("1"), ALICE);
-        // VM 1 sends, then vanishes: its last heartbeat is at 0, and its
-        // stream never completes.
-        shards(&store, &[(1, 0), (2, 4900)]);
-        let _in_flight = pending(verdict(&d, &store, &a, 1, 0));
-        assert_eq!(retry_after(&verdict(&d, &store, &a, 2, 4999)), Some(1));
-        let checked = d.check(&store, &a, 2, 5000).unwrap();
-        assert!(matches!(checked.verdict, Verdict::Send(_)), "{checked:?}");
-        assert_eq!(checked.purged, 1);
-        // A sweep purges lost entries too.
+        let led = lead(verdict(&d, &store, &a, 1, 0));
+        assert_eq!(verdict(&d, &store, &a, 2, 10), Verdict::Wait);
+        // Both clients give up (the leader's, then the waiter on VM 2).
+        d.left(&store, &a.key).unwrap();
+        d.left(&store, &a.key).unwrap();
+        let (completed, _) = d.complete(&store, &led, ANSWERED, 0, 0, 2000).unwrap();
+        let Completed::Share {
+            remote: 0,
+            keep: Some(slot),
+        } = completed
+        else {
+            panic!("expected a kept answer, got {completed:?}")
+        };
+        let kept = Answer {
+            key: a.key,
+            status: 200,
+            content_type: "application/json".into(),
+            ids: a.ids.clone(),
+            body: br#"{"jsonrpc":"2.0","id":7,"result":"0x1"}"#.to_vec(),
+        };
+        d.keep(&store, slot, &kept).unwrap();
+        // The retry takes it, once.
+        assert_eq!(verdict(&d, &store, &a, 2, 3000), Verdict::Take(slot));
+        assert_eq!(d.take(&store, slot, &a.key).unwrap(), Some(kept));
+        let _again = lead(verdict(&d, &store, &a, 2, 3001));
+        // Not kept: a slot is free, but the answer is too large.
         let b = keyed(&d, &call("2"), ALICE);
-        let _in_flight = pending(verdict(&d, &store, &b, 1, 100));
-        let sweep = d.sweep(&store, 2, 5100).unwrap();
-        assert_eq!((sweep.purged, sweep.entries), (1, 1));
+        let led = lead(verdict(&d, &store, &b, 1, 0));
+        d.left(&store, &b.key).unwrap();
+        let not_kept = Outcome::Answered { keep: false };
+        let done = Completed::Share {
+            remote: 0,
+            keep: None,
+        };
+        assert_eq!(
+            d.complete(&store, &led, not_kept, 0, 0, 10).unwrap().0,
+            done
+        );
+        assert_eq!(entry(&d, &store, &b), None);
+        // Kept, it expires with the window.
+        let led = lead(verdict(&d, &store, &b, 1, 100));
+        d.left(&store, &b.key).unwrap();
+        let kept = d.complete(&store, &led, ANSWERED, 0, 0, 200).unwrap().0;
+        assert!(
+            matches!(kept, Completed::Share { keep: Some(_), .. }),
+            "{kept:?}"
+        );
+        let _fresh = lead(verdict(&d, &store, &b, 1, 5200));
+        // Given up by one client and got by another waiting (the answer
+        // came as the first retry gave up, say), it is kept too.
+        let c = keyed(&d, &call("3"), ALICE);
+        let led = lead(verdict(&d, &store, &c, 1, 0));
+        assert_eq!(verdict(&d, &store, &c, 1, 1), Verdict::Wait);
+        d.left(&store, &c.key).unwrap();
+        let kept = d.complete(&store, &led, ANSWERED, 1, 0, 300).unwrap().0;
+        assert!(
+            matches!(
+                kept,
+                Completed::Share {
+                    remote: 0,
+                    keep: Some(_)
+                }
+            ),
+            "{kept:?}"
+        );
+        // Nobody gave up: an answer some client got is not kept.
+        let e = keyed(&d, &call("4"), ALICE);
+        let led = lead(verdict(&d, &store, &e, 1, 4000));
+        let got = d.complete(&store, &led, ANSWERED, 1, 0, 4100).unwrap().0;
+        assert_eq!(got, done);
     }
 
     #[test]
-    fn a_full_table_lets_requests_pass_and_sweeps_empty_it() {
+    fn a_failed_leader_hands_over_to_a_waiter() {
+        let (d, store) = (dedup("{}"), MemoryStore::default());
+        shards(&store, &[(1, 0), (2, 0)]);
+        let a = keyed(&d, &call("1"), ALICE);
+        let led = lead(verdict(&d, &store, &a, 1, 0));
+        assert_eq!(verdict(&d, &store, &a, 1, 1), Verdict::Wait);
+        assert_eq!(verdict(&d, &store, &a, 2, 2), Verdict::Wait);
+        // A waiter on the leading VM leads at once.
+        let (completed, _) = d
+            .complete(&store, &led, Outcome::Failed, 1, 1, 100)
+            .unwrap();
+        let Completed::LeadHere(led) = completed else {
+            panic!("expected LeadHere, got {completed:?}")
+        };
+        assert_eq!(entry(&d, &store, &a).unwrap().waiters, 2);
+        // Its client goes, and it fails too: VM 2's waiter is left; the
+        // entry is orphaned, and the first to check again leads.
+        d.left(&store, &a.key).unwrap();
+        let (completed, _) = d
+            .complete(&store, &led, Outcome::Failed, 0, 0, 200)
+            .unwrap();
+        assert_eq!(completed, Completed::Orphaned);
+        assert_eq!(entry(&d, &store, &a).unwrap().state, State::Orphaned);
+        let checked = d.check(&store, &a.key, 2, 300, true).unwrap();
+        let led = lead(checked.verdict);
+        assert_eq!(entry(&d, &store, &a).unwrap().waiters, 1);
+        // With nobody left, a failure removes the entry.
+        d.left(&store, &a.key).unwrap();
+        assert_eq!(
+            d.complete(&store, &led, Outcome::Failed, 0, 0, 400)
+                .unwrap()
+                .0,
+            Completed::Done
+        );
+        assert_eq!(entry(&d, &store, &a), None);
+    }
+
+    #[test]
+    fn an_orphan_nobody_comes_back_for_goes() {
+        let (d, store) = (dedup(r#"{"maxWaitMs": 1000}"#), MemoryStore::default());
+        let a = keyed(&d, &call("1"), ALICE);
+        let led = lead(verdict(&d, &store, &a, 1, 0));
+        assert_eq!(verdict(&d, &store, &a, 2, 1), Verdict::Wait);
+        // The leader's client gets the failure; VM 2's waiter is left.
+        let (completed, _) = d.complete(&store, &led, Outcome::Failed, 1, 0, 10).unwrap();
+        assert_eq!(completed, Completed::Orphaned);
+        // Its last waiter leaves: the entry goes.
+        d.left(&store, &a.key).unwrap();
+        assert_eq!(entry(&d, &store, &a), None);
+        // Or its waiters vanish: it expires after maxWaitMs.
+        let led = lead(verdict(&d, &store, &a, 1, 2000));
+        assert_eq!(verdict(&d, &store, &a, 2, 2001), Verdict::Wait);
+        d.complete(&store, &led, Outcome::Failed, 1, 0, 2010)
+            .unwrap();
+        assert_eq!(d.sweep(&store, 1, 3009).unwrap().entries, 1);
+        assert_eq!(d.sweep(&store, 1, 3010).unwrap().purged, 1);
+    }
+
+    #[test]
+    fn a_request_led_by_a_vanished_vm_is_led_again_after_the_window() {
+        let (d, store) = (dedup(r#"{"windowMs": 5000}"#), MemoryStore::default());
+        let a = keyed(&d, &call("1"), ALICE);
+        // VM 1 leads, then vanishes: its last heartbeat is at 0.
+        shards(&store, &[(1, 0), (2, 4900)]);
+        let _lost = lead(verdict(&d, &store, &a, 1, 0));
+        assert_eq!(verdict(&d, &store, &a, 2, 4999), Verdict::Wait);
+        // The waiter, checking again on the heartbeat, leads.
+        let checked = d.check(&store, &a.key, 2, 5000, true).unwrap();
+        let _led = lead(checked.verdict);
+        assert_eq!(entry(&d, &store, &a).unwrap().waiters, 2);
+        // A slow leader that is alive keeps its waiters however long.
+        let b = keyed(&d, &call("2"), ALICE);
+        let _slow = lead(verdict(&d, &store, &b, 2, 0));
+        shards(&store, &[(1, 0), (2, 60_000)]);
+        assert_eq!(verdict(&d, &store, &b, 1, 60_000), Verdict::Wait);
+        assert_eq!(d.sweep(&store, 1, 60_000).unwrap().entries, 2);
+    }
+
+    #[test]
+    fn a_full_page_lets_requests_pass_and_sweeps_empty_it() {
         let (d, store) = (
             dedup(r#"{"windowMs": 1000, "maxEntries": 64}"#),
             MemoryStore::default(),
@@ -524,31 +907,28 @@ mod tests {
         let keys: Vec<Keyed> = (0..65)
             .map(|i| keyed(&d, &call(&i.to_string()), ALICE))
             .collect();
-        let sent: Vec<Pending> = keys[..64]
+        let led: Vec<Pending> = keys[..64]
             .iter()
-            .map(|k| pending(verdict(&d, &store, k, 1, 0)))
+            .map(|k| lead(verdict(&d, &store, k, 1, 0)))
             .collect();
         assert_eq!(verdict(&d, &store, &keys[64], 1, 10), Verdict::TableFull);
-        // Still refused as a duplicate while the table is full.
-        assert_eq!(retry_after(&verdict(&d, &store, &keys[0], 1, 10)), Some(1));
-        // In flight, they stay however old; abandoned, their window ends them.
-        assert_eq!(d.sweep(&store, 1, 400).unwrap().entries, 64);
-        for p in sent {
-            d.complete(&store, p, 500, false).unwrap();
+        // Still coalesced while the table is full.
+        assert_eq!(verdict(&d, &store, &keys[0], 1, 10), Verdict::Wait);
+        for p in &led {
+            d.complete(&store, p, ANSWERED, 1, 0, 500).unwrap();
         }
-        assert_eq!(d.sweep(&store, 1, 999).unwrap().entries, 64);
-        let sweep = d.sweep(&store, 1, 1000).unwrap();
-        assert_eq!((sweep.purged, sweep.entries), (64, 0));
-        let _in_flight = pending(verdict(&d, &store, &keys[64], 1, 1000));
+        assert_eq!(d.sweep(&store, 1, 600).unwrap().entries, 0);
+        let _led = lead(verdict(&d, &store, &keys[64], 1, 1000));
     }
 
     #[test]
-    fn retry_after_is_capped_by_the_gate_policy() {
-        let d = Dedup::new(dedup(r#"{"windowMs": 600000}"#).policy().clone(), 1000, 30);
-        let store = MemoryStore::default();
-        let a = keyed(&d, &call("1"), ALICE);
-        let _in_flight = pending(verdict(&d, &store, &a, 1, 0));
-        assert_eq!(retry_after(&verdict(&d, &store, &a, 1, 1)), Some(30));
+    fn repeated_ids_in_a_batch_are_not_coalesced() {
+        let d = dedup("{}");
+        let batch = format!("[{},{}]", call("1"), call("2"));
+        assert_eq!(d.key(batch.as_bytes(), "c"), Err(Skip::RepeatedIds));
+        let batch = batch.replacen(r#""id":7"#, r#""id":8"#, 1);
+        let keyed = d.key(batch.as_bytes(), "c").unwrap();
+        assert_eq!(keyed.ids, vec![Some(b"8".to_vec()), Some(b"7".to_vec())]);
     }
 
     #[test]
@@ -634,6 +1014,15 @@ mod tests {
                 "dedup.methods",
             ),
             (r#"{"window": 5}"#, "dedup"),
+            (r#"{"maxWaitMs": 0}"#, "dedup.maxWaitMs"),
+            (r#"{"maxWaiters": 0}"#, "dedup.maxWaiters"),
+            (r#"{"maxAnswerBytes": 5000000}"#, "dedup.maxAnswerBytes"),
+            (r#"{"upstream": {"cluster": ""}}"#, "dedup.upstream.cluster"),
+            (
+                r#"{"upstream": {"timeoutMs": 0}}"#,
+                "dedup.upstream.timeoutMs",
+            ),
+            (r#"{"upstream": {"host": "x"}}"#, "dedup"),
         ] {
             let err = GatePolicy::parse(
                 format!(r#"{{"maxInflight": 100, "dedup": {section}}}"#).as_bytes(),

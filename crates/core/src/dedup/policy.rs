@@ -24,6 +24,34 @@ pub(crate) struct DedupDoc {
     #[serde(default)]
     exclude: Vec<String>,
     global_methods: Option<Vec<String>>,
+    #[serde(default = "default_max_wait_ms")]
+    max_wait_ms: u64,
+    #[serde(default = "default_max_waiters")]
+    max_waiters: u64,
+    #[serde(default = "default_max_answer_bytes")]
+    max_answer_bytes: u64,
+    #[serde(default)]
+    upstream: UpstreamDoc,
+}
+
+/// Where a coalesced request's leader is sent: the cluster of Envoy's
+/// config that the route sends to, and how long it may take.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct UpstreamDoc {
+    #[serde(default = "default_cluster")]
+    cluster: String,
+    #[serde(default = "default_upstream_timeout_ms")]
+    timeout_ms: u64,
+}
+
+impl Default for UpstreamDoc {
+    fn default() -> Self {
+        Self {
+            cluster: default_cluster(),
+            timeout_ms: default_upstream_timeout_ms(),
+        }
+    }
 }
 
 fn default_window_ms() -> u64 {
@@ -37,6 +65,21 @@ fn default_max_entries() -> u64 {
 }
 fn default_api_key_header() -> String {
     "x-api-key".into()
+}
+fn default_max_wait_ms() -> u64 {
+    20_000
+}
+fn default_max_waiters() -> u64 {
+    256
+}
+fn default_max_answer_bytes() -> u64 {
+    128 * 1024
+}
+fn default_cluster() -> String {
+    "rpc_node".into()
+}
+fn default_upstream_timeout_ms() -> u64 {
+    60_000
 }
 
 /// Whose requests can be duplicates of each other.
@@ -86,6 +129,8 @@ pub const MAX_WINDOW_MS: u64 = 600_000;
 pub const MAX_ENTRIES_LIMIT: u64 = 1 << 20;
 /// Names in one method list.
 pub const MAX_METHODS: usize = 1024;
+pub const MAX_ANSWER_BYTES_LIMIT: u64 = 4 * 1024 * 1024;
+pub const MAX_WAITERS_LIMIT: u64 = 100_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DedupPolicy {
@@ -97,6 +142,19 @@ pub struct DedupPolicy {
     pub api_key_header: String,
     pub methods: BTreeSet<String>,
     pub global_methods: BTreeSet<String>,
+    /// How long a request waits for an identical one's answer.
+    pub max_wait_ms: u64,
+    /// Requests that may wait for one answer, on every VM together.
+    pub max_waiters: u32,
+    /// Answers larger than this are not shared between workers or kept.
+    pub max_answer_bytes: u64,
+    pub upstream: Upstream,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub cluster: String,
+    pub timeout_ms: u64,
 }
 
 impl DedupPolicy {
@@ -115,6 +173,28 @@ impl DedupPolicy {
             MAX_ENTRIES_LIMIT,
         )?;
         let api_key_header = header_name("dedup.apiKeyHeader", doc.api_key_header)?;
+        let max_wait_ms = range("dedup.maxWaitMs", doc.max_wait_ms, 1, MAX_WINDOW_MS)?;
+        let max_waiters = range("dedup.maxWaiters", doc.max_waiters, 1, MAX_WAITERS_LIMIT)?;
+        let max_answer_bytes = range(
+            "dedup.maxAnswerBytes",
+            doc.max_answer_bytes,
+            0,
+            MAX_ANSWER_BYTES_LIMIT,
+        )?;
+        let cluster = doc.upstream.cluster;
+        ensure(
+            !cluster.is_empty()
+                && cluster.len() <= 256
+                && cluster.bytes().all(|b| b.is_ascii_graphic()),
+            "dedup.upstream.cluster",
+            || format!("must be the name of a cluster in Envoy's config; got {cluster:?}"),
+        )?;
+        let timeout_ms = range(
+            "dedup.upstream.timeoutMs",
+            doc.upstream.timeout_ms,
+            1,
+            MAX_WINDOW_MS,
+        )?;
         let names = |field: &str, list: Vec<String>| -> Result<BTreeSet<String>, PolicyError> {
             ensure(list.len() <= MAX_METHODS, &format!("dedup.{field}"), || {
                 format!("at most {MAX_METHODS} methods; got {}", list.len())
@@ -163,6 +243,13 @@ impl DedupPolicy {
             api_key_header,
             methods,
             global_methods,
+            max_wait_ms,
+            max_waiters: max_waiters as u32,
+            max_answer_bytes,
+            upstream: Upstream {
+                cluster,
+                timeout_ms,
+            },
         })
     }
 
@@ -171,8 +258,14 @@ impl DedupPolicy {
         let mut w = Warnings::default();
         w.when(self.window_ms > 10_000, "dedup.windowMs", || {
             format!(
-                "{} ms: the same read by the same client within it is refused (a balance poll, a receipt wait)",
+                "{} ms: an answer no client stayed for is given to an identical request this long after (a retry, but also a later poll)",
                 self.window_ms
+            )
+        });
+        w.when(self.max_wait_ms > 30_000, "dedup.maxWaitMs", || {
+            format!(
+                "{} ms is past the shipped configs' request_timeout (30 s): Envoy ends a waiting request first",
+                self.max_wait_ms
             )
         });
         w.0

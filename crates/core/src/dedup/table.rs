@@ -5,15 +5,18 @@
 //! A page with no room lets the request pass (`table_full`).
 //!
 //! Layout (little-endian): version `u8`, entry count `u16`, then
-//! `ENTRY_LEN`-byte entries: key (16 bytes), `start_ms` u64, `end_ms` u64
-//! (0 while in flight), `owner` u32 (the gate VM's shard id).
+//! `ENTRY_LEN`-byte entries: key (16 bytes), `start_ms` u64, `until_ms`
+//! u64, `owner` u32 (the leading gate VM's shard id), `waiters` u32,
+//! `state` u8, `slot` u8, `abandoned` u8.
 
 use crate::dedup::key::{Key, KEY_LEN};
 use crate::shared::{PageLayout, Reader, Record};
 
-pub const LAYOUT_VERSION: u8 = 1;
+pub const LAYOUT_VERSION: u8 = 2;
 pub const ENTRIES_PER_PAGE: usize = 64;
-pub const ENTRY_LEN: usize = KEY_LEN + 8 + 8 + 4;
+pub const ENTRY_LEN: usize = KEY_LEN + 8 + 8 + 4 + 4 + 1 + 1 + 1;
+/// Answer slots per page: how many answers kept for a retry a page holds.
+pub const ANSWER_SLOTS: u8 = 4;
 const HEADER_LEN: usize = PageLayout::HEADER_LEN;
 const LAYOUT: PageLayout = PageLayout {
     what: "dedup",
@@ -22,20 +25,42 @@ const LAYOUT: PageLayout = PageLayout {
     max_entries: ENTRIES_PER_PAGE,
 };
 
-/// One request sent upstream.
+/// Where a request stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum State {
+    /// Its leader's call is at the node.
+    #[default]
+    InFlight = 0,
+    /// Its leader's call failed and waiters are left: the first of them
+    /// to come back for it leads.
+    Orphaned = 1,
+    /// Answered after a client gave up on it: the answer is in slot
+    /// `slot` until `until_ms`, for the first identical request (the retry).
+    Unclaimed = 2,
+}
+
+/// One request sent upstream, and who waits for its answer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Entry {
     pub key: Key,
+    /// When its leader sent it.
     pub start_ms: u64,
-    /// When it completed; 0 while in flight.
-    pub end_ms: u64,
-    /// The gate VM that sent it, which alone completes it.
+    /// An unclaimed answer serves until then.
+    pub until_ms: u64,
+    /// The gate VM that leads (0 once orphaned).
     pub owner: u32,
+    /// Requests waiting for the answer, on every VM, the leader's own
+    /// client among them.
+    pub waiters: u32,
+    pub state: State,
+    pub slot: u8,
+    /// A client gave up waiting for it: its retry may come after the answer.
+    pub abandoned: bool,
 }
 
 impl Entry {
     pub fn in_flight(&self) -> bool {
-        self.end_ms == 0
+        self.state == State::InFlight
     }
 }
 
@@ -62,8 +87,16 @@ impl Record for Page {
                 Entry {
                     key,
                     start_ms: r.u64(),
-                    end_ms: r.u64(),
+                    until_ms: r.u64(),
                     owner: r.u32(),
+                    waiters: r.u32(),
+                    state: match r.u8() {
+                        1 => State::Orphaned,
+                        2 => State::Unclaimed,
+                        _ => State::InFlight,
+                    },
+                    slot: r.u8(),
+                    abandoned: r.u8() != 0,
                 }
             })
             .collect();
@@ -76,8 +109,12 @@ impl Record for Page {
         for e in &self.entries {
             out.extend_from_slice(&e.key);
             out.extend_from_slice(&e.start_ms.to_le_bytes());
-            out.extend_from_slice(&e.end_ms.to_le_bytes());
+            out.extend_from_slice(&e.until_ms.to_le_bytes());
             out.extend_from_slice(&e.owner.to_le_bytes());
+            out.extend_from_slice(&e.waiters.to_le_bytes());
+            out.push(e.state as u8);
+            out.push(e.slot);
+            out.push(u8::from(e.abandoned));
         }
         out
     }
@@ -94,14 +131,19 @@ mod tests {
                 Entry {
                     key: [7; KEY_LEN],
                     start_ms: 1_700_000_000_000,
-                    end_ms: 0,
                     owner: 3,
+                    waiters: 9,
+                    ..Entry::default()
                 },
                 Entry {
                     key: [9; KEY_LEN],
                     start_ms: 5,
-                    end_ms: 6,
+                    until_ms: 6,
                     owner: u32::MAX,
+                    waiters: 0,
+                    state: State::Unclaimed,
+                    slot: 1,
+                    abandoned: true,
                 },
             ],
         };
@@ -112,7 +154,7 @@ mod tests {
         assert!(Page::decode(&bytes[..bytes.len() - 1])
             .unwrap_err()
             .contains("expected"));
-        assert!(Page::decode(&[2]).unwrap_err().contains("version 2"));
+        assert!(Page::decode(&[3]).unwrap_err().contains("version 3"));
     }
 
     #[test]

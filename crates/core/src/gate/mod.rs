@@ -26,6 +26,7 @@
 //! a constant 1 s.
 
 pub mod class;
+pub mod coalesce;
 pub mod drain;
 pub mod policy;
 pub mod shards;

@@ -31,21 +31,26 @@
 //! Internal WebSockets are never held.
 
 use crate::clock::Now;
+use crate::dedup::answer::Answer;
 use crate::dedup::{client_name, Dedup, Pending, Verdict};
 use crate::gate::class::{classify, RequestClass};
+use crate::gate::coalesce::{no_answer, Act, Callout, Led, Reply, Target, Waiting};
 use crate::gate::shards::{SlotKind, Totals};
 use crate::gate::{slot_of, Admission, Decision, Heartbeat, InflightGate, Taken, Ticket};
 use crate::rejection::{Rejection, INVALID_REQUEST};
 use crate::request::{Body, RequestFacts};
 use crate::shared::{SharedStore, StoreCounts, StoreError};
 use crate::websocket::{FrameReader, Side};
+use std::collections::HashMap;
 
 /// What the glue knows about a request when its headers arrive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
     pub end_of_stream: bool,
     pub upgrade: Upgrade,
     pub content_length: Option<u64>,
+    /// With dedup, where a leader's callout goes.
+    pub target: Option<Target>,
 }
 
 impl Head {
@@ -54,7 +59,8 @@ impl Head {
     /// on a plain request, which is cheap) always; `:method` only for an
     /// upgrade, or, with dedup on, for a body of unknown length (a CONNECT
     /// tunnel must not be held as a body); `content-length` only with
-    /// dedup, which skips a body too large to check before holding it.
+    /// dedup, which skips a body too large to check before holding it, and
+    /// with it `:path` and `:authority`, where a leader's callout goes.
     pub fn read(
         end_of_stream: bool,
         dedup: bool,
@@ -71,6 +77,11 @@ impl Head {
         } else {
             None
         };
+        let tunnel = method.as_deref() == Some("CONNECT");
+        let target = (dedup && upgrade.is_none() && !end_of_stream && !tunnel).then(|| Target {
+            path: header(":path").unwrap_or_else(|| "/".into()),
+            authority: header(":authority").unwrap_or_default(),
+        });
         let upgrade = match (upgrade, method.as_deref()) {
             (_, Some("CONNECT")) => Upgrade::Tunnel,
             (Some(_), m) if m != Some("GET") => Upgrade::NotGet,
@@ -82,6 +93,7 @@ impl Head {
             end_of_stream,
             upgrade,
             content_length,
+            target,
         }
     }
 }
@@ -117,14 +129,38 @@ pub enum OnBody {
     /// Close the stream: its data can never go through.
     Close,
     Refuse(Rejection),
+    /// Hold it, and send its callout: it leads its key (`coalesce`).
+    Lead(Callout),
+    /// Answer it with another request's answer.
+    Answer(Reply),
 }
 
 /// Retry-storm protection's counts (all zero while it is off).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DedupCounts {
-    /// Requests recorded in the table and sent.
-    pub tracked: u64,
-    pub duplicates_rejected: u64,
+    /// Requests that led their key: sent to the node by callout.
+    pub led: u64,
+    /// Requests held for an identical request's answer.
+    pub coalesced: u64,
+    /// Held requests answered with another request's answer.
+    pub shared: u64,
+    /// Answers nobody stayed for, kept for a retry.
+    pub kept: u64,
+    /// Requests answered with a kept answer.
+    pub taken: u64,
+    /// Held requests that came to lead after their leader failed or
+    /// vanished.
+    pub handed_over: u64,
+    /// Wake messages saying a leader failed, to a VM holding its waiters.
+    pub woken_by_failure: u64,
+    /// Held requests answered 504 at `maxWaitMs`.
+    pub wait_timeouts: u64,
+    /// Held requests whose client went first.
+    pub left: u64,
+    /// Refused with 429: too many held for one answer.
+    pub refused: u64,
+    /// Callouts the host refused or that got no answer.
+    pub callouts_failed: u64,
     /// Passed unchecked: not JSON-RPC, a method not deduplicated, trailers.
     pub skipped: u64,
     /// Passed unchecked: body over `maxBodyBytes`.
@@ -132,9 +168,6 @@ pub struct DedupCounts {
     /// Passed unrecorded: the key's page was full.
     pub table_full: u64,
     pub purged: u64,
-    /// Tracked requests whose client went before the answer: their entry
-    /// blocks the key until the window ends (the node may still be at it).
-    pub abandoned: u64,
 }
 
 /// What a gate VM reports as metrics, counted as things happen and handed
@@ -168,6 +201,8 @@ pub struct GateWorker {
     pub gate: InflightGate,
     /// Retry-storm protection, when the policy has it.
     pub dedup: Option<Dedup>,
+    /// Leaders' callouts at the node, by token.
+    pub(super) callouts: HashMap<u32, Led>,
     pub counts: Counts,
     /// Lines for Envoy's log, taken by the glue after each call.
     log: Vec<String>,
@@ -180,10 +215,11 @@ impl GateWorker {
         let dedup = policy
             .dedup
             .clone()
-            .map(|d| Dedup::new(d, policy.heartbeat_ms, policy.retry_after_max_s));
+            .map(|d| Dedup::new(d, policy.heartbeat_ms));
         Self {
             gate,
             dedup,
+            callouts: HashMap::new(),
             counts: Counts::default(),
             log: Vec::new(),
             told_about_streamed_bodies: false,
@@ -195,7 +231,12 @@ impl GateWorker {
         std::mem::take(&mut self.log)
     }
 
-    fn note_store_error(&mut self, what: &str, e: &StoreError) {
+    /// A line for Envoy's log.
+    pub(super) fn note(&mut self, line: &str) {
+        self.log.push(line.to_string());
+    }
+
+    pub(super) fn note_store_error(&mut self, what: &str, e: &StoreError) {
         let line = self.counts.store.failed(what, e);
         self.log.push(line);
     }
@@ -207,7 +248,7 @@ impl GateWorker {
         }
     }
 
-    fn admit(
+    pub(super) fn admit(
         &mut self,
         store: &impl SharedStore,
         now: &mut Now,
@@ -240,7 +281,7 @@ impl GateWorker {
         }
     }
 
-    fn release(&mut self, ticket: Ticket) {
+    pub(super) fn release(&mut self, ticket: Ticket) {
         if ticket.slot.is_none() {
             self.counts.internal_inflight -= 1;
         }
@@ -334,11 +375,9 @@ struct HttpRequest {
     /// Dedup reads the body: the sender's name for `client` scope, read
     /// with the headers (Envoy serves no headers in the body phase).
     dedup_client: Option<String>,
-    /// This request's dedup entry, completed when the response ends.
-    sent: Option<Pending>,
-    /// The response ended (whatever its status): the request is no
-    /// longer at the node.
-    answered: bool,
+    target: Option<Target>,
+    /// Held for an answer (`coalesce`).
+    waiting: Option<Waiting>,
 }
 
 #[derive(Debug)]
@@ -440,8 +479,8 @@ impl GateStream {
             body_follows: !head.end_of_stream,
             body_pieces: 0,
             dedup_client,
-            sent: None,
-            answered: false,
+            target: head.target,
+            waiting: None,
         });
         OnHeaders::Continue
     }
@@ -529,10 +568,9 @@ impl GateStream {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
-        now: &mut Now,
         end_of_stream: bool,
     ) -> bool {
-        end_of_stream && self.response_ended(w, store, now)
+        end_of_stream && self.response_ended(w, store)
     }
 
     /// A piece of response body. Returns whether slots were given back
@@ -541,7 +579,6 @@ impl GateStream {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
-        now: &mut Now,
         size: usize,
         end_of_stream: bool,
         body: &mut impl Body,
@@ -556,29 +593,18 @@ impl GateStream {
             }
             return answered > 0;
         }
-        end_of_stream && self.response_ended(w, store, now)
+        end_of_stream && self.response_ended(w, store)
     }
 
     /// Response trailers end the response.
-    pub fn response_trailers(
-        &mut self,
-        w: &mut GateWorker,
-        store: &impl SharedStore,
-        now: &mut Now,
-    ) -> bool {
-        self.response_ended(w, store, now)
+    pub fn response_trailers(&mut self, w: &mut GateWorker, store: &impl SharedStore) -> bool {
+        self.response_ended(w, store)
     }
 
     /// The node's response has ended: an HTTP request's slot goes back.
-    fn response_ended(
-        &mut self,
-        w: &mut GateWorker,
-        store: &impl SharedStore,
-        now: &mut Now,
-    ) -> bool {
-        if let State::Http(request) = &mut self.state {
-            request.answered = true;
-            self.done(w, store, now);
+    fn response_ended(&mut self, w: &mut GateWorker, store: &impl SharedStore) -> bool {
+        if let State::Http(_) = &self.state {
+            self.done(w, store);
             return true;
         }
         false
@@ -586,18 +612,16 @@ impl GateStream {
 
     /// The stream is over (done, reset, or deleted): everything it holds
     /// goes back. Safe to call more than once.
-    pub fn done(&mut self, w: &mut GateWorker, store: &impl SharedStore, now: &mut Now) {
+    pub fn done(&mut self, w: &mut GateWorker, store: &impl SharedStore) {
         match std::mem::take(&mut self.state) {
             State::Idle => {}
             State::Http(request) => {
-                if let (Some(pending), Some(dedup)) = (request.sent, w.dedup.as_ref()) {
-                    match dedup.complete(store, pending, now.ms(), request.answered) {
-                        Ok((purged, retries)) => {
-                            w.counts.dedup.purged += purged;
-                            w.counts.dedup.abandoned += u64::from(!request.answered);
-                            w.counts.store.retried(retries);
-                        }
-                        Err(e) => w.note_store_error("dedup completion", &e),
+                if let (Some(waiting), Some(dedup)) = (request.waiting, w.dedup.as_ref()) {
+                    // Its client went while it was held: no longer counted.
+                    w.counts.dedup.left += 1;
+                    match dedup.left(store, &waiting.key) {
+                        Ok(retries) => w.counts.store.retried(retries),
+                        Err(e) => w.note_store_error("dedup: a held request left", &e),
                     }
                 }
                 if let Some(ticket) = request.ticket {
@@ -665,11 +689,16 @@ impl HttpRequest {
         let client = client.clone();
         self.dedup_client = None;
         let request = body.read(0, size);
-        let (Ok(keyed), Some(vm)) = (dedup.key(&request, &client), w.gate.vm()) else {
-            w.counts.dedup.skipped += 1;
-            return OnBody::Continue;
+        let dedup = dedup.clone();
+        let keyed = match (dedup.key(&request, &client), w.gate.vm()) {
+            (Ok(keyed), Some(vm)) => (keyed, vm),
+            _ => {
+                w.counts.dedup.skipped += 1;
+                return OnBody::Continue;
+            }
         };
-        let checked = match dedup.check(store, &keyed, vm, now.ms()) {
+        let ((keyed, vm), now_ms) = (keyed, now.ms());
+        let checked = match dedup.check(store, &keyed.key, vm, now_ms, false) {
             Ok(checked) => checked,
             Err(e) => {
                 w.note_store_error("dedup check passed a request", &e);
@@ -678,21 +707,263 @@ impl HttpRequest {
         };
         w.counts.store.retried(checked.cas_retries);
         w.counts.dedup.purged += checked.purged;
+        let waiting = Waiting {
+            key: keyed.key,
+            ids: keyed.ids,
+            body: request,
+            target: self.target.take().unwrap_or_default(),
+            deadline_ms: now_ms.saturating_add(dedup.policy().max_wait_ms),
+            leads: false,
+            pending: None,
+            checked_ms: now_ms,
+        };
         match checked.verdict {
-            Verdict::Send(pending) => {
-                w.counts.dedup.tracked += 1;
-                self.sent = Some(pending);
-                OnBody::Continue
+            Verdict::Lead(pending) => {
+                w.counts.dedup.led += 1;
+                let callout = callout(&dedup, &waiting);
+                self.waiting = Some(Waiting {
+                    leads: true,
+                    pending: Some(pending),
+                    ..waiting
+                });
+                OnBody::Lead(callout)
             }
+            Verdict::Wait => {
+                // It puts no load on the node while it waits.
+                w.counts.dedup.coalesced += 1;
+                if let Some(ticket) = self.ticket.take() {
+                    w.release(ticket);
+                }
+                self.waiting = Some(waiting);
+                OnBody::Hold
+            }
+            Verdict::Take(slot) => match dedup.take(store, slot, &waiting.key) {
+                Ok(Some(answer)) => {
+                    w.counts.dedup.taken += 1;
+                    OnBody::Answer(reply(&answer, &waiting.ids))
+                }
+                _ => OnBody::Continue,
+            },
             Verdict::TableFull => {
                 w.counts.dedup.table_full += 1;
                 OnBody::Continue
             }
-            Verdict::Duplicate(rejection) => {
-                w.counts.dedup.duplicates_rejected += 1;
-                OnBody::Refuse(rejection.answering(&request))
+            Verdict::Refuse(rejection) => {
+                w.counts.dedup.refused += 1;
+                OnBody::Refuse(rejection.answering(&waiting.body))
             }
         }
+    }
+}
+
+/// The leader's request, as a callout to the policy's upstream.
+fn callout(dedup: &Dedup, waiting: &Waiting) -> Callout {
+    let upstream = &dedup.policy().upstream;
+    Callout {
+        cluster: upstream.cluster.clone(),
+        headers: vec![
+            (":method", "POST".into()),
+            (":path", waiting.target.path.clone()),
+            (":authority", waiting.target.authority.clone()),
+            ("content-type", "application/json".into()),
+        ],
+        body: waiting.body.clone(),
+        timeout_ms: upstream.timeout_ms,
+    }
+}
+
+/// `answer`, for the request with these ids.
+fn reply(answer: &Answer, ids: &[crate::dedup::answer::Id]) -> Reply {
+    Reply {
+        status: answer.status,
+        content_type: answer.content_type.clone(),
+        body: answer.body_for(ids),
+    }
+}
+
+/// A held request's side of coalescing (`coalesce` drives these).
+impl GateStream {
+    fn http(&mut self) -> Option<&mut HttpRequest> {
+        match &mut self.state {
+            State::Http(request) => Some(request),
+            _ => None,
+        }
+    }
+
+    /// What it waits for, if it is held for an answer.
+    pub fn held_for(&self) -> Option<&Waiting> {
+        match &self.state {
+            State::Http(request) => request.waiting.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Its callout was sent with `token`: the callout holds the key's
+    /// lead and the gate slot from now on.
+    pub fn led(&mut self, w: &mut GateWorker, token: u32, now_ms: u64) {
+        let Some(request) = self.http() else { return };
+        let Some(waiting) = request.waiting.as_mut() else {
+            return;
+        };
+        let Some(pending) = waiting.pending.take() else {
+            return;
+        };
+        let timeout_ms = w
+            .dedup
+            .as_ref()
+            .map_or(0, |d| d.policy().upstream.timeout_ms);
+        w.callouts.insert(
+            token,
+            Led {
+                pending,
+                ids: waiting.ids.clone(),
+                ticket: request.ticket.take(),
+                started_ms: now_ms,
+                timeout_ms,
+            },
+        );
+    }
+
+    /// Its callout could not be sent: it stops leading and holding (it
+    /// goes on through the route with its slot).
+    pub(super) fn stop_leading(&mut self) -> Option<Pending> {
+        let request = self.http()?;
+        let pending = request.waiting.as_mut()?.pending.take();
+        request.waiting = None;
+        pending
+    }
+
+    /// It comes to lead `pending`: it takes a gate slot, and its callout
+    /// is to be sent. A full gate refuses it (and `pending` goes back).
+    pub(super) fn lead(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now: &mut Now,
+        pending: Pending,
+    ) -> Result<Callout, (Reply, Pending)> {
+        let Some(dedup) = w.dedup.clone() else {
+            return Err((no_answer(&[], "dedup is off"), pending));
+        };
+        let Some(request) = self.http() else {
+            return Err((no_answer(&[], "the request is gone"), pending));
+        };
+        if request.ticket.is_none() {
+            match w.admit(store, now, request.class, false) {
+                Ok(ticket) => request.ticket = Some(ticket),
+                Err(refusal) => {
+                    let waiting = request.waiting.take();
+                    let body = waiting.map(|w| w.body).unwrap_or_default();
+                    let refusal = refusal.answering(&body);
+                    return Err((
+                        Reply {
+                            status: refusal.status,
+                            content_type: "application/json".into(),
+                            body: refusal.body.into_bytes(),
+                        },
+                        pending,
+                    ));
+                }
+            }
+        }
+        let Some(waiting) = request.waiting.as_mut() else {
+            return Err((no_answer(&[], "the request is gone"), pending));
+        };
+        waiting.leads = true;
+        waiting.pending = Some(pending);
+        Ok(callout(&dedup, waiting))
+    }
+
+    /// It gets `answer`, with its own ids.
+    pub(super) fn answer(&mut self, w: &mut GateWorker, answer: &Answer) -> Reply {
+        let Some(waiting) = self.http().and_then(|r| r.waiting.take()) else {
+            return no_answer(&[], "the request is gone");
+        };
+        if !waiting.leads {
+            w.counts.dedup.shared += 1;
+        }
+        reply(answer, &waiting.ids)
+    }
+
+    /// Its own callout failed: the node's 5xx as it came if it is JSON,
+    /// else a JSON-RPC error with the status (Envoy's own 503 or 504 for a
+    /// callout it could not complete), or 502 with no answer at all.
+    pub(super) fn failed(&mut self, answer: Option<&Answer>) -> Reply {
+        let Some(waiting) = self.http().and_then(|r| r.waiting.take()) else {
+            return no_answer(&[], "the request is gone");
+        };
+        match answer {
+            Some(answer) if answer.content_type.contains("json") => reply(answer, &waiting.ids),
+            Some(answer) => Reply {
+                status: answer.status,
+                ..no_answer(&waiting.ids, "the node did not answer in time")
+            },
+            None => no_answer(&waiting.ids, "the node did not answer"),
+        }
+    }
+
+    /// Past its deadline, a held request gets 504 and is no longer counted.
+    pub(super) fn expire(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now_ms: u64,
+    ) -> Option<Reply> {
+        let request = self.http()?;
+        if request.waiting.as_ref()?.deadline_ms > now_ms {
+            return None;
+        }
+        let waiting = request.waiting.take()?;
+        w.counts.dedup.wait_timeouts += 1;
+        if let Some(dedup) = w.dedup.clone() {
+            if let Err(e) = dedup.left(store, &waiting.key) {
+                w.note_store_error("dedup: a held request timed out", &e);
+            }
+        }
+        Some(Reply {
+            status: 504,
+            ..no_answer(
+                &waiting.ids,
+                "timed out waiting for the node's answer to an identical request",
+            )
+        })
+    }
+
+    /// The table was checked for `key` at `now_ms`.
+    pub(super) fn checked(&mut self, key: &crate::dedup::key::Key, now_ms: u64) {
+        if let Some(waiting) = self.http().and_then(|r| r.waiting.as_mut()) {
+            if waiting.key == *key {
+                waiting.checked_ms = now_ms;
+            }
+        }
+    }
+
+    /// It goes through the route as it is, with a gate slot (or the gate's
+    /// refusal).
+    pub(super) fn pass(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now: &mut Now,
+    ) -> Act {
+        let Some(request) = self.http() else {
+            return Act::Resume;
+        };
+        let body = request.waiting.take().map(|w| w.body).unwrap_or_default();
+        if request.ticket.is_none() {
+            match w.admit(store, now, request.class, false) {
+                Ok(ticket) => request.ticket = Some(ticket),
+                Err(refusal) => {
+                    let refusal = refusal.answering(&body);
+                    return Act::Answer(Reply {
+                        status: refusal.status,
+                        content_type: "application/json".into(),
+                        body: refusal.body.into_bytes(),
+                    });
+                }
+            }
+        }
+        Act::Resume
     }
 }
 
@@ -778,11 +1049,13 @@ mod tests {
         end_of_stream: false,
         upgrade: Upgrade::Websocket,
         content_length: None,
+        target: None,
     };
     const GET: Head = Head {
         end_of_stream: true,
         upgrade: Upgrade::None,
         content_length: None,
+        target: None,
     };
 
     /// `Head::read` over `headers`, and the names it read.
@@ -813,7 +1086,8 @@ mod tests {
             (head.upgrade, head.content_length),
             (Upgrade::None, Some(64))
         );
-        assert_eq!(reads, ["upgrade", "content-length"]);
+        // With dedup, also where a leader's callout goes.
+        assert_eq!(reads, ["upgrade", "content-length", ":path", ":authority"]);
         // With dedup, a body of unknown length may be a CONNECT tunnel.
         let (head, reads) = read_head(false, true, &[(":method", "CONNECT")]);
         assert_eq!(head.upgrade, Upgrade::Tunnel);
@@ -911,12 +1185,12 @@ mod tests {
             GateStream::default().headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Refuse(_)
         ));
-        http.done(&mut w, &store, &mut Now::fixed(0));
+        http.done(&mut w, &store);
 
         // Answers on the first socket free slots; the second goes through.
         let mut back = answers(2);
         let size = back.0.len();
-        assert!(a.response_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut back));
+        assert!(a.response_body(&mut w, &store, size, false, &mut back));
         assert_eq!(
             b.settle(&mut w, &store, &mut Now::fixed(0)),
             Settled::Through
@@ -928,10 +1202,10 @@ mod tests {
             false,
         ));
         let size = push.0.len();
-        assert!(!a.response_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut push));
+        assert!(!a.response_body(&mut w, &store, size, false, &mut push));
 
-        a.done(&mut w, &store, &mut Now::fixed(0));
-        b.done(&mut w, &store, &mut Now::fixed(0));
+        a.done(&mut w, &store);
+        b.done(&mut w, &store);
         let totals = w.tick(&store, 1).0.unwrap();
         assert_eq!((totals.inflight(), totals.websocket), (0, 0));
     }
@@ -966,12 +1240,12 @@ mod tests {
         );
         let mut back = answers(1);
         let size = back.0.len();
-        ws.response_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut back);
+        ws.response_body(&mut w, &store, size, false, &mut back);
         assert_eq!(
             ws.settle(&mut w, &store, &mut Now::fixed(0)),
             Settled::ConnectionFull
         );
-        ws.response_body(&mut w, &store, &mut Now::fixed(0), size, false, &mut back);
+        ws.response_body(&mut w, &store, size, false, &mut back);
         assert_eq!(
             ws.settle(&mut w, &store, &mut Now::fixed(0)),
             Settled::Through
@@ -981,7 +1255,7 @@ mod tests {
             1 + 3,
             "one left, three taken together"
         );
-        ws.done(&mut w, &store, &mut Now::fixed(0));
+        ws.done(&mut w, &store);
         assert_eq!(inflight(&mut w, &store), 0);
     }
 
@@ -1023,7 +1297,7 @@ mod tests {
             );
         }
         assert_eq!(inflight(&mut w, &store), 2, "neither took a part");
-        busy[0].done(&mut w, &store, &mut Now::fixed(0));
+        busy[0].done(&mut w, &store);
         assert_eq!(
             sockets[0].settle(&mut w, &store, &mut Now::fixed(0)),
             Settled::Through
@@ -1043,15 +1317,15 @@ mod tests {
             first.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Continue
         );
-        assert!(!first.response_headers(&mut w, &store, &mut Now::fixed(0), false));
+        assert!(!first.response_headers(&mut w, &store, false));
         let mut nothing = Bytes(Vec::new());
-        assert!(first.response_body(&mut w, &store, &mut Now::fixed(0), 0, true, &mut nothing));
+        assert!(first.response_body(&mut w, &store, 0, true, &mut nothing));
         // The client is still reading, but the node is done.
         assert_eq!(
             GateStream::default().headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Continue
         );
-        first.done(&mut w, &store, &mut Now::fixed(0));
+        first.done(&mut w, &store);
         assert_eq!(w.counts.admitted[RequestClass::Default.index()], 2);
     }
 
@@ -1065,13 +1339,19 @@ mod tests {
         };
         for _ in 0..2 {
             let mut stream = GateStream::default();
-            stream.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post);
+            stream.headers(
+                &mut w,
+                &store,
+                &mut Now::fixed(0),
+                &mut Public,
+                post.clone(),
+            );
             let mut piece = Bytes(b"{\"id\":".to_vec());
             assert_eq!(
                 stream.request_body(&mut w, &store, &mut Now::fixed(0), 6, false, &mut piece),
                 OnBody::Continue
             );
-            stream.done(&mut w, &store, &mut Now::fixed(0));
+            stream.done(&mut w, &store);
         }
         assert_eq!(w.counts.bodies_streamed, 2);
         assert_eq!(w.take_log().len(), 1);
@@ -1087,7 +1367,13 @@ mod tests {
         };
         let mut first = GateStream::default();
         assert_eq!(
-            first.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post),
+            first.headers(
+                &mut w,
+                &store,
+                &mut Now::fixed(0),
+                &mut Public,
+                post.clone()
+            ),
             OnHeaders::Continue
         );
         assert_eq!(inflight(&mut w, &store), 0, "nothing taken before the body");
@@ -1107,7 +1393,13 @@ mod tests {
         assert_eq!(inflight(&mut w, &store), 1);
 
         let mut second = GateStream::default();
-        second.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post);
+        second.headers(
+            &mut w,
+            &store,
+            &mut Now::fixed(0),
+            &mut Public,
+            post.clone(),
+        );
         let OnBody::Refuse(refusal) =
             second.request_body(&mut w, &store, &mut Now::fixed(0), end, true, &mut whole)
         else {
@@ -1117,24 +1409,36 @@ mod tests {
         let ids: Vec<_> = answers.iter().map(|a| a["id"].clone()).collect();
         assert_eq!(ids, [serde_json::json!(1), serde_json::json!("b")]);
         assert!(answers.iter().all(|a| a["error"]["code"] == -32005));
-        second.done(&mut w, &store, &mut Now::fixed(0));
-        first.done(&mut w, &store, &mut Now::fixed(0));
+        second.done(&mut w, &store);
+        first.done(&mut w, &store);
         assert_eq!(inflight(&mut w, &store), 0);
 
         // A request that ends with trailers is admitted there.
         let mut trailed = GateStream::default();
-        trailed.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post);
+        trailed.headers(
+            &mut w,
+            &store,
+            &mut Now::fixed(0),
+            &mut Public,
+            post.clone(),
+        );
         assert_eq!(
             trailed.request_trailers(&mut w, &store, &mut Now::fixed(0)),
             Ok(())
         );
         assert_eq!(inflight(&mut w, &store), 1);
         let mut late = GateStream::default();
-        late.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, post);
+        late.headers(
+            &mut w,
+            &store,
+            &mut Now::fixed(0),
+            &mut Public,
+            post.clone(),
+        );
         assert!(late
             .request_trailers(&mut w, &store, &mut Now::fixed(0))
             .is_err());
-        trailed.done(&mut w, &store, &mut Now::fixed(0));
+        trailed.done(&mut w, &store);
         assert_eq!(inflight(&mut w, &store), 0);
     }
 

@@ -14,13 +14,19 @@
 //! match host.request(0, &Request::json_rpc(r#"{"jsonrpc":"2.0","id":1,"method":"eth_call"}"#))? {
 //!     Reply::Continue(id) => host.finish(id, 200, Duration::from_millis(5))?,
 //!     Reply::LocalReply(reply) => println!("rejected with {}", reply.status),
+//!     // Held for another request's answer (dedup): see `take_settled`.
+//!     Reply::Held(id) => host.abort(id)?,
 //! }
 //! host.advance(Duration::from_secs(1))?;
 //! println!("{:?}", host.metrics());
 //! # Ok(()) }
 //! ```
 //!
-//! Hostcalls are in `hostcalls`; HTTP and gRPC callouts answer
+//! Hostcalls are in `hostcalls`. HTTP callouts are the caller's to answer
+//! (`take_callouts`, `answer_callout`); a request the module pauses comes
+//! back as `Reply::Held`, and `take_settled` says what became of it once
+//! the module answered or resumed it. Queued items reach their VM's root
+//! context at once (`proxy_on_queue_ready`). gRPC calls answer
 //! "unsupported", and an import the host does not define traps with its
 //! name. A trap surfaces as an error carrying the module's last error log
 //! (a Rust module's panic message).

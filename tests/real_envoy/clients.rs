@@ -76,19 +76,26 @@ fn web3py_viem_and_ethers_get_through_the_gateway_what_they_get_from_the_node() 
     let node = anvil.addr();
     let public = envoy.listener("public").unwrap();
     for name in LIBRARIES {
+        // The whole run's time, receipt wait included, is printed beside
+        // (a figure, not a check: this machine is shared).
+        let started = std::time::Instant::now();
         let direct = operations(
             &anvil,
             name,
             &format!("http://{node}"),
             &format!("ws://{node}"),
         );
+        let direct_ms = started.elapsed().as_millis();
+        let started = std::time::Instant::now();
         let through = operations(
             &anvil,
             name,
             &format!("http://{public}"),
             &format!("ws://{public}"),
         );
+        let through_ms = started.elapsed().as_millis();
         eprintln!("{name}: {through}");
+        eprintln!("{name}: straight {direct_ms} ms, through the gateway {through_ms} ms");
         assert_eq!(
             through, direct,
             "{name}: through the gateway, then straight"

@@ -6,7 +6,7 @@
 //! storm reaches the node once per request with no 429
 //! (scenarios/retry-storm.toml, shortened).
 
-use serde_json::json;
+use serde_json::{json, Value};
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{http, loadgen, Envoy, RpcNode};
 use stakegate_tests::{client, eventually, load_h2, node_behind_gate};
@@ -262,6 +262,45 @@ fn a_poll_answered_by_the_node_is_sent_again_at_once() {
     assert!(eventually(Duration::from_secs(5), || {
         dedup_stat(&envoy, "led") == 5 && dedup_stat(&envoy, "taken") == 0
     }));
+}
+
+#[test]
+fn answers_that_cannot_change_are_reused_and_a_receipt_not_found_is_not() {
+    // (The mock node serves eth_getBlockByHash once it is given a cost.)
+    let (node, envoy) = node_behind_gate(
+        r#"{"maxInflight": 100, "dedup": {"windowMs": 10000}}"#,
+        &["--cost", "eth_getBlockByHash=1ms"],
+    );
+    let url = envoy.url("public").unwrap();
+    let send = |id: u64, method: &str, param: &str| {
+        let body =
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":["{param}"]}}"#);
+        let answer = http::post(&url, &[], &body).unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let body = answer.json().unwrap();
+        assert_eq!(body["id"], id);
+        body["result"].clone()
+    };
+    // The same signed transaction, sent twice: one call, the same hash.
+    let hash = send(1, "eth_sendRawTransaction", "0xf86b0a");
+    assert!(hash.is_string(), "{hash}");
+    assert_eq!(send(2, "eth_sendRawTransaction", "0xf86b0a"), hash);
+    // A block by hash, found: one call for three reads.
+    for id in 3..=5 {
+        send(id, "eth_getBlockByHash", "0xab");
+    }
+    // A receipt not mined yet (null): every poll reaches the node.
+    for id in 6..=8 {
+        assert_eq!(send(id, "eth_getTransactionReceipt", "0xcd"), Value::Null);
+    }
+    let served = node.metrics().unwrap()["served"].clone();
+    assert_eq!(
+        served,
+        json!({"eth_sendRawTransaction": 1, "eth_getBlockByHash": 1, "eth_getTransactionReceipt": 3})
+    );
+    assert!(eventually(Duration::from_secs(5), || dedup_stat(
+        &envoy, "taken"
+    ) == 3));
 }
 
 /// Four wallets at 5 rps with a 1 s timeout, each request retried at once up

@@ -125,7 +125,8 @@ impl EnvoyBuilder {
 }
 
 /// `envoy-config/bench/direct.yaml` with one listener per `(name,
-/// http_filters)`: Envoy answering by itself behind each filter chain.
+/// http_filters)`: Envoy answering by itself behind each filter chain,
+/// through a listener of its own as the upstream (cluster `rpc_node`).
 /// The Wasm filters among them still have to be given to the builder.
 pub fn direct_response(listeners: &[(&str, &str)]) -> anyhow::Result<EnvoyBuilder> {
     let path = paths::envoy_config("bench/listener.yaml");
@@ -139,7 +140,14 @@ pub fn direct_response(listeners: &[(&str, &str)]) -> anyhow::Result<EnvoyBuilde
                 .replace("{{HTTP_FILTERS}}", filters)
         })
         .collect();
-    Ok(EnvoyBuilder::new("bench/direct.yaml").var("LISTENERS", blocks.join("\n")))
+    // The upstream listener's port is fixed before Envoy starts: its
+    // cluster names it.
+    let upstream = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    Ok(EnvoyBuilder::new("bench/direct.yaml")
+        .var("LISTENERS", blocks.join("\n"))
+        .var("UPSTREAM_PORT", upstream))
 }
 
 /// Replaces `{{NAME}}` placeholders. Unset `*_PORT` placeholders become 0;

@@ -149,6 +149,16 @@ impl Worker {
     fn dispatch(&mut self, current: u32) {
         while !self.to_dispatch.is_empty() {
             let (id, callout) = self.to_dispatch.remove(0);
+            let stream = self
+                .coalesced
+                .iter()
+                .find(|(i, _)| *i == id)
+                .and_then(|(_, weak)| weak.upgrade());
+            // A stream that ended first has left its key to its waiters.
+            let Some(stream) = stream.filter(|s| s.try_borrow().is_ok_and(|s| s.awaits_callout()))
+            else {
+                continue;
+            };
             host::act_on(self.root);
             let headers: Vec<(&str, &str)> = callout
                 .headers
@@ -162,17 +172,10 @@ impl Worker {
                 vec![],
                 Duration::from_millis(callout.timeout_ms),
             );
-            let stream = self
-                .coalesced
-                .iter()
-                .find(|(i, _)| *i == id)
-                .and_then(|(_, weak)| weak.upgrade());
             match sent {
                 Ok(token) => {
-                    if let Some(stream) = stream {
-                        if let Ok(mut stream) = stream.try_borrow_mut() {
-                            stream.led(&mut self.core, token, now_ms());
-                        }
+                    if let Ok(mut stream) = stream.try_borrow_mut() {
+                        stream.led(&mut self.core, token, now_ms());
                     }
                 }
                 Err(status) => {

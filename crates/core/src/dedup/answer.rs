@@ -111,6 +111,23 @@ impl Answer {
     }
 }
 
+impl Answer {
+    /// A single call's answer that found something: a `result` that is
+    /// not `null`, and no `error`.
+    pub fn found(&self) -> bool {
+        let body = &self.body;
+        let at = space(body, 0);
+        if body.get(at) != Some(&b'{') {
+            return false;
+        }
+        let member = |name: &[u8]| object_member(body, at, name).and_then(|(span, _)| span);
+        match (member(b"\"result\""), member(b"\"error\"")) {
+            (Some((start, end)), None) => &body[start..end] != b"null",
+            _ => false,
+        }
+    }
+}
+
 struct Cursor<'a>(&'a [u8]);
 
 impl<'a> Cursor<'a> {
@@ -161,9 +178,15 @@ fn id_spans(body: &[u8]) -> Vec<(usize, usize)> {
     spans
 }
 
-/// The span of the object at `at`'s `id` value (the last one, as JSON
-/// readers take it), and where the object ends.
+/// The span of the object at `at`'s `id` value, and where the object ends.
 fn object_id(body: &[u8], at: usize) -> Option<(Option<(usize, usize)>, usize)> {
+    object_member(body, at, b"\"id\"")
+}
+
+/// The span of the object at `at`'s member `name` (its raw key, quotes
+/// included; the last one, as JSON readers take it), and where the object
+/// ends.
+fn object_member(body: &[u8], at: usize, name: &[u8]) -> Option<(Option<(usize, usize)>, usize)> {
     let mut id = None;
     let mut i = space(body, at + 1);
     if body.get(i) == Some(&b'}') {
@@ -178,7 +201,7 @@ fn object_id(body: &[u8], at: usize) -> Option<(Option<(usize, usize)>, usize)> 
         }
         let start = space(body, i + 1);
         let end = skip(body, start, 1)?;
-        if key == b"\"id\"" {
+        if key == name {
             id = Some((start, end));
         }
         i = space(body, end);
@@ -320,6 +343,19 @@ mod tests {
         // An id the leader did not send (a parse error's null) stays.
         let a = answer(r#"{"id":null,"error":{}}"#, &[Some("1")]);
         assert_eq!(rewritten(&a, &[Some("2")]), r#"{"id":null,"error":{}}"#);
+    }
+
+    #[test]
+    fn an_answer_is_found_when_its_result_is_not_null() {
+        let found = |body: &str| answer(body, &[Some("1")]).found();
+        assert!(found(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"blockHash":"0xab"}}"#
+        ));
+        assert!(found(r#" {"result" : "0x0"} "#));
+        assert!(!found(r#"{"jsonrpc":"2.0","id":1,"result":null}"#));
+        assert!(!found(r#"{"id":1,"error":{"code":-32000},"result":"0x"}"#));
+        assert!(!found(r#"[{"id":1,"result":"0x1"}]"#));
+        assert!(!found("not json"));
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub enum Skip {
 pub struct Keyed {
     pub key: Key,
     pub ids: Vec<Id>,
+    /// One call of a `reuseMethods` method: its found answer is reused.
+    pub reusable: bool,
 }
 
 /// An answer slot: page and index.
@@ -119,6 +121,13 @@ pub struct Pending {
     pub key: Key,
     start_ms: u64,
     owner: u32,
+}
+
+impl Pending {
+    /// When it was led.
+    pub fn start_ms(&self) -> u64 {
+        self.start_ms
+    }
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -147,8 +156,9 @@ pub struct Checked {
 /// How a leader's callout ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// An answer to share; `keep`: it may be kept for a retry (it fits).
-    Answered { keep: bool },
+    /// An answer to share. `keep`: it may be kept (it fits); `reuse`: it
+    /// cannot change, and serves every identical request for `windowMs`.
+    Answered { keep: bool, reuse: bool },
     /// No answer, or a 5xx: another waiter leads.
     Failed,
 }
@@ -230,7 +240,7 @@ fn live<S: SharedStore>(
             now_ms < e.start_ms.saturating_add(policy.window_ms) || owners.alive(e.owner)
         }
         State::Orphaned => e.waiters > 0 && now_ms < e.start_ms.saturating_add(policy.max_wait_ms),
-        State::Unclaimed => now_ms < e.until_ms,
+        State::Unclaimed | State::Reusable => now_ms < e.until_ms,
     }
 }
 
@@ -288,9 +298,11 @@ impl Dedup {
                 .iter()
                 .all(|c| policy.global_methods.contains(c.method));
         let scope = if global { "global" } else { client };
+        let reusable = !parsed.is_batch() && policy.reuse_methods.contains(calls[0].method);
         Ok(Keyed {
             key: parsed.key(scope),
             ids,
+            reusable,
         })
     }
 
@@ -331,6 +343,13 @@ impl Dedup {
                     let e = &mut page.entries[i];
                     let standing = live(e, now_ms, policy, &mut owners);
                     match e.state {
+                        State::Reusable if standing => {
+                            let slot = Slot {
+                                page: page_index,
+                                index: e.slot,
+                            };
+                            (Verdict::Take(slot), false)
+                        }
                         State::Unclaimed if standing => {
                             let slot = Slot {
                                 page: page_index,
@@ -354,7 +373,7 @@ impl Dedup {
                                 key: *key,
                                 start_ms: now_ms,
                                 owner: vm,
-                                waiters: if e.state == State::Unclaimed {
+                                waiters: if e.answered() {
                                     1
                                 } else {
                                     e.waiters + u32::from(!waiting)
@@ -408,20 +427,24 @@ impl Dedup {
             };
             let e = page.entries[i];
             let completed = match outcome {
-                Outcome::Answered { keep } => {
+                Outcome::Answered { keep, reuse } => {
                     let remote = e.waiters.saturating_sub(settled);
                     let nobody = e.waiters == 0 && settled == 0;
                     let used: Vec<u8> = page
                         .entries
                         .iter()
-                        .filter(|e| e.state == State::Unclaimed)
+                        .filter(|e| e.answered())
                         .map(|e| e.slot)
                         .collect();
                     let free = (0..ANSWER_SLOTS).find(|s| !used.contains(s));
-                    match free.filter(|_| keep && (nobody || e.abandoned)) {
+                    match free.filter(|_| keep && (reuse || nobody || e.abandoned)) {
                         Some(index) => {
                             let e = &mut page.entries[i];
-                            e.state = State::Unclaimed;
+                            e.state = if reuse {
+                                State::Reusable
+                            } else {
+                                State::Unclaimed
+                            };
                             e.until_ms = now_ms.saturating_add(window_ms);
                             e.slot = index;
                             e.waiters = 0;
@@ -476,7 +499,7 @@ impl Dedup {
             let Some(i) = page
                 .entries
                 .iter()
-                .position(|e| e.key == *key && e.state != State::Unclaimed)
+                .position(|e| e.key == *key && !e.answered())
             else {
                 return Change::Keep(());
             };
@@ -683,7 +706,10 @@ mod tests {
         store.store(SHARDS_KEY, &table.encode(), None).unwrap();
     }
 
-    const ANSWERED: Outcome = Outcome::Answered { keep: true };
+    const ANSWERED: Outcome = Outcome::Answered {
+        keep: true,
+        reuse: false,
+    };
 
     #[test]
     fn identical_requests_wait_for_the_leader_and_an_answer_is_shared_once() {
@@ -775,7 +801,10 @@ mod tests {
         let b = keyed(&d, &call("2"), ALICE);
         let led = lead(verdict(&d, &store, &b, 1, 0));
         d.left(&store, &b.key).unwrap();
-        let not_kept = Outcome::Answered { keep: false };
+        let not_kept = Outcome::Answered {
+            keep: false,
+            reuse: false,
+        };
         let done = Completed::Share {
             remote: 0,
             keep: None,
@@ -816,6 +845,35 @@ mod tests {
         let led = lead(verdict(&d, &store, &e, 1, 4000));
         let got = d.complete(&store, &led, ANSWERED, 1, 0, 4100).unwrap().0;
         assert_eq!(got, done);
+    }
+
+    #[test]
+    fn an_answer_that_cannot_change_serves_every_identical_request_within_the_window() {
+        let (d, store) = (dedup(r#"{"windowMs": 5000}"#), MemoryStore::default());
+        let receipt =
+            r#"{"jsonrpc":"2.0","id":1,"method":"eth_getTransactionReceipt","params":["0xab"]}"#;
+        let a = keyed(&d, receipt, ALICE);
+        assert!(a.reusable);
+        assert!(!keyed(&d, &call("1"), ALICE).reusable, "eth_call at latest");
+        let batch = format!("[{receipt}]");
+        assert!(!keyed(&d, &batch, ALICE).reusable, "a batch");
+        let led = lead(verdict(&d, &store, &a, 1, 0));
+        let found = Outcome::Answered {
+            keep: true,
+            reuse: true,
+        };
+        let (completed, _) = d.complete(&store, &led, found, 1, 0, 100).unwrap();
+        let Completed::Share {
+            keep: Some(slot), ..
+        } = completed
+        else {
+            panic!("expected it kept, got {completed:?}")
+        };
+        // Taken again and again, until the window ends.
+        for now in [200, 3000, 5099] {
+            assert_eq!(verdict(&d, &store, &a, 2, now), Verdict::Take(slot));
+        }
+        let _fresh = lead(verdict(&d, &store, &a, 2, 5100));
     }
 
     #[test]

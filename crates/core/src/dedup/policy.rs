@@ -24,6 +24,7 @@ pub(crate) struct DedupDoc {
     #[serde(default)]
     exclude: Vec<String>,
     global_methods: Option<Vec<String>>,
+    reuse_methods: Option<Vec<String>>,
     #[serde(default = "default_max_wait_ms")]
     max_wait_ms: u64,
     #[serde(default = "default_max_waiters")]
@@ -122,6 +123,17 @@ pub const READ_ONLY_METHODS: &[&str] = &[
 /// The same signed transaction is a duplicate whoever sends it.
 pub const GLOBAL_METHODS: &[&str] = &["eth_sendRawTransaction"];
 
+/// Methods whose found answer cannot change: by block or transaction hash,
+/// and a sent transaction's hash (`Dedup::reusable`).
+pub const REUSE_METHODS: &[&str] = &[
+    "eth_getBlockByHash",
+    "eth_getTransactionByHash",
+    "eth_getTransactionReceipt",
+    "debug_traceTransaction",
+    "trace_transaction",
+    "eth_sendRawTransaction",
+];
+
 /// Larger bodies would have Envoy's default buffer limit (1 MiB) answer
 /// 413 while the gate waits for the end of the body.
 pub const MAX_BODY_BYTES_LIMIT: u64 = 1024 * 1024;
@@ -142,6 +154,9 @@ pub struct DedupPolicy {
     pub api_key_header: String,
     pub methods: BTreeSet<String>,
     pub global_methods: BTreeSet<String>,
+    /// Methods whose answer, once found, is given to identical requests
+    /// for `window_ms`.
+    pub reuse_methods: BTreeSet<String>,
     /// How long a request waits for an identical one's answer.
     pub max_wait_ms: u64,
     /// Requests that may wait for one answer, on every VM together.
@@ -219,6 +234,10 @@ impl DedupPolicy {
             doc.global_methods
                 .unwrap_or_else(|| defaults(GLOBAL_METHODS)),
         )?;
+        let reuse_methods = names(
+            "reuseMethods",
+            doc.reuse_methods.unwrap_or_else(|| defaults(REUSE_METHODS)),
+        )?;
         let mut methods = names(
             "methods",
             doc.methods.unwrap_or_else(|| {
@@ -243,6 +262,7 @@ impl DedupPolicy {
             api_key_header,
             methods,
             global_methods,
+            reuse_methods,
             max_wait_ms,
             max_waiters: max_waiters as u32,
             max_answer_bytes,

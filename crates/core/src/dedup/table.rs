@@ -37,6 +37,10 @@ pub enum State {
     /// Answered after a client gave up on it: the answer is in slot
     /// `slot` until `until_ms`, for the first identical request (the retry).
     Unclaimed = 2,
+    /// Answered with what cannot change (a found receipt, a block by
+    /// hash): the answer in slot `slot` serves every identical request
+    /// until `until_ms`.
+    Reusable = 3,
 }
 
 /// One request sent upstream, and who waits for its answer.
@@ -61,6 +65,11 @@ pub struct Entry {
 impl Entry {
     pub fn in_flight(&self) -> bool {
         self.state == State::InFlight
+    }
+
+    /// It holds an answer in its slot.
+    pub fn answered(&self) -> bool {
+        matches!(self.state, State::Unclaimed | State::Reusable)
     }
 }
 
@@ -93,6 +102,7 @@ impl Record for Page {
                     state: match r.u8() {
                         1 => State::Orphaned,
                         2 => State::Unclaimed,
+                        3 => State::Reusable,
                         _ => State::InFlight,
                     },
                     slot: r.u8(),

@@ -39,6 +39,8 @@ pub struct Waiting {
     pub(super) leads: bool,
     /// Led, before the callout has its token.
     pub(super) pending: Option<Pending>,
+    /// Its found answer is reused (`Keyed::reusable`).
+    pub(super) reusable: bool,
     pub(super) checked_ms: u64,
 }
 
@@ -95,6 +97,7 @@ pub struct Led {
     pub(super) ticket: Option<Ticket>,
     pub(super) started_ms: u64,
     pub(super) timeout_ms: u64,
+    pub(super) reusable: bool,
 }
 
 /// A message on a gate VM's wake queue.
@@ -177,7 +180,8 @@ impl GateWorker {
             self.counts.dedup.callouts_failed += 1;
         }
         let mut acts = Acts::default();
-        self.finish_lead(store, now, led.pending, answer, None, held, &mut acts);
+        let (pending, reusable) = (led.pending, led.reusable);
+        self.finish_lead(store, now, pending, answer, reusable, None, held, &mut acts);
         acts
     }
 
@@ -199,7 +203,7 @@ impl GateWorker {
             return acts;
         };
         acts.acts.push((id, Act::Resume));
-        self.finish_lead(store, now, pending, None, Some(id), held, &mut acts);
+        self.finish_lead(store, now, pending, None, false, Some(id), held, &mut acts);
         acts
     }
 
@@ -280,8 +284,10 @@ impl GateWorker {
         acts
     }
 
-    /// A leader's call ended with `answer` (`None`: no answer). `resumed`:
-    /// the leader's stream, which goes on through the route instead.
+    /// A leader's call ended with `answer` (`None`: no answer); a found
+    /// answer to a `reusable` call serves identical ones for `windowMs`.
+    /// `resumed`: the leader's stream, which goes on through the route
+    /// instead.
     #[allow(clippy::too_many_arguments)]
     fn finish_lead(
         &mut self,
@@ -289,6 +295,7 @@ impl GateWorker {
         now: &mut Now,
         pending: Pending,
         answer: Option<Answer>,
+        reusable: bool,
         resumed: Option<u32>,
         held: &mut [Held<'_>],
         acts: &mut Acts,
@@ -308,7 +315,8 @@ impl GateWorker {
                 let n = here(held);
                 self.answer_all(a, held, acts);
                 if a.body.len() as u64 <= max_answer {
-                    (Outcome::Answered { keep: true }, n, 0)
+                    let reuse = reusable && a.status == 200 && a.found();
+                    (Outcome::Answered { keep: true, reuse }, n, 0)
                 } else {
                     // Too large to share or keep: the other VMs' waiters
                     // lead in turn.
@@ -397,7 +405,7 @@ impl GateWorker {
             Err((reply, pending)) => {
                 // The gate is full: this one is refused, the next leads.
                 acts.acts.push((id, Act::Answer(reply)));
-                self.finish_lead(store, now, pending, None, Some(id), held, acts);
+                self.finish_lead(store, now, pending, None, false, Some(id), held, acts);
             }
         }
     }

@@ -42,6 +42,7 @@ const LISTS: &[&str] = &[
     "dedup.methods",
     "dedup.exclude",
     "dedup.globalMethods",
+    "dedup.reuseMethods",
 ];
 
 #[derive(Debug, Default, Deserialize)]

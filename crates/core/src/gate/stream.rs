@@ -32,7 +32,7 @@
 
 use crate::clock::Now;
 use crate::dedup::answer::Answer;
-use crate::dedup::{client_name, Dedup, Pending, Verdict};
+use crate::dedup::{client_name, Dedup, Outcome, Pending, Verdict};
 use crate::gate::class::{classify, RequestClass};
 use crate::gate::coalesce::{no_answer, Act, Callout, Led, Reply, Target, Waiting};
 use crate::gate::shards::{SlotKind, Totals};
@@ -616,10 +616,22 @@ impl GateStream {
         match std::mem::take(&mut self.state) {
             State::Idle => {}
             State::Http(request) => {
-                if let (Some(waiting), Some(dedup)) = (request.waiting, w.dedup.as_ref()) {
+                if let (Some(waiting), Some(dedup)) = (request.waiting, w.dedup.clone()) {
                     // Its client went while it was held: no longer counted.
                     w.counts.dedup.left += 1;
-                    match dedup.left(store, &waiting.key) {
+                    let left = match waiting.pending {
+                        // It led, and its callout was not sent yet: the key
+                        // is left to its waiters (they check again on the
+                        // heartbeat).
+                        Some(pending) => {
+                            let at = pending.start_ms();
+                            dedup
+                                .complete(store, &pending, Outcome::Failed, 1, 0, at)
+                                .map(|(_, retries)| retries)
+                        }
+                        None => dedup.left(store, &waiting.key),
+                    };
+                    match left {
                         Ok(retries) => w.counts.store.retried(retries),
                         Err(e) => w.note_store_error("dedup: a held request left", &e),
                     }
@@ -715,6 +727,7 @@ impl HttpRequest {
             deadline_ms: now_ms.saturating_add(dedup.policy().max_wait_ms),
             leads: false,
             pending: None,
+            reusable: keyed.reusable,
             checked_ms: now_ms,
         };
         match checked.verdict {
@@ -790,6 +803,11 @@ impl GateStream {
         }
     }
 
+    /// It leads, and its callout is still to be sent.
+    pub fn awaits_callout(&self) -> bool {
+        self.held_for().is_some_and(|w| w.pending.is_some())
+    }
+
     /// What it waits for, if it is held for an answer.
     pub fn held_for(&self) -> Option<&Waiting> {
         match &self.state {
@@ -820,6 +838,7 @@ impl GateStream {
                 ticket: request.ticket.take(),
                 started_ms: now_ms,
                 timeout_ms,
+                reusable: waiting.reusable,
             },
         );
     }

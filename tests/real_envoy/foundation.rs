@@ -62,7 +62,7 @@ fn the_shipped_configs_validate() {
         .var("RPC_NODE_HOST", "127.0.0.1")
         .var("RPC_NODE_PORT", 8545);
     envoy::validate(&passthrough).unwrap_or_else(|e| panic!("passthrough.yaml: {e:#}"));
-    let direct = envoy::direct_response(&[("a", ""), ("b", "")]).unwrap();
+    let direct = envoy::direct_response(&[("a", ""), ("b", "")], envoy::Answer::Upstream).unwrap();
     envoy::validate(&direct).unwrap_or_else(|e| panic!("bench/direct.yaml: {e:#}"));
 }
 

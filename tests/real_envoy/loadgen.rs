@@ -7,7 +7,7 @@ use std::time::Duration;
 
 #[test]
 fn offered_rate_is_within_two_percent_at_2000_rps() {
-    let envoy = envoy::direct_response(&[("public", "")])
+    let envoy = envoy::direct_response(&[("public", "")], envoy::Answer::Itself)
         .unwrap()
         .concurrency(1)
         .start()

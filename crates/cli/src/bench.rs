@@ -2,10 +2,11 @@
 //!
 //! `filters`: every filter chain side by side, from one run. One Envoy
 //! (`--concurrency 1`, pinned to the last core when there are two) has a
-//! listener per chain; each answers by itself (direct_response) behind the
-//! buffer filter, as the gateway configs put it first, then the chain: no
-//! filter, Envoy's own `local_ratelimit`, a no-op proxy-wasm filter, or
-//! stakegate's filters and their chain. wrk (on the first core) POSTs
+//! listener per chain, routing to an upstream listener of the same Envoy
+//! that answers at once (the hop a gateway makes to its node, and where
+//! dedup's callouts go), behind the buffer filter, as the gateway configs
+//! put it first, then the chain: no filter, Envoy's own `local_ratelimit`,
+//! a no-op proxy-wasm filter, or stakegate's filters and their chain. wrk (on the first core) POSTs
 //! JSON-RPC calls whose params differ per request, as real traffic does,
 //! over kept-alive connections, to each listener in turn, round after
 //! round, starting each round one chain further on, so every chain sees the
@@ -20,11 +21,14 @@
 //!
 //! `qos-refill`: how long a stake QoS refill round takes as the identity
 //! table fills. `qos-scale`: what a request costs stake QoS at 10 to
-//! 100,000 identities, and Envoy's memory.
+//! 100,000 identities, and Envoy's memory. Both answer at once, with no
+//! upstream hop, so that 100,000 addresses are all active at the rate one
+//! core reaches.
 
 use anyhow::{bail, Context};
 use serde::Serialize;
 use stakegate_stack::admin::Quantile;
+use stakegate_stack::envoy::Answer;
 use stakegate_stack::{envoy, paths, Envoy, EnvoyBuilder, FilterConfig};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -165,7 +169,7 @@ const NOOP: &str = "no-op Wasm";
 
 /// One Envoy answering by itself, with a listener per `(name, elements)`.
 /// Each Wasm filter gets its own names and VM, in every chain and place.
-fn direct(listeners: &[(String, Vec<Element>)]) -> anyhow::Result<EnvoyBuilder> {
+fn direct(listeners: &[(String, Vec<Element>)], answer: Answer) -> anyhow::Result<EnvoyBuilder> {
     let mut blocks = Vec::new();
     let mut configs = Vec::new();
     for (i, (name, elements)) in listeners.iter().enumerate() {
@@ -187,7 +191,7 @@ fn direct(listeners: &[(String, Vec<Element>)]) -> anyhow::Result<EnvoyBuilder> 
     let refs: Vec<(&str, &str)> = blocks.iter().map(|(n, f)| (*n, f.as_str())).collect();
     Ok(configs
         .into_iter()
-        .fold(envoy::direct_response(&refs)?, EnvoyBuilder::filter))
+        .fold(envoy::direct_response(&refs, answer)?, EnvoyBuilder::filter))
 }
 
 /// One chain's results.
@@ -294,7 +298,9 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
     let listeners: Vec<(String, Vec<Element>)> = (0..chains.len())
         .map(|i| (format!("chain-{i}"), chains[i].elements.clone()))
         .collect();
-    let envoy = direct(&listeners)?.concurrency(1).start()?;
+    let envoy = direct(&listeners, Answer::Upstream)?
+        .concurrency(1)
+        .start()?;
     let pinned = pin(&[&envoy]);
     let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
     std::fs::write(script.path(), UNIQUE_CALLS)?;
@@ -693,9 +699,12 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
         r#"{{"capacityRps": 1000000, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
     );
     let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
-    let envoy = direct(&[("public".into(), vec![Element::Wasm(qos)])])?
-        .concurrency(args.concurrency)
-        .start()?;
+    let envoy = direct(
+        &[("public".into(), vec![Element::Wasm(qos)])],
+        Answer::Itself,
+    )?
+    .concurrency(args.concurrency)
+    .start()?;
     let url = envoy.url("public")?;
     let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
     std::fs::write(script.path(), addresses_script(args.identities, 0))?;
@@ -897,9 +906,12 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
                 r#"{{"capacityRps": {capacity}, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
             );
             let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
-            let envoy = direct(&[("public".into(), vec![Element::Wasm(qos)])])?
-                .concurrency(1)
-                .start()?;
+            let envoy = direct(
+                &[("public".into(), vec![Element::Wasm(qos)])],
+                Answer::Itself,
+            )?
+            .concurrency(1)
+            .start()?;
             runs.push(ScaleRun {
                 mode,
                 count,

@@ -124,11 +124,29 @@ impl EnvoyBuilder {
     }
 }
 
+/// How the listeners of `direct_response` answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// At once (a `direct_response` route).
+    Itself,
+    /// Through a listener of the same Envoy as the upstream (cluster
+    /// `rpc_node`), as a gateway passes requests to its node.
+    Upstream,
+}
+
 /// `envoy-config/bench/direct.yaml` with one listener per `(name,
-/// http_filters)`: Envoy answering by itself behind each filter chain,
-/// through a listener of its own as the upstream (cluster `rpc_node`).
-/// The Wasm filters among them still have to be given to the builder.
-pub fn direct_response(listeners: &[(&str, &str)]) -> anyhow::Result<EnvoyBuilder> {
+/// http_filters)`: Envoy answering by itself behind each filter chain, at
+/// once or through its own upstream listener. The Wasm filters among them
+/// still have to be given to the builder.
+pub fn direct_response(listeners: &[(&str, &str)], answer: Answer) -> anyhow::Result<EnvoyBuilder> {
+    let route = match answer {
+        Answer::Itself => {
+            r#"                direct_response:
+                  status: 200
+                  body: { inline_string: '{"jsonrpc":"2.0","id":1,"result":"0x1"}' }"#
+        }
+        Answer::Upstream => "                route: { cluster: rpc_node, timeout: 60s }",
+    };
     let path = paths::envoy_config("bench/listener.yaml");
     let template =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -138,6 +156,7 @@ pub fn direct_response(listeners: &[(&str, &str)]) -> anyhow::Result<EnvoyBuilde
             template
                 .replace("{{LISTENER_NAME}}", name)
                 .replace("{{HTTP_FILTERS}}", filters)
+                .replace("{{ROUTE_ACTION}}", route)
         })
         .collect();
     // The upstream listener's port is fixed before Envoy starts: its

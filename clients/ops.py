@@ -73,10 +73,10 @@ async def over_websocket(url, mine):
 
 
 def overload(url, what):
-    """One call, one batch of two, or `eth_getLogs [{}]` (which the test
-    keeps in flight, so that dedup refuses it), against an endpoint that
-    refuses it, with web3.py's default retries: what the caller is finally
-    given, and when."""
+    """One call or one batch of two against an endpoint that refuses it, or
+    `eth_getLogs [{}]` while the test keeps the same call in flight (dedup
+    holds it for that call's answer), with web3.py's default retries: what
+    the caller is finally given, and when."""
     w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": TIMEOUT_S}))
 
     def batch():

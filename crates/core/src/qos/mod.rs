@@ -84,6 +84,7 @@
 //! not report stay local and go with its next report.
 
 pub mod fair;
+pub mod fleet;
 pub mod identity;
 pub mod page;
 pub mod policy;
@@ -94,7 +95,8 @@ pub mod state;
 pub mod stream;
 
 use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
-use crate::shared::{read, update, SharedStore, StoreError, Write};
+use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
+use fleet::{FleetShare, FleetView, RoundFleet, FLEET_KEY};
 use identity::Identity;
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};
 use policy::{Mode, QosPolicy};
@@ -235,10 +237,8 @@ pub struct StakeQos {
 impl StakeQos {
     pub fn new(policy: QosPolicy, seed: u64) -> Self {
         let pages = policy.max_identities.div_ceil(ENTRIES_PER_PAGE as u32);
-        let state = QosState {
-            capacity_rps: policy.capacity_rps,
-            ..QosState::default()
-        };
+        let mut state = QosState::default();
+        settle_capacity(&mut state, &policy);
         Self {
             policy,
             pages,
@@ -616,20 +616,77 @@ impl StakeQos {
                 reported,
             });
         }
+        let fleet = match &self.policy.fleet {
+            Some(f) => {
+                let (view, _) = read::<FleetView>(store, FLEET_KEY)?;
+                Some(FleetShare::of(&view, f, self.policy.capacity_rps, now_ms))
+            }
+            None => None,
+        };
         let (state, report) = round::run(
             &self.policy,
-            self.pages,
             store,
             queue,
             now_ms,
             &state,
             intervals,
+            fleet.as_ref(),
         )?;
         self.state = state;
         Ok(Tick {
             round: Some(report),
             reported,
         })
+    }
+
+    /// Fleet mode: the Webdis request body for the exchange that round
+    /// `fleet` (this VM's, just run) sends as `replica`, if one is due.
+    pub fn fleet_exchange(&self, fleet: &mut RoundFleet, replica: &str) -> Option<Vec<u8>> {
+        let policy = self.policy.fleet.as_ref()?;
+        if !policy.due(self.state.round, self.policy.refill_interval_ms) {
+            return None;
+        }
+        fleet.report.keep_busiest(policy.max_identities as usize);
+        Some(policy.request(replica, &fleet.report))
+    }
+
+    /// Fleet mode: takes Webdis's answer to an exchange sent at `asked_ms`
+    /// as `replica`, and keeps the allocation it gives for the next rounds
+    /// (unless an answer to a later exchange is already kept).
+    pub fn fleet_answer(
+        &self,
+        store: &impl SharedStore,
+        replica: &str,
+        asked_ms: u64,
+        now_ms: u64,
+        body: &[u8],
+    ) -> Result<FleetView, String> {
+        if self.policy.fleet.is_none() {
+            return Err("fleet mode is off".into());
+        }
+        let reports = fleet::parse_answer(body)?;
+        if !reports.iter().any(|(name, _)| name == replica) {
+            return Err(format!(
+                "the answer has no report of this replica ({replica:?}): is another replica using its name?"
+            ));
+        }
+        let view = fleet::allocate(
+            self.policy.capacity_rps,
+            &reports,
+            replica,
+            asked_ms,
+            now_ms,
+        );
+        update(store, FLEET_KEY, |kept: &mut FleetView| {
+            if kept.asked_ms > asked_ms {
+                Change::Keep(())
+            } else {
+                *kept = view.clone();
+                Change::Write(())
+            }
+        })
+        .map_err(|(e, _)| format!("shared data: {e}"))?;
+        Ok(view)
     }
 
     /// Puts this worker's counts since its last report on the queue (the
@@ -692,6 +749,13 @@ impl StakeQos {
 /// new policy takes effect at once), and in reactive mode the discovered
 /// one, starting from the policy's.
 fn settle_capacity(state: &mut QosState, policy: &QosPolicy) {
+    if let Some(fleet) = &policy.fleet {
+        // The round sets it from the fleet's allocation.
+        if state.capacity_rps <= 0.0 {
+            state.capacity_rps = policy.capacity_rps / f64::from(fleet.assume_replicas);
+        }
+        return;
+    }
     if state.capacity_rps <= 0.0 || policy.mode == Mode::Proactive {
         state.capacity_rps = policy.capacity_rps;
     }

@@ -2,6 +2,7 @@
 //! validated runtime values. The format is documented in
 //! `policies/stake-qos.md`.
 
+use super::fleet::{FleetDoc, FleetPolicy};
 use crate::request::Cidr;
 use crate::validate::{
     ensure, finite_range, header_name, max_len, non_empty, parse_json, range, PolicyError, Warning,
@@ -42,6 +43,8 @@ struct Document {
     websockets_per_identity: u32,
     #[serde(default)]
     reactive: ReactiveDoc,
+    #[serde(default)]
+    fleet: Option<FleetDoc>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -277,6 +280,8 @@ pub struct QosPolicy {
     /// WebSockets one identity may hold open on each Envoy worker.
     pub websockets_per_identity: u32,
     pub reactive: Reactive,
+    /// Fleet mode: `capacityRps` is shared by the replicas (`qos::fleet`).
+    pub fleet: Option<FleetPolicy>,
 }
 
 pub const TIER_UNSTAKED: usize = 0;
@@ -463,6 +468,16 @@ impl QosPolicy {
             60_000,
         )?;
 
+        let fleet = doc
+            .fleet
+            .map(|f| FleetPolicy::compile(f, refill_interval_ms))
+            .transpose()?;
+        ensure(
+            fleet.is_none() || doc.mode == Mode::Proactive,
+            "fleet",
+            || "needs mode \"proactive\": the fleet shares one configured capacity".into(),
+        )?;
+
         Ok(Self {
             mode: doc.mode,
             capacity_rps,
@@ -495,6 +510,7 @@ impl QosPolicy {
                 increase_per_second,
                 adjust_interval_ms,
             },
+            fleet,
         })
     }
 

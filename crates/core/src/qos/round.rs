@@ -3,6 +3,7 @@
 //! find the water level, and grant every active identity its part.
 
 use super::fair::{self, Claim};
+use super::fleet::{Demand, FleetShare, Report, RoundFleet};
 use super::page::{Entry, Page, ENTRIES_PER_PAGE, IDLE, MILLI, STAKED};
 use super::policy::{Mode, QosPolicy};
 use super::reactive::{self, Finished};
@@ -36,10 +37,12 @@ pub struct RoundReport {
     pub level_computed: bool,
     pub reports: u64,
     pub cas_retries: u32,
+    /// Fleet mode: this replica's active identities' demand, to report.
+    pub fleet: Option<RoundFleet>,
 }
 
 /// What the round needs of an entry's page, and what it computes for it.
-struct Plan {
+struct Plan<'a> {
     /// Arrivals are per round; demand is per interval.
     intervals: f64,
     interval_ms: u64,
@@ -47,9 +50,19 @@ struct Plan {
     now_ms: u64,
     idle_ttl_ms: u64,
     min_tokens: i64,
+    fleet: Option<&'a FleetShare>,
 }
 
-impl Plan {
+impl Plan<'_> {
+    /// An identity's weight: its stake, in fleet mode times the part of its
+    /// fleet-wide demand that arrives here.
+    fn weight(&self, key: u64, stake: u64) -> f64 {
+        match self.fleet {
+            Some(fleet) => fleet.weight(key, stake),
+            None => stake.max(1) as f64,
+        }
+    }
+
     /// Entry `i`'s demand after this round, its calls this round, and the
     /// rounds it has now been quiet.
     ///
@@ -95,6 +108,7 @@ impl Plan {
     /// (`deltas`, this page's), demand, idleness, grants, eviction.
     fn apply(&self, page: &mut Page, deltas: &[&Delta]) -> Applied {
         let mut evicted = 0;
+        let mut report = Vec::new();
         let mut by_entry = [None; ENTRIES_PER_PAGE];
         for d in deltas {
             let (i, out) = page.entry(&Entry {
@@ -133,9 +147,16 @@ impl Plan {
             page.set_flags(i, flags);
             page.set_demand(i, demand as f32);
             demand_sum += f64::from(demand as f32);
+            if self.fleet.is_some() {
+                report.push(Demand {
+                    key: page.key(i),
+                    stake: page.stake(i),
+                    rps: (demand * 1000.0 / self.interval_ms.max(1) as f64) as f32,
+                });
+            }
             let claim = Claim {
                 demand,
-                weight: page.stake(i).max(1) as f64,
+                weight: self.weight(page.key(i), page.stake(i)),
             };
             let per_interval = if claim.demand <= self.level * claim.weight {
                 claim.demand * (1.0 + HEADROOM)
@@ -161,6 +182,7 @@ impl Plan {
             active,
             evicted,
             demand_sum,
+            report,
         }
     }
 }
@@ -171,18 +193,21 @@ struct Applied {
     evicted: u64,
     /// The demand of its active identities, as written.
     demand_sum: f64,
+    /// Fleet mode: its active identities' demand.
+    report: Vec<Demand>,
 }
 
-/// Runs one round over `pages` pages, as the VM that claimed it.
+/// Runs one round over the policy's pages, as the VM that claimed it.
 pub(super) fn run(
     policy: &QosPolicy,
-    pages: u32,
     store: &impl SharedStore,
     queue: &impl ReportQueue,
     now_ms: u64,
     previous: &QosState,
     intervals: u64,
+    fleet: Option<&FleetShare>,
 ) -> Result<(QosState, RoundReport), StoreError> {
+    let pages = policy.max_identities.div_ceil(ENTRIES_PER_PAGE as u32);
     let mut report = RoundReport::default();
     let mut deltas: HashMap<u64, Delta> = HashMap::new();
     let mut finished = Finished::default();
@@ -239,10 +264,12 @@ pub(super) fn run(
         now_ms,
         idle_ttl_ms: policy.idle_ttl_ms,
         min_tokens: 2 * MILLI,
+        fleet,
     };
     // Pass one: every active identity's demand, for the level; skipped when
     // the demand cannot reach capacity (then the level is infinite).
-    let per_interval = previous.capacity_rps * policy.refill_interval_ms as f64 / 1000.0;
+    let capacity_rps = fleet.map_or(previous.capacity_rps, |f| f.capacity_rps);
+    let per_interval = capacity_rps * policy.refill_interval_ms as f64 / 1000.0;
     let mut read_pages = Vec::with_capacity(visit.len());
     if demand_reaches(store, previous.round, arrivals, intervals, per_interval)? {
         let mut claims = Vec::new();
@@ -254,7 +281,7 @@ pub(super) fn run(
                     Some(i) => by_entry[i] = Some(*d),
                     None => claims.push(Claim {
                         demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / intervals,
-                        weight: d.stake.max(1) as f64,
+                        weight: plan.weight(d.key, d.stake),
                     }),
                 }
             }
@@ -266,7 +293,7 @@ pub(super) fn run(
                 if calls > 0 || demand >= IDLE_DEMAND {
                     claims.push(Claim {
                         demand,
-                        weight: page.stake(i).max(1) as f64,
+                        weight: plan.weight(page.key(i), page.stake(i)),
                     });
                 }
             }
@@ -282,6 +309,7 @@ pub(super) fn run(
     // worker wrote the page in between).
     let mut active_after = vec![0u8; (pages as usize).div_ceil(8)];
     let mut demand_sum = 0.0;
+    let mut fleet_report = fleet.map(|_| Report::default());
     for (index, read_before) in read_pages {
         let page_deltas = &visit[&index];
         let updated = update_from(store, &page_key(index), read_before, |p: &mut Page| {
@@ -292,7 +320,11 @@ pub(super) fn run(
             active,
             evicted,
             demand_sum: page_demand,
+            report: page_report,
         } = updated.value;
+        if let Some(r) = &mut fleet_report {
+            r.0.extend(page_report);
+        }
         demand_sum += page_demand;
         report.identities += active;
         report.evicted += evicted;
@@ -318,7 +350,10 @@ pub(super) fn run(
         );
         s.identities = report.identities;
         s.level = plan.level;
-        settle_capacity(s, policy);
+        match fleet {
+            Some(f) => s.capacity_rps = f.capacity_rps,
+            None => settle_capacity(s, policy),
+        }
         let load_rps = s.load_rps(policy.refill_interval_ms);
         if policy.mode == Mode::Reactive {
             reactive::adjust(s, policy, now_ms, finished, load_rps);
@@ -346,6 +381,11 @@ pub(super) fn run(
     report.load_rps = state.load_rps(policy.refill_interval_ms);
     report.capacity_rps = state.capacity_rps;
     report.level = plan.level;
+    report.fleet = fleet.zip(fleet_report).map(|(f, report)| RoundFleet {
+        report,
+        replicas: f.replicas,
+        fallback: f.fallback,
+    });
     Ok((state, report))
 }
 
@@ -439,6 +479,7 @@ mod tests {
                     now_ms: 0,
                     idle_ttl_ms: 60_000,
                     min_tokens: 2 * MILLI,
+                    fleet: None,
                 };
                 let (demand, _, quiet) = plan.demand(&page, 0, Some(&delta));
                 page.set_demand(0, demand as f32);
@@ -487,7 +528,7 @@ mod tests {
                 store.store(DEMAND_KEY, &[], None).unwrap();
             }
             let report;
-            (state, report) = run(&policy, 4, &store, &queue, round * 20, &state, 1).unwrap();
+            (state, report) = run(&policy, &store, &queue, round * 20, &state, 1, None).unwrap();
             computed += u32::from(report.level_computed);
             let pages = (0..4)
                 .map(|i| store.load(&page_key(i)).unwrap().0.unwrap_or_default())
@@ -533,7 +574,8 @@ mod tests {
     /// Whether each of three rounds, a call each, far below capacity,
     /// computed the level.
     fn levels_computed(store: &impl SharedStore) -> Vec<bool> {
-        let policy = QosPolicy::parse(br#"{"capacityRps": 1000000}"#).unwrap();
+        let policy =
+            QosPolicy::parse(br#"{"capacityRps": 1000000, "maxIdentities": 512}"#).unwrap();
         let queue = report::MemoryQueue::default();
         let mut state = QosState {
             capacity_rps: 1e6,
@@ -548,7 +590,7 @@ mod tests {
                 };
                 queue.push(&report::encode(&[call])).unwrap();
                 let report;
-                (state, report) = run(&policy, 4, store, &queue, round * 20, &state, 1).unwrap();
+                (state, report) = run(&policy, store, &queue, round * 20, &state, 1, None).unwrap();
                 report.level_computed
             })
             .collect()

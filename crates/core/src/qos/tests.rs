@@ -5,6 +5,7 @@ use super::fair::{self, Claim};
 use super::report::MemoryQueue;
 use super::*;
 use crate::shared::MemoryStore;
+use std::collections::BTreeMap;
 
 fn policy(capacity: u32) -> QosPolicy {
     QosPolicy::parse(format!(r#"{{"capacityRps": {capacity}}}"#).as_bytes()).unwrap()
@@ -513,4 +514,152 @@ fn many_small_clients_keep_what_they_send_beside_floods() {
     );
     let error = share_error(&admitted, &fair_shares(&clients, 400.0));
     assert!(error <= 1.0, "{:?}: {error} pp", &admitted[100..]);
+}
+
+/// Redis as the fleet script uses it, for `drive_fleet`: each replica's
+/// latest report, answered as Webdis answers the script.
+#[derive(Default)]
+struct FakeRedis {
+    reports: BTreeMap<String, (u64, String)>,
+}
+
+impl FakeRedis {
+    /// Runs the exchange in `body` at `now`: stores the report, answers all
+    /// reports younger than the member time to live.
+    fn exchange(&mut self, body: &[u8], now: u64) -> Vec<u8> {
+        let text = std::str::from_utf8(body).unwrap();
+        let parts: Vec<&str> = text.split('/').collect();
+        assert_eq!((parts[0], parts[2]), ("EVAL", "1"));
+        let ttl: u64 = parts[5].parse().unwrap();
+        self.reports
+            .insert(parts[4].to_string(), (now, parts[6].to_string()));
+        self.reports.retain(|_, (at, _)| now - *at <= ttl);
+        let list: Vec<&str> = self
+            .reports
+            .iter()
+            .flat_map(|(name, (_, report))| [name.as_str(), report.as_str()])
+            .collect();
+        serde_json::json!({ "EVAL": list }).to_string().into_bytes()
+    }
+}
+
+/// Fleet mode in virtual time: `replicas` gateways, each one VM over its
+/// own store and queue, exchanging through `FakeRedis` (unreachable while
+/// `down` holds the time); client `i` sends to the replicas in
+/// `on[i]` in turn. Counts admitted calls per client per 100 ms.
+fn drive_fleet(
+    policy: QosPolicy,
+    clients: &[Client],
+    on: &[&[usize]],
+    replicas: usize,
+    run_ms: u64,
+    down: std::ops::Range<u64>,
+) -> Run {
+    let stores: Vec<MemoryStore> = (0..replicas).map(|_| MemoryStore::default()).collect();
+    let queues: Vec<MemoryQueue> = (0..replicas).map(|_| MemoryQueue::default()).collect();
+    let mut vms: Vec<StakeQos> = (0..replicas)
+        .map(|i| StakeQos::new(policy.clone(), i as u64 + 1))
+        .collect();
+    let names: Vec<String> = (0..replicas).map(|i| format!("gw-{i}")).collect();
+    let mut redis = FakeRedis::default();
+    let windows = run_ms.div_ceil(100) as usize + 1;
+    let mut run = Run {
+        per_window: vec![vec![0; windows]; clients.len()],
+        throttled: 0,
+        leases: 0,
+    };
+    let mut pending: Vec<(u64, usize, Ticket)> = Vec::new();
+    let mut sent = vec![0u64; clients.len()];
+    for now in 1..=run_ms {
+        for r in 0..replicas {
+            if !(now + 7 * r as u64).is_multiple_of(20) {
+                continue;
+            }
+            let tick = vms[r].tick(&stores[r], &queues[r], now).unwrap();
+            let Some(mut fleet) = tick.round.and_then(|round| round.fleet) else {
+                continue;
+            };
+            let Some(body) = vms[r].fleet_exchange(&mut fleet, &names[r]) else {
+                continue;
+            };
+            if !down.contains(&now) {
+                let answer = redis.exchange(&body, now);
+                vms[r]
+                    .fleet_answer(&stores[r], &names[r], now, now + 1, &answer)
+                    .unwrap();
+            }
+        }
+        let mut still = Vec::new();
+        for (at, r, ticket) in pending.drain(..) {
+            if at <= now {
+                vms[r].finish(now, ticket, Some(200));
+            } else {
+                still.push((at, r, ticket));
+            }
+        }
+        pending = still;
+        for (i, c) in clients.iter().enumerate() {
+            let due = (now as f64 * c.rate / 1000.0) as u64;
+            while sent[i] < due {
+                sent[i] += 1;
+                let r = on[i][sent[i] as usize % on[i].len()];
+                match vms[r].admit(&stores[r], now, &c.id).verdict {
+                    Verdict::Admit(ticket) => {
+                        pending.push((now + c.latency_ms, r, ticket));
+                        run.per_window[i][(now / 100) as usize] += 1;
+                    }
+                    Verdict::Throttle(_) => run.throttled += 1,
+                }
+            }
+        }
+    }
+    run
+}
+
+fn fleet_policy(capacity: u32) -> QosPolicy {
+    let json = format!(r#"{{"capacityRps": {capacity}, "fleet": {{"syncMs": 100}}}}"#);
+    QosPolicy::parse(json.as_bytes()).unwrap()
+}
+
+/// One client only on the first replica, two on all three, each offering
+/// the whole capacity: together 3× it.
+fn uneven_fleet() -> (Vec<Client>, Vec<&'static [usize]>) {
+    let clients = vec![
+        client(1, 1000, 600.0),
+        client(2, 1000, 600.0),
+        client(3, 2000, 600.0),
+    ];
+    (clients, vec![&[0], &[0, 1, 2], &[0, 1, 2]])
+}
+
+#[test]
+fn a_fleet_admits_its_capacity_once_with_fleet_wide_max_min_shares() {
+    let (clients, on) = uneven_fleet();
+    let run = drive_fleet(fleet_policy(600), &clients, &on, 3, 6000, 0..0);
+    let admitted = run.admitted(100, 2000, 6000);
+    let total: u64 = admitted.iter().sum();
+    // 600 a second for 4 s.
+    assert!(
+        (total as f64 - 2400.0).abs() <= 0.03 * 2400.0,
+        "admitted {total} of 2400: {admitted:?}"
+    );
+    let error = share_error(&admitted, &fair_shares(&clients, 600.0));
+    assert!(error <= 2.0, "{admitted:?}: {error} pp");
+}
+
+#[test]
+fn a_fleet_without_redis_falls_back_to_its_part_and_recovers() {
+    let (clients, on) = uneven_fleet();
+    let run = drive_fleet(fleet_policy(600), &clients, &on, 3, 9000, 3000..6000);
+    // Out: at most capacity (each replica a third of it), give or take
+    // what the buckets held when it went.
+    let out: u64 = run.admitted(100, 3000, 6000).iter().sum();
+    assert!(
+        out as f64 <= 1.05 * 1800.0,
+        "admitted {out} of 1800 while out"
+    );
+    // Back: fleet shares again within two seconds.
+    let admitted = run.admitted(100, 7000, 9000);
+    let error = share_error(&admitted, &fair_shares(&clients, 600.0));
+    assert!(error <= 2.0, "{admitted:?}: {error} pp after");
 }

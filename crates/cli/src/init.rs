@@ -44,33 +44,37 @@ pub struct InitArgs {
     pub qos_module: PathBuf,
     #[arg(long, default_value = "policies/stake-qos.example.json")]
     pub qos_policy: PathBuf,
+    /// Webdis (Redis over HTTP), `host:port`: where a QoS policy in fleet
+    /// mode exchanges demand with the other replicas. Unused otherwise.
+    #[arg(long, default_value = "127.0.0.1:7379")]
+    pub fleet: String,
     /// Replace a gateway already initialised in `--dir`.
     #[arg(long)]
     pub force: bool,
 }
 
-/// `host` and `port` of the node, from `host:port` or an `http://` URL.
-fn node_address(node: &str) -> anyhow::Result<(String, u16)> {
+/// `host` and `port` from `host:port` or an `http://` URL (`flag`'s value).
+fn address(flag: &str, node: &str) -> anyhow::Result<(String, u16)> {
     let rest = match node.split_once("://") {
         Some(("http", rest)) => rest,
         Some((scheme, _)) => {
-            bail!("--node {node}: the gateway speaks plain HTTP to the node, not {scheme}")
+            bail!("{flag} {node}: the gateway speaks plain HTTP to it, not {scheme}")
         }
         None => node,
     };
     let authority = rest.split('/').next().unwrap_or_default();
     let (host, port) = authority
         .rsplit_once(':')
-        .with_context(|| format!("--node {node}: give the port, e.g. 127.0.0.1:8545"))?;
+        .with_context(|| format!("{flag} {node}: give the port, e.g. 127.0.0.1:8545"))?;
     let port: u16 = port
         .parse()
-        .with_context(|| format!("--node {node}: {port} is not a port"))?;
+        .with_context(|| format!("{flag} {node}: {port} is not a port"))?;
     let host = host
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_string();
     if host.is_empty() {
-        bail!("--node {node}: no host");
+        bail!("{flag} {node}: no host");
     }
     Ok((host, port))
 }
@@ -87,11 +91,12 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
             config.display()
         );
     }
-    let (node_host, node_port) = node_address(&args.node)?;
+    let (node_host, node_port) = address("--node", &args.node)?;
     // Resolvable now, or Envoy would start with a node it cannot find.
     (node_host.as_str(), node_port)
         .to_socket_addrs()
         .with_context(|| format!("--node {}: {node_host} does not resolve", args.node))?;
+    let (fleet_host, fleet_port) = address("--fleet", &args.fleet)?;
     let gate_policy = read(&args.gate_policy, "gate policy")?;
     let qos_policy = read(&args.qos_policy, "QoS policy")?;
     std::fs::create_dir_all(&args.dir)
@@ -113,6 +118,8 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
         ("INTERNAL_PORT", args.internal_port.to_string()),
         ("RPC_NODE_HOST", node_host),
         ("RPC_NODE_PORT", node_port.to_string()),
+        ("FLEET_HOST", fleet_host),
+        ("FLEET_PORT", fleet_port.to_string()),
         ("ECDS_DIR", dir.to_string_lossy().into_owned()),
     ]
     .into_iter()
@@ -146,15 +153,15 @@ mod tests {
     #[test]
     fn the_node_is_a_host_and_port_or_an_http_url() {
         assert_eq!(
-            node_address("127.0.0.1:8545").unwrap(),
+            address("--node", "127.0.0.1:8545").unwrap(),
             ("127.0.0.1".into(), 8545)
         );
         assert_eq!(
-            node_address("http://anvil:8545/").unwrap(),
+            address("--node", "http://anvil:8545/").unwrap(),
             ("anvil".into(), 8545)
         );
         assert_eq!(
-            node_address("http://[::1]:8545").unwrap(),
+            address("--node", "http://[::1]:8545").unwrap(),
             ("::1".into(), 8545)
         );
         for (bad, why) in [
@@ -163,7 +170,7 @@ mod tests {
             ("node:x", "not a port"),
             (":8545", "no host"),
         ] {
-            let e = node_address(bad).unwrap_err().to_string();
+            let e = address("--node", bad).unwrap_err().to_string();
             assert!(e.contains(why), "{bad}: {e}");
         }
     }

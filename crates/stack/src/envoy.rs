@@ -40,11 +40,17 @@ impl EnvoyBuilder {
         };
         Self {
             template,
-            // Listeners stay on loopback unless a run says otherwise.
-            vars: ["LISTEN_ADDRESS", "ADMIN_ADDRESS"]
-                .into_iter()
-                .map(|name| (name.to_string(), "127.0.0.1".to_string()))
-                .collect(),
+            // Listeners stay on loopback unless a run says otherwise, and
+            // so does fleet mode's Webdis (on its default port).
+            vars: [
+                ("LISTEN_ADDRESS", "127.0.0.1"),
+                ("ADMIN_ADDRESS", "127.0.0.1"),
+                ("FLEET_HOST", "127.0.0.1"),
+                ("FLEET_PORT", "7379"),
+            ]
+            .into_iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect(),
             concurrency: 2,
             extra_args: Vec::new(),
             filters: Vec::new(),

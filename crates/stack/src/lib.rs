@@ -15,10 +15,12 @@ pub mod http;
 pub mod loadgen;
 pub mod paths;
 pub mod process;
+pub mod redis;
 pub mod rpc_node;
 
 pub use anvil::Anvil;
 pub use delay::DelayRelay;
 pub use ecds::FilterConfig;
 pub use envoy::{Envoy, EnvoyBuilder};
+pub use redis::FleetEngine;
 pub use rpc_node::RpcNode;

@@ -18,12 +18,16 @@
 //!   the request locally: its place in flight and its latency.
 //! - `on_tick`, every refill interval on every worker: this worker's counts
 //!   go on the report queue, the shared state is read, and the refill round
-//!   runs if this VM wins it.
+//!   runs if this VM wins it. In fleet mode that VM sends the exchange with
+//!   the other replicas when one is due (`fleet`), and
+//!   `on_http_call_response` takes its answer.
 
 stakegate_glue::declare_filter!("stake-qos");
 
+mod fleet;
 mod metrics;
 
+use fleet::FleetLink;
 use metrics::QosMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
@@ -41,7 +45,11 @@ use std::time::Duration;
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
-        Box::new(QosRoot { context_id, worker: None })
+        Box::new(QosRoot {
+            context_id,
+            worker: None,
+            fleet: None,
+        })
     });
 }}
 
@@ -54,6 +62,8 @@ struct Worker {
 struct QosRoot {
     context_id: u32,
     worker: Option<Rc<RefCell<Worker>>>,
+    /// Fleet mode: the exchange with the other replicas.
+    fleet: Option<FleetLink>,
 }
 
 fn log(level: LogLevel, message: &str) {
@@ -65,6 +75,7 @@ impl QosRoot {
         let policy = QosPolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
         let metrics = QosMetrics::define(&policy.tiers)?;
         let queue = EnvoyQueue::register(QUEUE)?;
+        let fleet = policy.fleet.as_ref().map(FleetLink::new).transpose()?;
         self.set_tick_period(Duration::from_millis(policy.refill_interval_ms));
         let seed = now_us() ^ (u64::from(self.context_id) << 40);
         self.worker = Some(Rc::new(RefCell::new(Worker {
@@ -72,6 +83,7 @@ impl QosRoot {
             metrics,
             queue,
         })));
+        self.fleet = fleet;
         Ok(())
     }
 }
@@ -94,6 +106,23 @@ impl Context for QosRoot {
         }
         true
     }
+
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _: usize,
+    ) {
+        let (Some(worker), Some(fleet)) = (&self.worker, &mut self.fleet) else {
+            return;
+        };
+        if fleet.owns(token) {
+            let mut worker = worker.borrow_mut();
+            let Worker { qos, metrics, .. } = &mut *worker;
+            fleet.answered(qos, num_headers, body_size, metrics);
+        }
+    }
 }
 
 impl RootContext for QosRoot {
@@ -111,15 +140,20 @@ impl RootContext for QosRoot {
             queue,
         } = &mut *worker;
         let started = now_us();
+        let mut fleet_round = None;
         match qos.tick(&EnvoyStore, queue, started / 1000) {
             Ok(tick) => {
                 if let Some(round) = tick.round {
                     metrics.refill_took(now_us().saturating_sub(started));
                     metrics.store().retried(round.cas_retries);
                     metrics.evicted(round.evicted);
+                    fleet_round = round.fleet;
                 }
             }
             Err(e) => log(LogLevel::Warn, &metrics.store().failed("tick", &e)),
+        }
+        if let Some(fleet) = &mut self.fleet {
+            fleet.tick(qos, fleet_round, metrics);
         }
         metrics.flush(qos.state(), qos.policy().refill_interval_ms);
     }

@@ -21,6 +21,8 @@ struct Counts {
     evicted: u64,
     leases: u64,
     websocket_calls: u64,
+    fleet_exchanges: u64,
+    fleet_failures: u64,
 }
 
 /// How a counter reads its count.
@@ -40,6 +42,8 @@ const COUNTERS: &[(&str, Count)] = &[
     ("evicted", |c| c.evicted),
     ("leases", |c| c.leases),
     ("websocket.calls", |c| c.websocket_calls),
+    ("fleet.exchanges", |c| c.fleet_exchanges),
+    ("fleet.exchange_failures", |c| c.fleet_failures),
 ];
 
 /// Gauges: name, and its value.
@@ -88,6 +92,8 @@ pub struct QosMetrics {
     counters: Vec<u32>,
     gauges: Vec<u32>,
     refill_us: u32,
+    fleet_replicas: u32,
+    fleet_fallback: u32,
     counts: Counts,
 }
 
@@ -108,6 +114,8 @@ impl QosMetrics {
             counters: define_all(MetricType::Counter, COUNTERS)?,
             gauges: define_all(MetricType::Gauge, GAUGES)?,
             refill_us: define(MetricType::Histogram, "refill_us")?,
+            fleet_replicas: define(MetricType::Gauge, "fleet.replicas")?,
+            fleet_fallback: define(MetricType::Gauge, "fleet.fallback")?,
             counts: Counts::default(),
         })
     }
@@ -142,6 +150,23 @@ impl QosMetrics {
 
     pub fn evicted(&mut self, n: u64) {
         self.counts.evicted += n;
+    }
+
+    /// A fleet exchange was answered and its allocation kept.
+    pub fn fleet_exchanged(&mut self) {
+        self.counts.fleet_exchanges += 1;
+    }
+
+    /// A fleet exchange failed (refused, an error, or no answer in time).
+    pub fn fleet_failed(&mut self) {
+        self.counts.fleet_failures += 1;
+    }
+
+    /// A round in fleet mode: the replicas it saw, and whether it ran on
+    /// the fallback share.
+    pub fn fleet_round(&mut self, replicas: u32, fallback: bool) {
+        set(self.fleet_replicas, u64::from(replicas));
+        set(self.fleet_fallback, u64::from(fallback));
     }
 
     /// This VM ran the refill round, in `micros`.

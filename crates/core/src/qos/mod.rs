@@ -650,9 +650,11 @@ impl StakeQos {
         Some(policy.request(replica, &fleet.report))
     }
 
-    /// Fleet mode: takes Webdis's answer to an exchange sent at `asked_ms`
-    /// as `replica`, and keeps the allocation it gives for the next rounds
-    /// (unless an answer to a later exchange is already kept).
+    /// Fleet mode: takes the engine's answer to an exchange sent at
+    /// `asked_ms` as `replica`, and keeps the allocation it gives for the
+    /// next rounds (unless an answer to a later exchange is already kept).
+    /// An answer `trust` refuses, given how many replicas it lists, gives
+    /// only the fleet's size (`fleet::exchange` says when).
     pub fn fleet_answer(
         &self,
         store: &impl SharedStore,
@@ -660,6 +662,7 @@ impl StakeQos {
         asked_ms: u64,
         now_ms: u64,
         body: &[u8],
+        trust: impl FnOnce(usize) -> bool,
     ) -> Result<FleetView, String> {
         if self.policy.fleet.is_none() {
             return Err("fleet mode is off".into());
@@ -670,6 +673,7 @@ impl StakeQos {
                 "the answer has no report of this replica ({replica:?}): is another replica using its name?"
             ));
         }
+        let trusted = trust(reports.len());
         let view = fleet::allocate(
             self.policy.capacity_rps,
             &reports,
@@ -677,16 +681,19 @@ impl StakeQos {
             asked_ms,
             now_ms,
         );
-        update(store, FLEET_KEY, |kept: &mut FleetView| {
+        let kept = update(store, FLEET_KEY, |kept: &mut FleetView| {
             if kept.asked_ms > asked_ms {
-                Change::Keep(())
-            } else {
+                Change::Keep(kept.clone())
+            } else if trusted {
                 *kept = view.clone();
-                Change::Write(())
+                Change::Write(view.clone())
+            } else {
+                kept.replicas = view.replicas;
+                Change::Write(kept.clone())
             }
         })
         .map_err(|(e, _)| format!("shared data: {e}"))?;
-        Ok(view)
+        Ok(kept.value)
     }
 
     /// Puts this worker's counts since its last report on the queue (the

@@ -5,6 +5,7 @@ use super::fair::{self, Claim};
 use super::report::MemoryQueue;
 use super::*;
 use crate::shared::MemoryStore;
+use fleet::exchange::{Exchange, Heard};
 use std::collections::BTreeMap;
 
 fn policy(capacity: u32) -> QosPolicy {
@@ -560,7 +561,10 @@ fn drive_fleet(
     let mut vms: Vec<StakeQos> = (0..replicas)
         .map(|i| StakeQos::new(policy.clone(), i as u64 + 1))
         .collect();
-    let names: Vec<String> = (0..replicas).map(|i| format!("gw-{i}")).collect();
+    let fleet_policy = policy.fleet.clone().unwrap();
+    let mut links: Vec<Exchange> = (0..replicas)
+        .map(|i| Exchange::new(&fleet_policy, Some(format!("gw-{i}"))).unwrap())
+        .collect();
     let mut redis = FakeRedis::default();
     let windows = run_ms.div_ceil(100) as usize + 1;
     let mut run = Run {
@@ -571,6 +575,10 @@ fn drive_fleet(
     let mut pending: Vec<(u64, usize, Ticket)> = Vec::new();
     let mut sent = vec![0u64; clients.len()];
     for now in 1..=run_ms {
+        if now == down.end {
+            // Redis comes back empty, as a restarted one does.
+            redis = FakeRedis::default();
+        }
         for r in 0..replicas {
             if !(now + 7 * r as u64).is_multiple_of(20) {
                 continue;
@@ -579,15 +587,16 @@ fn drive_fleet(
             let Some(mut fleet) = tick.round.and_then(|round| round.fleet) else {
                 continue;
             };
-            let Some(body) = vms[r].fleet_exchange(&mut fleet, &names[r]) else {
+            let Some(body) = links[r].request(&vms[r], &mut fleet) else {
                 continue;
             };
-            if !down.contains(&now) {
-                let answer = redis.exchange(&body, now);
-                vms[r]
-                    .fleet_answer(&stores[r], &names[r], now, now + 1, &answer)
-                    .unwrap();
-            }
+            links[r].sent(now as u32, now);
+            let (status, answer) = if down.contains(&now) {
+                (Some(503), Vec::new())
+            } else {
+                (Some(200), redis.exchange(&body, now))
+            };
+            links[r].answered(&vms[r], &stores[r], now + 1, status, &answer);
         }
         let mut still = Vec::new();
         for (at, r, ticket) in pending.drain(..) {
@@ -662,4 +671,91 @@ fn a_fleet_without_redis_falls_back_to_its_part_and_recovers() {
     let admitted = run.admitted(100, 7000, 9000);
     let error = share_error(&admitted, &fair_shares(&clients, 600.0));
     assert!(error <= 2.0, "{admitted:?}: {error} pp after");
+}
+
+/// Webdis's answer listing `names`, each with an empty report.
+fn listing(names: &[&str]) -> Vec<u8> {
+    let list: Vec<&str> = names.iter().flat_map(|n| [*n, "01"]).collect();
+    serde_json::json!({ "EVAL": list }).to_string().into_bytes()
+}
+
+#[test]
+fn an_exchange_times_out_by_itself_and_logs_a_spell_of_failures_once() {
+    let policy = fleet_policy(300);
+    let qos = StakeQos::new(policy.clone(), 1);
+    let store = MemoryStore::default();
+    let fleet = policy.fleet.clone().unwrap();
+    let mut link = Exchange::new(&fleet, Some("gw-1".into())).unwrap();
+    link.sent(7, 1000);
+    assert!(link.owns(7) && !link.owns(8));
+    assert_eq!(link.expire(1000 + fleet.timeout_ms), None);
+    let Some(Heard::Failed { log: Some(line) }) = link.expire(1001 + fleet.timeout_ms) else {
+        panic!("the exchange times out");
+    };
+    assert!(
+        line.contains("no answer within fleet.timeoutMs (250 ms)"),
+        "{line}"
+    );
+    link.sent(8, 2000);
+    assert_eq!(
+        link.answered(&qos, &store, 2001, Some(503), b""),
+        Some(Heard::Failed { log: None }),
+        "the same spell is not logged again"
+    );
+    link.sent(9, 3000);
+    let Some(Heard::Exchanged { back: Some(line) }) =
+        link.answered(&qos, &store, 3001, Some(200), &listing(&["gw-1", "gw-2"]))
+    else {
+        panic!("the answer is taken");
+    };
+    assert!(line.contains("works again: 2 replicas"), "{line}");
+    assert_eq!(link.answered(&qos, &store, 3002, Some(200), b""), None);
+}
+
+#[test]
+fn after_a_failure_an_answer_listing_fewer_replicas_gives_only_the_fleet_size() {
+    let policy = fleet_policy(300);
+    let qos = StakeQos::new(policy.clone(), 1);
+    let store = MemoryStore::default();
+    let fleet = policy.fleet.clone().unwrap();
+    let mut link = Exchange::new(&fleet, Some("gw-1".into())).unwrap();
+    let view = |store: &MemoryStore| read::<FleetView>(store, FLEET_KEY).unwrap().0;
+    // A fresh replica trusts its first answer.
+    link.sent(1, 100);
+    link.answered(
+        &qos,
+        &store,
+        101,
+        Some(200),
+        &listing(&["gw-1", "gw-2", "gw-3"]),
+    );
+    assert_eq!((view(&store).replicas, view(&store).answered_ms), (3, 101));
+    // Redis restarted: the first answer after the failure lists only who
+    // has reported since. It sets the size, not the allocation.
+    link.sent(2, 200);
+    link.answered(&qos, &store, 201, None, b"");
+    link.sent(3, 300);
+    link.answered(&qos, &store, 301, Some(200), &listing(&["gw-1"]));
+    assert_eq!((view(&store).replicas, view(&store).answered_ms), (1, 101));
+    // The next one is trusted, whatever it lists.
+    link.sent(4, 400);
+    link.answered(&qos, &store, 401, Some(200), &listing(&["gw-1", "gw-2"]));
+    assert_eq!((view(&store).replicas, view(&store).answered_ms), (2, 401));
+}
+
+#[test]
+fn a_replica_needs_a_name_redis_can_carry() {
+    let fleet = fleet_policy(300).fleet.unwrap();
+    let err = Exchange::new(&fleet, Some("gw 1".into())).unwrap_err();
+    assert!(
+        err.contains("fleet.replica: not set, and Envoy's node id (\"gw 1\")"),
+        "{err}"
+    );
+    assert!(Exchange::new(&fleet, None).is_err());
+    assert_eq!(
+        Exchange::new(&fleet, Some("gw-1".into()))
+            .unwrap()
+            .replica(),
+        "gw-1"
+    );
 }

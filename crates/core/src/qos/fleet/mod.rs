@@ -56,9 +56,12 @@
 //! restores the fleet shares. A replica that stops reporting leaves the
 //! fleet after `memberTtlMs`, and the others' shares grow to cover it.
 
+pub mod exchange;
+
 use super::fair::{self, Claim};
 use crate::shared::{Reader, Record};
 use crate::validate::{ensure, range, PolicyError};
+use exchange::is_name;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 
@@ -148,14 +151,6 @@ pub struct FleetPolicy {
     pub member_ttl_ms: u64,
     pub assume_replicas: u32,
     pub max_identities: u32,
-}
-
-/// A name Redis keys and Webdis paths carry as they are.
-fn is_name(text: &str) -> bool {
-    (1..=64).contains(&text.len())
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 impl FleetPolicy {

@@ -1,0 +1,168 @@
+//! One VM's side of the exchange with the fleet's engine: at most one
+//! exchange in flight, a timeout of its own, and each spell of failures
+//! logged once.
+//!
+//! The filter sends the callout and hands over what comes back; this says
+//! what it means. Envoy holds a callout to a cluster with no healthy host
+//! without end (its own timeout does not fire then), so an exchange not
+//! answered within `fleet.timeoutMs` is failed here, at a tick.
+//!
+//! **Which answers are trusted.** An answer lists the replicas that have
+//! reported within `memberTtlMs`. After Redis restarts it is empty, and the
+//! first answers list only the replicas that have reported since: one that
+//! trusted them would count too few replicas and give out too much. So an
+//! answer that lists fewer replicas than the last one is taken for its
+//! fleet size only, unless it is the second in a row (every live replica
+//! reports once per `syncMs`, so by then each has).
+
+use super::{FleetPolicy, RoundFleet};
+use crate::qos::StakeQos;
+use crate::shared::SharedStore;
+
+/// What the filter should record (and log) after an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Heard {
+    /// An answer was taken. `back`: the first after a failure, to log.
+    Exchanged { back: Option<String> },
+    /// The exchange failed. `log`: the first failure of a spell, to log.
+    Failed { log: Option<String> },
+}
+
+/// A replica name Redis keys and Webdis paths carry as they are.
+pub fn is_name(text: &str) -> bool {
+    (1..=64).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// One VM's link to the fleet.
+#[derive(Debug)]
+pub struct Exchange {
+    replica: String,
+    timeout_ms: u64,
+    /// The exchange in flight: its callout token and when it was sent.
+    pending: Option<(u32, u64)>,
+    /// Why the current spell of failures began.
+    failing: Option<String>,
+    /// Answers taken in a row.
+    answered_in_a_row: u32,
+    /// Replicas the last answer listed.
+    replicas_seen: usize,
+}
+
+impl Exchange {
+    /// The link for `policy`: this replica is named by the policy, or by
+    /// Envoy's node id.
+    pub fn new(policy: &FleetPolicy, node_id: Option<String>) -> Result<Self, String> {
+        let replica = match &policy.replica {
+            Some(name) => name.clone(),
+            None => node_id.unwrap_or_default(),
+        };
+        if !is_name(&replica) {
+            return Err(format!(
+                "policy rejected: fleet.replica: not set, and Envoy's node id ({replica:?}) is not 1-64 characters of A-Z, a-z, 0-9, _ or -: set fleet.replica, or start Envoy with --service-node"
+            ));
+        }
+        Ok(Self {
+            replica,
+            timeout_ms: policy.timeout_ms,
+            pending: None,
+            failing: None,
+            answered_in_a_row: 0,
+            replicas_seen: 0,
+        })
+    }
+
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// At a tick: an exchange unanswered past `timeoutMs` has failed.
+    pub fn expire(&mut self, now_ms: u64) -> Option<Heard> {
+        let (_, asked) = self.pending?;
+        if now_ms.saturating_sub(asked) <= self.timeout_ms {
+            return None;
+        }
+        self.pending = None;
+        Some(self.failed(format!(
+            "no answer within fleet.timeoutMs ({} ms)",
+            self.timeout_ms
+        )))
+    }
+
+    /// The engine request for the round this VM just ran, when one is due
+    /// and none is in flight.
+    pub fn request(&self, qos: &StakeQos, round: &mut RoundFleet) -> Option<Vec<u8>> {
+        if self.pending.is_some() {
+            return None;
+        }
+        qos.fleet_exchange(round, &self.replica)
+    }
+
+    /// The callout for `request` went out as `token`.
+    pub fn sent(&mut self, token: u32, now_ms: u64) {
+        self.pending = Some((token, now_ms));
+    }
+
+    /// The callout could not be made.
+    pub fn refused(&mut self, why: String) -> Heard {
+        self.failed(why)
+    }
+
+    /// Whether `token` is this link's exchange.
+    pub fn owns(&self, token: u32) -> bool {
+        self.pending.is_some_and(|(t, _)| t == token)
+    }
+
+    /// The answer to the exchange in flight: its status (`None`: the
+    /// callout failed: reset, timeout, no host) and body.
+    pub fn answered(
+        &mut self,
+        qos: &StakeQos,
+        store: &impl SharedStore,
+        now_ms: u64,
+        status: Option<u32>,
+        body: &[u8],
+    ) -> Option<Heard> {
+        let (_, asked) = self.pending.take()?;
+        let taken = match status {
+            None => Err("the callout failed (reset, timeout or no host)".to_string()),
+            Some(200) => {
+                let trust = self.answered_in_a_row > 0;
+                qos.fleet_answer(store, &self.replica, asked, now_ms, body, |listed| {
+                    trust || listed >= self.replicas_seen
+                })
+            }
+            Some(other) => Err(format!(
+                "the engine answered {other}: {:?}",
+                String::from_utf8_lossy(&body[..body.len().min(200)])
+            )),
+        };
+        Some(match taken {
+            Ok(view) => {
+                self.answered_in_a_row += 1;
+                self.replicas_seen = view.replicas as usize;
+                let back = self.failing.take().map(|_| {
+                    format!(
+                        "fleet exchange works again: {} replicas, this one's capacity {:.0} rps",
+                        view.replicas, view.capacity_rps
+                    )
+                });
+                Heard::Exchanged { back }
+            }
+            Err(why) => self.failed(why),
+        })
+    }
+
+    fn failed(&mut self, why: String) -> Heard {
+        self.answered_in_a_row = 0;
+        let log = self.failing.is_none().then(|| {
+            format!(
+                "fleet exchange failed: {why}; serving the last allocation, then capacity ÷ the replicas last seen once it is older than fleet.staleMs (logged once until it works again)"
+            )
+        });
+        self.failing = Some(why);
+        Heard::Failed { log }
+    }
+}

@@ -1,0 +1,112 @@
+//! Fleet mode's host calls (`stakegate_core::qos::fleet` has the rule and
+//! `fleet::exchange` the exchange's states): the callout to Webdis, sent
+//! from the root context of the VM that ran the round, and its answer.
+
+use crate::log;
+use crate::metrics::QosMetrics;
+use proxy_wasm::types::LogLevel;
+use stakegate_core::qos::fleet::exchange::{Exchange, Heard};
+use stakegate_core::qos::fleet::{FleetPolicy, RoundFleet};
+use stakegate_core::qos::StakeQos;
+use stakegate_glue::host::{self, BodyOf};
+use stakegate_glue::{now_ms, property_string, EnvoyStore};
+use std::time::Duration;
+
+/// One VM's link to the fleet.
+pub struct FleetLink {
+    exchange: Exchange,
+    cluster: String,
+    timeout: Duration,
+}
+
+impl FleetLink {
+    /// The link for `policy`; the replica's name is the policy's, or
+    /// Envoy's node id.
+    pub fn new(policy: &FleetPolicy) -> Result<Self, String> {
+        let node_id =
+            property_string(&["xds", "node", "id"]).or_else(|| property_string(&["node", "id"]));
+        Ok(Self {
+            exchange: Exchange::new(policy, node_id)?,
+            cluster: policy.cluster.clone(),
+            timeout: Duration::from_millis(policy.timeout_ms),
+        })
+    }
+
+    /// At a tick: an exchange that has not answered in time has failed, and
+    /// the round this VM just ran, if any, sends the next one when due.
+    pub fn tick(&mut self, qos: &StakeQos, round: Option<RoundFleet>, metrics: &mut QosMetrics) {
+        let now = now_ms();
+        if let Some(heard) = self.exchange.expire(now) {
+            record(heard, metrics);
+        }
+        let Some(mut round) = round else { return };
+        metrics.fleet_round(round.replicas, round.fallback);
+        let Some(body) = self.exchange.request(qos, &mut round) else {
+            return;
+        };
+        let sent = proxy_wasm::hostcalls::dispatch_http_call(
+            &self.cluster,
+            vec![
+                (":method", "POST"),
+                (":path", "/"),
+                (":authority", "webdis"),
+                ("content-type", "text/plain"),
+            ],
+            Some(&body),
+            vec![],
+            self.timeout,
+        );
+        match sent {
+            Ok(token) => self.exchange.sent(token, now),
+            Err(status) => {
+                let why = format!(
+                    "the callout to cluster {:?} was refused ({status:?}): check fleet.cluster",
+                    self.cluster
+                );
+                record(self.exchange.refused(why), metrics);
+            }
+        }
+    }
+
+    /// Whether `token` is this link's exchange.
+    pub fn owns(&self, token: u32) -> bool {
+        self.exchange.owns(token)
+    }
+
+    /// The answer to the exchange in flight.
+    pub fn answered(
+        &mut self,
+        qos: &StakeQos,
+        num_headers: usize,
+        body_size: usize,
+        metrics: &mut QosMetrics,
+    ) {
+        let status = (num_headers > 0)
+            .then(|| host::call_response_header(":status").and_then(|s| s.parse().ok()))
+            .flatten();
+        let body = host::body(BodyOf::CallResponse, 0, body_size);
+        if let Some(heard) = self
+            .exchange
+            .answered(qos, &EnvoyStore, now_ms(), status, &body)
+        {
+            record(heard, metrics);
+        }
+    }
+}
+
+fn record(heard: Heard, metrics: &mut QosMetrics) {
+    match heard {
+        Heard::Exchanged { back } => {
+            metrics.fleet_exchanged();
+            if let Some(line) = back {
+                log(LogLevel::Info, &line);
+            }
+        }
+        Heard::Failed { log: line } => {
+            metrics.fleet_failed();
+            if let Some(line) = line {
+                log(LogLevel::Warn, &line);
+            }
+        }
+    }
+}

@@ -240,7 +240,7 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
             ..flood("unstaked")
         },
         ClientSpec {
-            target: Some(internal_url),
+            targets: vec![internal_url],
             ..client("internal", 20.0, "eth_call", 4)
         },
     ];

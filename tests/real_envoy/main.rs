@@ -6,7 +6,6 @@ mod admission_gate;
 mod clients;
 mod deploy;
 mod failure_mode;
-mod fleet;
 mod foundation;
 mod gateway;
 mod hostile;

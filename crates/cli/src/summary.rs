@@ -186,6 +186,50 @@ pub struct Summary {
     /// The filters' own metrics at the end of a simulated run, by name.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub filter_metrics: BTreeMap<String, i64>,
+    /// A run with several gateway replicas (`gateway.replicas`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetSummary>,
+}
+
+/// Several gateway replicas sharing one capacity (stake QoS fleet mode).
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetSummary {
+    pub replicas: usize,
+    /// The fewest replicas any replica counted in the fleet, sampled before
+    /// the first outage.
+    pub replicas_seen_min: i64,
+    /// The run cut at Redis's outages: `fleet` before the first, `redis
+    /// away` during each, `redis back` from two seconds after each.
+    pub phases: Vec<FleetPhase>,
+    pub redis_outages: Vec<Outage>,
+}
+
+/// Whole seconds of a fleet run, fleet-wide.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetPhase {
+    pub phase: String,
+    pub from_s: f64,
+    pub to_s: f64,
+    pub admitted_rps: f64,
+    /// `admitted_rps` ÷ the fleet's capacity.
+    pub of_capacity: f64,
+    /// Against each client's fleet-wide weighted max-min share.
+    pub max_share_error_pp: f64,
+    /// Requests that got no answer (transport errors, timeouts, other
+    /// statuses than 200, 429 and 503).
+    pub failed: u64,
+}
+
+/// Redis stopped during a run, as measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outage {
+    /// When it was stopped, and when it answered again, seconds into the run.
+    pub at_s: f64,
+    pub back_s: f64,
+    /// From `at_s` until every replica ran on its fallback share.
+    pub all_on_fallback_after_s: Option<f64>,
+    /// From `back_s` until no replica did.
+    pub fleet_shares_back_after_s: Option<f64>,
 }
 
 /// Another mechanism's admissions for the same arrivals.
@@ -461,6 +505,7 @@ impl Summary {
             baselines: Vec::new(),
             swaps: Vec::new(),
             filter_metrics: BTreeMap::new(),
+            fleet: None,
         }
     }
 }

@@ -13,7 +13,7 @@ struct Args {
     #[arg(long)]
     target: String,
     /// A client identity (repeatable):
-    /// id=NAME,rate=RPS[,key=API_KEY][,header=x-api-key][,mix=eth_call:8+eth_blockNumber:2][,concurrency=1024][,target=URL]
+    /// id=NAME,rate=RPS[,key=API_KEY][,header=x-api-key][,mix=eth_call:8+eth_blockNumber:2][,concurrency=1024][,target=URL (again for several, each in turn)]
     #[arg(
         long = "client",
         value_name = "SPEC",

@@ -64,7 +64,15 @@ pub async fn run(spec: &RunSpec) -> anyhow::Result<Report> {
             http: (0..if spec.http2 { spec.connections } else { 1 })
                 .map(|_| http_client(spec.http2, client))
                 .collect(),
-            target: uri(client.target.as_deref().unwrap_or(&spec.target))?,
+            targets: if client.targets.is_empty() {
+                vec![uri(&spec.target)?]
+            } else {
+                client
+                    .targets
+                    .iter()
+                    .map(|t| uri(t))
+                    .collect::<anyhow::Result<_>>()?
+            },
             start,
             duration: spec.duration,
             max_requests: spec.max_requests,
@@ -106,7 +114,8 @@ struct Sender {
     api_key: Option<(HeaderName, HeaderValue)>,
     /// One client per HTTP/2 connection; requests take them in turn.
     http: Vec<HttpClient>,
-    target: Uri,
+    /// Request `i` goes to `targets[i % len]`.
+    targets: Vec<Uri>,
     start: Instant,
     duration: Duration,
     max_requests: u64,
@@ -213,7 +222,7 @@ impl Sender {
             format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{params}}}"#);
         let mut request = Request::new(Full::new(Bytes::from(body)));
         *request.method_mut() = Method::POST;
-        *request.uri_mut() = self.target.clone();
+        *request.uri_mut() = self.targets[i as usize % self.targets.len()].clone();
         let headers = request.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,

@@ -28,9 +28,10 @@ pub struct ClientSpec {
     /// the cap is not sent and is counted as `skipped_at_cap`.
     #[serde(default = "default_concurrency")]
     pub concurrency: usize,
-    /// Sends here instead of the run's target (e.g. an internal listener).
+    /// Sends here instead of the run's target (e.g. an internal listener);
+    /// given several (gateway replicas), to each in turn.
     #[serde(default)]
-    pub target: Option<String>,
+    pub targets: Vec<String>,
     /// After a timeout, a 429 or a 503, sends the same request again at
     /// once (with a new id), up to this many times: a retry storm.
     #[serde(default)]
@@ -147,7 +148,7 @@ impl ClientSpec {
             key_header: default_key_header(),
             mix: default_mix(),
             concurrency: default_concurrency(),
-            target: None,
+            targets: Vec::new(),
             retries: 0,
             unique_params: false,
             source: None,
@@ -211,7 +212,7 @@ impl FromStr for ClientSpec {
                         .with_context(|| format!("client {text:?}: concurrency {value:?}"))?
                 }
                 "mix" => spec.mix = parse_mix(value).with_context(|| format!("client {text:?}"))?,
-                "target" => spec.target = Some(value.into()),
+                "target" => spec.targets.push(value.into()),
                 "retries" => {
                     spec.retries = value
                         .parse()

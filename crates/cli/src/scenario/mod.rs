@@ -2,6 +2,7 @@
 //! real ones (`stakegate scenario run`, in [`run`]). Documented in
 //! `scenarios/README.md`.
 
+pub mod fleet;
 pub mod plot;
 pub mod run;
 pub mod stack;
@@ -38,6 +39,20 @@ struct GatewayDoc {
     /// Policies swapped in during the run.
     #[serde(default)]
     swaps: Vec<SwapDoc>,
+    /// Gateway replicas (Envoys) side by side in front of the node; with
+    /// more than one, stake QoS in fleet mode shares one capacity among
+    /// them through Redis.
+    replicas: Option<usize>,
+    /// When Redis (fleet mode's engine) is stopped, and for how long.
+    #[serde(default)]
+    redis_outages: Vec<OutageDoc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutageDoc {
+    at: String,
+    duration: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -124,6 +139,9 @@ struct ClientDoc {
     /// The client gives up on a request after this long.
     #[serde(default = "default_timeout")]
     timeout: String,
+    /// The gateway replica (1 to `gateway.replicas`) this client sends to;
+    /// unset, it sends to each replica in turn.
+    replica: Option<usize>,
     /// This many clients like this one, `id-1`..`id-N`, from consecutive
     /// addresses starting at `source`.
     #[serde(default = "default_replicas")]
@@ -162,6 +180,9 @@ fn default_latency() -> String {
     "0ms".into()
 }
 
+/// The most gateway replicas a run starts.
+const MAX_REPLICAS: usize = 8;
+
 #[derive(Debug, Clone)]
 pub struct Scenario {
     pub name: String,
@@ -173,6 +194,10 @@ pub struct Scenario {
     pub filters: Vec<Filter>,
     /// In time order.
     pub swaps: Vec<Swap>,
+    /// Gateway replicas, at least 1.
+    pub replicas: usize,
+    /// Redis stopped at `.0` for `.1`, in time order.
+    pub redis_outages: Vec<(Duration, Duration)>,
     pub node: Node,
     pub clients: Vec<Client>,
 }
@@ -224,6 +249,8 @@ pub struct Client {
     pub phases: Vec<Phase>,
     /// Its first request comes due this long into the run.
     pub offset_ms: u64,
+    /// The gateway replica it sends to (from 0); `None`: each in turn.
+    pub replica: Option<usize>,
 }
 
 impl Client {
@@ -292,6 +319,27 @@ impl Scenario {
             swaps.push(Swap { at, filter, policy });
         }
         swaps.sort_by_key(|s| s.at);
+        let replicas = doc.gateway.replicas.unwrap_or(1);
+        if !(1..=MAX_REPLICAS).contains(&replicas) {
+            bail!("gateway.replicas: must be 1 to {MAX_REPLICAS}");
+        }
+        let mut redis_outages = Vec::new();
+        for (i, outage) in doc.gateway.redis_outages.iter().enumerate() {
+            let field = format!("gateway.redis_outages[{i}]");
+            let at = parse_duration(&format!("{field}.at"), &outage.at)?;
+            let length = parse_duration(&format!("{field}.duration"), &outage.duration)?;
+            if replicas < 2 {
+                bail!("{field}: Redis runs only with gateway.replicas of 2 or more");
+            }
+            if at + length >= duration || length.is_zero() {
+                bail!("{field}: must start and end within the run");
+            }
+            redis_outages.push((at, length));
+        }
+        redis_outages.sort();
+        if redis_outages.windows(2).any(|w| w[0].0 + w[0].1 > w[1].0) {
+            bail!("gateway.redis_outages: must not overlap");
+        }
         let node = &doc.node;
         if node.read_slots == 0 || node.sync_slots == 0 || node.sync_slots > node.read_slots {
             bail!("node: read_slots must be >= 1 and sync_slots between 1 and read_slots");
@@ -350,7 +398,16 @@ impl Scenario {
                     c.id
                 );
             }
+            let replica = match c.replica {
+                None => None,
+                Some(r) if (1..=replicas).contains(&r) => Some(r - 1),
+                Some(_) => bail!(
+                    "clients[{i}] ({}): replica must be 1 to gateway.replicas ({replicas})",
+                    c.id
+                ),
+            };
             let client = Client {
+                replica,
                 latency: parse_duration(&format!("clients[{i}].latency"), &c.latency)?,
                 timeout: parse_duration(&format!("clients[{i}].timeout"), &c.timeout)?,
                 internal: c.listener == "internal",
@@ -398,6 +455,8 @@ impl Scenario {
             gateway_capacity_rps,
             filters,
             swaps,
+            replicas,
+            redis_outages,
             node,
             clients,
         })
@@ -526,6 +585,42 @@ mod tests {
         );
         assert!(err("[[clients]]\nid = \"a\"\nrate = 1\ncolour = 3\n")
             .contains("unknown field `colour`"));
+    }
+
+    #[test]
+    fn replicas_pin_clients_and_outages_need_a_fleet() {
+        let text = |gateway: &str, client: &str| {
+            format!(
+                "name = \"x\"\nduration = \"10s\"\n[gateway]\n{gateway}\n[node]\nread_slots = 4\n\
+                 [[clients]]\nid = \"a\"\nrate = 1\n{client}\n"
+            )
+        };
+        let parse =
+            |gateway: &str, client: &str| Scenario::parse(&text(gateway, client), Path::new("."));
+        let scenario = parse("replicas = 3", "replica = 2").unwrap();
+        assert_eq!(
+            (scenario.replicas, scenario.clients[0].replica),
+            (3, Some(1))
+        );
+        assert_eq!(parse("", "").unwrap().clients[0].replica, None);
+        let err =
+            |gateway: &str, client: &str| format!("{:#}", parse(gateway, client).unwrap_err());
+        assert_eq!(
+            err("replicas = 2", "replica = 3"),
+            "clients[0] (a): replica must be 1 to gateway.replicas (2)"
+        );
+        assert_eq!(err("replicas = 0", ""), "gateway.replicas: must be 1 to 8");
+        assert_eq!(
+            err("redis_outages = [{ at = \"1s\", duration = \"1s\" }]", ""),
+            "gateway.redis_outages[0]: Redis runs only with gateway.replicas of 2 or more"
+        );
+        assert_eq!(
+            err(
+                "replicas = 2\nredis_outages = [{ at = \"5s\", duration = \"5s\" }]",
+                ""
+            ),
+            "gateway.redis_outages[0]: must start and end within the run"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! Results go to `--out` (default `results/<name>`): summary.json (the
 //! format in `scenarios/README.md`, `mode: "real"`), timeline.csv and three PNG plots.
 
+use super::fleet;
 use super::stack::Stack;
 use super::{plot, Scenario, DEFAULT_SOURCE};
 use crate::deploy;
@@ -23,7 +24,7 @@ use stakegate_stack::{loadgen, DelayRelay};
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -49,8 +50,8 @@ pub struct RunArgs {
     /// `stakegate scenario stack`) instead of starting one.
     #[arg(long)]
     pub stack: Option<PathBuf>,
-    /// Run for this long instead of the scenario's duration (swaps past it
-    /// are dropped).
+    /// Run for this long instead of the scenario's duration (swaps and
+    /// Redis outages past it are dropped).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub duration: Option<Duration>,
 }
@@ -82,6 +83,9 @@ pub fn run_and_record(args: &RunArgs) -> anyhow::Result<(Scenario, Summary)> {
     if let Some(duration) = args.duration {
         scenario.duration = duration;
         scenario.swaps.retain(|s| s.at < duration);
+        scenario
+            .redis_outages
+            .retain(|&(at, length)| at + length < duration);
     }
     if !scenario.node.changes.is_empty() {
         bail!("node.changes: only `stakegate sim` changes the node's read slots during a run");
@@ -141,16 +145,22 @@ fn execute(scenario: &Scenario, stack: &Stack) -> anyhow::Result<Summary> {
         scenario.clients.iter().map(|c| c.rate).sum::<f64>(),
         scenario.duration
     ));
+    if !scenario.redis_outages.is_empty() && !stack.controls_redis() {
+        bail!("gateway.redis_outages: only a native run stops Redis; run it without --stack, or with --duration ending before the first outage");
+    }
     let done = AtomicBool::new(false);
     let started = Instant::now();
-    let (report, samples, swaps) = std::thread::scope(|s| {
+    let (report, samples, swaps, fleet) = std::thread::scope(|s| {
         let sampler = s.spawn(|| sample(stack, started, scenario.duration, &done));
         let swapper = s.spawn(|| swap(scenario, stack, started, &done));
+        let fleet = (scenario.replicas > 1)
+            .then(|| s.spawn(|| fleet::watch(scenario, stack, started, &done)));
         let report = loadgen::run(&spec);
         done.store(true, Ordering::Relaxed);
         let samples = sampler.join().expect("the sampler does not panic");
         let swaps = swapper.join().expect("the swapper does not panic");
-        (report, samples, swaps)
+        let fleet = fleet.map(|f| f.join().expect("the fleet watch does not panic"));
+        (report, samples, swaps, fleet)
     });
     let report = report?;
     let mut node_summary = NodeSummary::from_metrics(&stack.node_metrics()?);
@@ -167,13 +177,16 @@ fn execute(scenario: &Scenario, stack: &Stack) -> anyhow::Result<Summary> {
     ));
     let mut summary = summarise(scenario, &report, node_summary);
     summary.swaps = swaps;
+    if let Some(watched) = fleet {
+        summary.fleet = Some(fleet::summarise(scenario, &summary, watched?));
+    }
     Ok(summary)
 }
 
 /// The load: every client at its rate, from its address, with its timeout,
 /// and the delay relays of clients with a latency (they serve while kept).
 fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<DelayRelay>)> {
-    let mut relays: BTreeMap<(Duration, bool), DelayRelay> = BTreeMap::new();
+    let mut relays: BTreeMap<(Duration, SocketAddr), DelayRelay> = BTreeMap::new();
     let mut clients = Vec::with_capacity(scenario.clients.len());
     let mut told = false;
     for client in &scenario.clients {
@@ -181,19 +194,23 @@ fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<
         // no internal listener, and no class to tell traffic apart by.
         let internal = client.internal && super::stack::has_internal_listener(scenario)?;
         let direct = stack
-            .listener(internal)
+            .listeners(internal, client.replica)
             .with_context(|| format!("client {}", client.id))?;
         // A source address is a loopback one: it can reach a listener on
         // loopback, or the relay, but not the compose stack's gateway.
-        let (target, local) = if client.latency.is_zero() {
-            (format!("http://{direct}/"), direct.ip().is_loopback())
-        } else {
-            let relay = match relays.entry((client.latency, internal)) {
-                Entry::Occupied(relay) => relay.into_mut(),
-                Entry::Vacant(slot) => slot.insert(DelayRelay::start(direct, client.latency)?),
-            };
-            (relay.url(), true)
-        };
+        let local = !client.latency.is_zero() || direct.iter().all(|a| a.ip().is_loopback());
+        let mut targets = Vec::with_capacity(direct.len());
+        for addr in direct {
+            if client.latency.is_zero() {
+                targets.push(format!("http://{addr}/"));
+            } else {
+                let relay = match relays.entry((client.latency, addr)) {
+                    Entry::Occupied(relay) => relay.into_mut(),
+                    Entry::Vacant(slot) => slot.insert(DelayRelay::start(addr, client.latency)?),
+                };
+                targets.push(relay.url());
+            }
+        }
         if !local && client.source != DEFAULT_SOURCE && !told {
             eprintln!("[scenario] note: on the compose stack every client comes from the loadgen container's address; the scenario's client source addresses apply to native runs");
             told = true;
@@ -203,7 +220,7 @@ fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<
             api_key: client.api_key.clone(),
             // Open loop: the schedule, not the answers, paces a client.
             concurrency: 1_000_000,
-            target: Some(target),
+            targets,
             retries: client.retries,
             unique_params: client.unique_params,
             source: if local {
@@ -219,7 +236,7 @@ fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<
     }
     let fastest = clients.iter().map(|c| c.rate).fold(0.0, f64::max);
     let spec = RunSpec {
-        target: format!("http://{}/", stack.listener(false)?),
+        target: format!("http://{}/", stack.listeners(false, Some(0))?[0]),
         duration: scenario.duration,
         max_requests: (fastest * scenario.duration.as_secs_f64()).ceil() as u64,
         timeout: Duration::from_secs(30),
@@ -302,9 +319,19 @@ fn swap(
             std::thread::sleep(Duration::from_millis(10));
         }
         let filter = &scenario.filters[swap.filter];
-        let target = stack.deploy_target(&filter.name);
         let at_s = (started.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-        let result = deploy::deploy_policy(&target, &filter.module, &swap.policy);
+        // Every replica gets the policy; the result is the slowest one's.
+        let result = stack
+            .deploy_targets(&filter.name)
+            .iter()
+            .map(|target| deploy::deploy_policy(target, &filter.module, &swap.policy))
+            .reduce(|a, b| match (a, b) {
+                (Ok(a), Ok(b)) if b.apply_ms > a.apply_ms => Ok(b),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+                (a, _) => a,
+            })
+            .context("no gateway to deploy to")
+            .and_then(|r| r);
         let line = match &result {
             Ok(d) => format!(
                 "swapped {} policy in: version {}, applied in {} ms",

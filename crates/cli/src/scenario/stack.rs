@@ -13,9 +13,10 @@ use super::{Filter, Scenario};
 use crate::deploy::Target;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
-use stakegate_stack::{http, rpc_node, Envoy, EnvoyBuilder, FilterConfig, RpcNode};
+use stakegate_stack::{http, rpc_node, Envoy, EnvoyBuilder, FilterConfig, FleetEngine, RpcNode};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Ports inside the compose network.
@@ -23,6 +24,8 @@ const NODE_PORT: u16 = 8545;
 const PUBLIC_PORT: u16 = 10000;
 const INTERNAL_PORT: u16 = 10001;
 const ADMIN_PORT: u16 = 9901;
+/// Webdis, fleet mode's way to Redis.
+const WEBDIS_PORT: u16 = 7379;
 /// How long `--stack` waits for the compose stack to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -34,43 +37,84 @@ struct StackFile {
     /// `(filter, policy)` in chain order.
     filters: Vec<(String, String)>,
     node_url: String,
+    /// One per replica.
+    gateways: Vec<GatewayFile>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct GatewayFile {
     public: String,
     internal: Option<String>,
     admin_url: String,
     ecds_dir: PathBuf,
 }
 
-pub struct Stack {
-    node_url: String,
-    public: SocketAddr,
-    internal: Option<SocketAddr>,
-    admin_url: String,
+/// One gateway replica: its listeners, admin and ECDS directory.
+pub struct Gateway {
+    pub public: SocketAddr,
+    pub internal: Option<SocketAddr>,
+    pub admin_url: String,
     ecds_dir: PathBuf,
     envoy_log: Option<PathBuf>,
+}
+
+pub struct Stack {
+    node_url: String,
+    gateways: Vec<Gateway>,
+    /// Fleet mode's Redis and Webdis, in a native run with replicas.
+    engine: Option<Mutex<FleetEngine>>,
     /// The processes of a native run (stopped on drop).
-    _processes: Option<(RpcNode, Envoy)>,
+    _processes: Option<(RpcNode, Vec<Envoy>)>,
+}
+
+/// Replica `i`'s name in the fleet (its Envoy node id).
+pub fn replica_name(i: usize) -> String {
+    format!("gw-{}", i + 1)
 }
 
 impl Stack {
-    /// Starts rpc-node and Envoy for `scenario` on free local ports.
+    /// Starts rpc-node and the scenario's gateway replicas on free local
+    /// ports (with Redis and Webdis for fleet mode when there are several).
     pub fn start(scenario: &Scenario, concurrency: Option<u32>) -> anyhow::Result<Self> {
         let node = RpcNode::start(&node_args(scenario))?;
-        let mut builder = EnvoyBuilder::new(template(scenario)?)
-            .var("RPC_NODE_HOST", node.addr().ip())
-            .var("RPC_NODE_PORT", node.addr().port())
-            .concurrency(concurrency.unwrap_or(scenario.workers as u32));
-        for filter in &scenario.filters {
-            builder = builder.filter(filter_config(filter, &filter.module));
+        let engine = if scenario.replicas > 1 {
+            Some(FleetEngine::start()?)
+        } else {
+            None
+        };
+        let mut envoys = Vec::with_capacity(scenario.replicas);
+        for i in 0..scenario.replicas {
+            let mut builder = EnvoyBuilder::new(template(scenario)?)
+                .var("RPC_NODE_HOST", node.addr().ip())
+                .var("RPC_NODE_PORT", node.addr().port())
+                .concurrency(concurrency.unwrap_or(scenario.workers as u32))
+                .arg("--service-node")
+                .arg(replica_name(i));
+            if let Some(engine) = &engine {
+                builder = builder.var("FLEET_PORT", engine.addr().port());
+            }
+            for filter in &scenario.filters {
+                builder = builder.filter(filter_config(filter, &filter.module));
+            }
+            envoys.push(builder.start()?);
         }
-        let envoy = builder.start()?;
+        let gateways = envoys
+            .iter()
+            .map(|envoy| {
+                Ok(Gateway {
+                    public: envoy.listener("public")?,
+                    internal: envoy.listener("internal").ok(),
+                    admin_url: envoy.admin_url().to_string(),
+                    ecds_dir: envoy.ecds_dir().to_path_buf(),
+                    envoy_log: Some(envoy.log_path().to_path_buf()),
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
         Ok(Self {
             node_url: format!("http://{}", node.addr()),
-            public: envoy.listener("public")?,
-            internal: envoy.listener("internal").ok(),
-            admin_url: envoy.admin_url().to_string(),
-            ecds_dir: envoy.ecds_dir().to_path_buf(),
-            envoy_log: Some(envoy.log_path().to_path_buf()),
-            _processes: Some((node, envoy)),
+            gateways,
+            engine: engine.map(Mutex::new),
+            _processes: Some((node, envoys)),
         })
     }
 
@@ -86,9 +130,12 @@ impl Stack {
             .iter()
             .map(|f| (f.name.clone(), f.policy.clone()))
             .collect();
-        if file.node_args != node_args(scenario) || file.filters != filters {
+        if file.node_args != node_args(scenario)
+            || file.filters != filters
+            || file.gateways.len() != scenario.replicas
+        {
             bail!(
-                "the stack was made for scenario {:?}, whose node or policies differ from {:?}'s; \
+                "the stack was made for scenario {:?}, whose node, policies or replicas differ from {:?}'s; \
                  make it for this one: SCENARIO={} docker compose up -d --force-recreate",
                 file.scenario,
                 scenario.name,
@@ -102,10 +149,12 @@ impl Stack {
                 .with_context(|| format!("{addr} has no address"))
         };
         let deadline = Instant::now() + READY_TIMEOUT;
-        for url in [
-            format!("{}/health", file.node_url),
-            format!("{}/ready", file.admin_url),
-        ] {
+        let ready = std::iter::once(format!("{}/health", file.node_url)).chain(
+            file.gateways
+                .iter()
+                .map(|g| format!("{}/ready", g.admin_url)),
+        );
+        for url in ready {
             while !http::get(&url).is_ok_and(|a| a.status == 200) {
                 if Instant::now() > deadline {
                     bail!("{url} is not ready after {READY_TIMEOUT:?}");
@@ -113,13 +162,23 @@ impl Stack {
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
+        let gateways = file
+            .gateways
+            .into_iter()
+            .map(|g| {
+                Ok(Gateway {
+                    public: resolve(&g.public)?,
+                    internal: g.internal.as_deref().map(resolve).transpose()?,
+                    admin_url: g.admin_url,
+                    ecds_dir: g.ecds_dir,
+                    envoy_log: None,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
         Ok(Self {
             node_url: file.node_url,
-            public: resolve(&file.public)?,
-            internal: file.internal.as_deref().map(resolve).transpose()?,
-            admin_url: file.admin_url,
-            ecds_dir: file.ecds_dir,
-            envoy_log: None,
+            gateways,
+            engine: None,
             _processes: None,
         })
     }
@@ -134,25 +193,67 @@ impl Stack {
         rpc_node::reset_metrics(&self.node_url)
     }
 
-    /// The public listener, or the internal one.
-    pub fn listener(&self, internal: bool) -> anyhow::Result<SocketAddr> {
-        if internal {
-            self.internal
-                .context("the gateway has no internal listener (the admission-gate config has one)")
+    /// The gateway replicas.
+    pub fn gateways(&self) -> &[Gateway] {
+        &self.gateways
+    }
+
+    /// The public listener of each replica `replica` names (every one for
+    /// `None`), or their internal ones.
+    pub fn listeners(
+        &self,
+        internal: bool,
+        replica: Option<usize>,
+    ) -> anyhow::Result<Vec<SocketAddr>> {
+        self.gateways
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| replica.is_none_or(|r| r == *i))
+            .map(|(_, g)| {
+                if internal {
+                    g.internal.context(
+                        "the gateway has no internal listener (the admission-gate config has one)",
+                    )
+                } else {
+                    Ok(g.public)
+                }
+            })
+            .collect()
+    }
+
+    /// Where `stakegate deploy` swaps `filter`, on every replica.
+    pub fn deploy_targets(&self, filter: &str) -> Vec<Target> {
+        self.gateways
+            .iter()
+            .map(|g| Target {
+                filter: filter.to_string(),
+                dir: g.ecds_dir.clone(),
+                admin: g.admin_url.clone(),
+                timeout: Duration::from_secs(10),
+                envoy_log: g.envoy_log.clone(),
+            })
+            .collect()
+    }
+
+    /// Stops Redis (`true`) or starts it again and waits until Webdis
+    /// reaches it (`false`). Only a native run controls Redis.
+    pub fn redis_down(&self, down: bool) -> anyhow::Result<()> {
+        let engine = self
+            .engine
+            .as_ref()
+            .context("this run does not control Redis (only native runs with replicas do)")?;
+        let mut engine = engine.lock().map_err(|_| anyhow::anyhow!("engine lock"))?;
+        if down {
+            engine.stop_redis();
+            Ok(())
         } else {
-            Ok(self.public)
+            engine.start_redis()
         }
     }
 
-    /// Where `stakegate deploy` swaps `filter`.
-    pub fn deploy_target(&self, filter: &str) -> Target {
-        Target {
-            filter: filter.to_string(),
-            dir: self.ecds_dir.clone(),
-            admin: self.admin_url.clone(),
-            timeout: Duration::from_secs(10),
-            envoy_log: self.envoy_log.clone(),
-        }
+    /// Whether this run can stop Redis.
+    pub fn controls_redis(&self) -> bool {
+        self.engine.is_some()
     }
 }
 
@@ -185,26 +286,44 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
     if staging.exists() {
         std::fs::remove_dir_all(&staging)?;
     }
-    let ecds_dir = out.join("ecds");
-    std::fs::create_dir_all(staging.join("ecds"))
+    std::fs::create_dir_all(staging.join("bin"))
         .with_context(|| format!("creating {}", staging.display()))?;
-    std::fs::create_dir_all(staging.join("bin"))?;
-    let envoy = EnvoyBuilder::new(template(&scenario)?)
-        .var("RPC_NODE_HOST", "rpc-node")
-        .var("RPC_NODE_PORT", NODE_PORT)
-        .var("LISTEN_ADDRESS", "0.0.0.0")
-        .var("ADMIN_ADDRESS", "0.0.0.0")
-        .var("PUBLIC_PORT", PUBLIC_PORT)
-        .var("INTERNAL_PORT", INTERNAL_PORT)
-        .var("ADMIN_PORT", ADMIN_PORT)
-        .var("ECDS_DIR", ecds_dir.display())
-        .render()?;
-    std::fs::write(staging.join("envoy.yaml"), envoy)?;
-    for filter in &scenario.filters {
-        let module = args
-            .modules
-            .join(format!("{}.wasm", filter.name.replace('-', "_")));
-        filter_config(filter, &module).write_both(&staging.join("ecds"), "1")?;
+    // One replica's files at the top (service `gateway`); several, each in
+    // a directory of its own (`gw-1/`, service `gateway-1`, ...).
+    let mut gateways = Vec::new();
+    for i in 0..scenario.replicas {
+        let (dir, host) = if scenario.replicas == 1 {
+            (PathBuf::new(), "gateway".to_string())
+        } else {
+            (PathBuf::from(replica_name(i)), format!("gateway-{}", i + 1))
+        };
+        let ecds_dir = out.join(&dir).join("ecds");
+        std::fs::create_dir_all(staging.join(&dir).join("ecds"))?;
+        let envoy = EnvoyBuilder::new(template(&scenario)?)
+            .var("RPC_NODE_HOST", "rpc-node")
+            .var("RPC_NODE_PORT", NODE_PORT)
+            .var("FLEET_HOST", "webdis")
+            .var("FLEET_PORT", WEBDIS_PORT)
+            .var("LISTEN_ADDRESS", "0.0.0.0")
+            .var("ADMIN_ADDRESS", "0.0.0.0")
+            .var("PUBLIC_PORT", PUBLIC_PORT)
+            .var("INTERNAL_PORT", INTERNAL_PORT)
+            .var("ADMIN_PORT", ADMIN_PORT)
+            .var("ECDS_DIR", ecds_dir.display())
+            .render()?;
+        std::fs::write(staging.join(&dir).join("envoy.yaml"), envoy)?;
+        for filter in &scenario.filters {
+            let module = args
+                .modules
+                .join(format!("{}.wasm", filter.name.replace('-', "_")));
+            filter_config(filter, &module).write_both(&staging.join(&dir).join("ecds"), "1")?;
+        }
+        gateways.push(GatewayFile {
+            public: format!("{host}:{PUBLIC_PORT}"),
+            internal: has_internal_listener(&scenario)?.then(|| format!("{host}:{INTERNAL_PORT}")),
+            admin_url: format!("http://{host}:{ADMIN_PORT}"),
+            ecds_dir,
+        });
     }
     let mut node = vec!["--host".to_string(), "0.0.0.0".into(), "--port".into()];
     node.push(NODE_PORT.to_string());
@@ -222,10 +341,7 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
             .map(|f| (f.name.clone(), f.policy.clone()))
             .collect(),
         node_url: format!("http://rpc-node:{NODE_PORT}"),
-        public: format!("gateway:{PUBLIC_PORT}"),
-        internal: has_internal_listener(&scenario)?.then(|| format!("gateway:{INTERNAL_PORT}")),
-        admin_url: format!("http://gateway:{ADMIN_PORT}"),
-        ecds_dir,
+        gateways,
     };
     std::fs::write(
         staging.join("stack.json"),
@@ -242,7 +358,7 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!(
-        "stack for {} written to {} (envoy.yaml, ecds/, rpc-node.args, stack.json)",
+        "stack for {} written to {} (envoy.yaml and ecds/ per gateway, rpc-node.args, stack.json)",
         scenario.name,
         out.display()
     );

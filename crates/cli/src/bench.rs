@@ -29,7 +29,7 @@ use anyhow::{bail, Context};
 use serde::Serialize;
 use stakegate_stack::admin::Quantile;
 use stakegate_stack::envoy::Answer;
-use stakegate_stack::{envoy, paths, Envoy, EnvoyBuilder, FilterConfig};
+use stakegate_stack::{envoy, paths, Envoy, EnvoyBuilder, FilterConfig, FleetEngine};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -84,6 +84,10 @@ const GATE: &str = r#"{"maxInflight": 1000000, "decideOnBody": true}"#;
 const GATE_DEDUP: &str =
     r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536}, "decideOnBody": true}"#;
 const QOS_BELOW: &str = r#"{"capacityRps": 10000000, "decideOnBody": true}"#;
+/// Below its threshold, in fleet mode: exchanging with Redis through
+/// Webdis every 100 ms.
+const QOS_FLEET: &str =
+    r#"{"capacityRps": 10000000, "decideOnBody": true, "fleet": {"syncMs": 100}}"#;
 const QOS_THROTTLING: &str = r#"{"capacityRps": 100, "decideOnBody": true}"#;
 
 fn chains() -> anyhow::Result<Vec<Chain>> {
@@ -148,6 +152,12 @@ fn chains() -> anyhow::Result<Vec<Chain>> {
             "QoS below",
             "stake QoS below its threshold",
             vec![qos(QOS_BELOW)?],
+            false,
+        ),
+        chain(
+            "QoS below, fleet",
+            "stake QoS below its threshold, in fleet mode (Redis through Webdis)",
+            vec![qos(QOS_FLEET)?],
             false,
         ),
         chain(
@@ -298,7 +308,10 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
     let listeners: Vec<(String, Vec<Element>)> = (0..chains.len())
         .map(|i| (format!("chain-{i}"), chains[i].elements.clone()))
         .collect();
+    // Fleet mode's engine, for the chains in fleet mode.
+    let engine = FleetEngine::start()?;
     let envoy = direct(&listeners, Answer::Upstream)?
+        .var("FLEET_PORT", engine.addr().port())
         .concurrency(1)
         .start()?;
     let pinned = pin(&[&envoy]);
@@ -379,6 +392,15 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
         })
         .collect();
     println!("\n{}", table(&results));
+    if chains.iter().any(|c| c.name.contains("fleet")) {
+        // The fleet row means something only if its exchanges worked.
+        let exchanges = envoy.stat("wasmcustom.stakegate.qos.fleet.exchanges")?;
+        let failures = envoy.stat("wasmcustom.stakegate.qos.fleet.exchange_failures")?;
+        println!("fleet mode: {exchanges} exchanges with Redis through Webdis, {failures} failed");
+        if exchanges == 0 {
+            bail!("the chain in fleet mode never exchanged with Redis: its row is not fleet mode");
+        }
+    }
     if let Some(idle) = results.iter().find(|r| r.envoy_busy < 0.9) {
         eprintln!(
             "warning: Envoy was busy only {:.0}% of the {} runs: the load, not Envoy, set their pace",

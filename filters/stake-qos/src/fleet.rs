@@ -96,8 +96,8 @@ impl FleetLink {
 
 fn record(heard: Heard, metrics: &mut QosMetrics) {
     match heard {
-        Heard::Exchanged { back } => {
-            metrics.fleet_exchanged();
+        Heard::Exchanged { took_ms, back } => {
+            metrics.fleet_exchanged(took_ms);
             if let Some(line) = back {
                 log(LogLevel::Info, &line);
             }

@@ -94,6 +94,7 @@ pub struct QosMetrics {
     refill_us: u32,
     fleet_replicas: u32,
     fleet_fallback: u32,
+    fleet_exchange_ms: u32,
     counts: Counts,
 }
 
@@ -116,6 +117,7 @@ impl QosMetrics {
             refill_us: define(MetricType::Histogram, "refill_us")?,
             fleet_replicas: define(MetricType::Gauge, "fleet.replicas")?,
             fleet_fallback: define(MetricType::Gauge, "fleet.fallback")?,
+            fleet_exchange_ms: define(MetricType::Histogram, "fleet.exchange_ms")?,
             counts: Counts::default(),
         })
     }
@@ -152,9 +154,11 @@ impl QosMetrics {
         self.counts.evicted += n;
     }
 
-    /// A fleet exchange was answered and its allocation kept.
-    pub fn fleet_exchanged(&mut self) {
+    /// A fleet exchange was answered `took_ms` after it was sent, and its
+    /// answer taken.
+    pub fn fleet_exchanged(&mut self, took_ms: u64) {
         self.counts.fleet_exchanges += 1;
+        set(self.fleet_exchange_ms, took_ms);
     }
 
     /// A fleet exchange failed (refused, an error, or no answer in time).

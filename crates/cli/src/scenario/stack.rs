@@ -289,13 +289,14 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(staging.join("bin"))
         .with_context(|| format!("creating {}", staging.display()))?;
     // One replica's files at the top (service `gateway`); several, each in
-    // a directory of its own (`gw-1/`, service `gateway-1`, ...).
+    // a directory of its own (`gw-1/` for service `gateway`, `gw-2/` for
+    // `gateway-2`, ...), with Webdis's config for fleet mode.
     let mut gateways = Vec::new();
     for i in 0..scenario.replicas {
-        let (dir, host) = if scenario.replicas == 1 {
-            (PathBuf::new(), "gateway".to_string())
-        } else {
-            (PathBuf::from(replica_name(i)), format!("gateway-{}", i + 1))
+        let (dir, host) = match (scenario.replicas, i) {
+            (1, _) => (PathBuf::new(), "gateway".to_string()),
+            (_, 0) => (PathBuf::from(replica_name(i)), "gateway".to_string()),
+            _ => (PathBuf::from(replica_name(i)), format!("gateway-{}", i + 1)),
         };
         let ecds_dir = out.join(&dir).join("ecds");
         std::fs::create_dir_all(staging.join(&dir).join("ecds"))?;
@@ -324,6 +325,20 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
             admin_url: format!("http://{host}:{ADMIN_PORT}"),
             ecds_dir,
         });
+    }
+    if scenario.replicas > 1 {
+        let webdis = serde_json::json!({
+            "redis_host": "redis",
+            "redis_port": 6379,
+            "http_host": "0.0.0.0",
+            "http_port": WEBDIS_PORT,
+            "threads": 2,
+            "daemonize": false,
+            "database": 0,
+            "verbosity": 3,
+            "logfile": "/tmp/webdis.log",
+        });
+        std::fs::write(staging.join("webdis.json"), webdis.to_string())?;
     }
     let mut node = vec!["--host".to_string(), "0.0.0.0".into(), "--port".into()];
     node.push(NODE_PORT.to_string());

@@ -703,8 +703,10 @@ fn an_exchange_times_out_by_itself_and_logs_a_spell_of_failures_once() {
         "the same spell is not logged again"
     );
     link.sent(9, 3000);
-    let Some(Heard::Exchanged { back: Some(line) }) =
-        link.answered(&qos, &store, 3001, Some(200), &listing(&["gw-1", "gw-2"]))
+    let Some(Heard::Exchanged {
+        took_ms: 1,
+        back: Some(line),
+    }) = link.answered(&qos, &store, 3001, Some(200), &listing(&["gw-1", "gw-2"]))
     else {
         panic!("the answer is taken");
     };

@@ -22,8 +22,9 @@ use crate::shared::SharedStore;
 /// What the filter should record (and log) after an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Heard {
-    /// An answer was taken. `back`: the first after a failure, to log.
-    Exchanged { back: Option<String> },
+    /// An answer was taken, `took_ms` after the exchange was sent.
+    /// `back`: the first after a failure, to log.
+    Exchanged { took_ms: u64, back: Option<String> },
     /// The exchange failed. `log`: the first failure of a spell, to log.
     Failed { log: Option<String> },
 }
@@ -149,7 +150,10 @@ impl Exchange {
                         view.replicas, view.capacity_rps
                     )
                 });
-                Heard::Exchanged { back }
+                Heard::Exchanged {
+                    took_ms: now_ms.saturating_sub(asked),
+                    back,
+                }
             }
             Err(why) => self.failed(why),
         })

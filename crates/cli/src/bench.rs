@@ -48,6 +48,11 @@ pub struct FiltersArgs {
     /// Where summary.json and the chart go.
     #[arg(long, default_value = "results/bench")]
     pub out: PathBuf,
+    /// envoyproxy/ratelimit's `service_cmd`: adds a chain with Envoy's
+    /// rate-limit filter asking it (on the same Redis as fleet mode) about
+    /// every request, the other way to a shared engine.
+    #[arg(long)]
+    pub ratelimit: Option<PathBuf>,
 }
 
 /// One filter of a chain.
@@ -69,6 +74,34 @@ struct Chain {
 }
 
 /// Envoy's local rate limit with a bucket that never empties.
+/// Envoy's rate-limit filter, asking envoyproxy/ratelimit (cluster
+/// `ratelimit`) about every request, by remote address.
+const RATELIMIT_SERVICE: &str = r#"          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: stakegate
+              request_type: both
+              failure_mode_deny: true
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: { envoy_grpc: { cluster_name: ratelimit } }"#;
+
+/// The `ratelimit` cluster, at `{{RATELIMIT_PORT}}`.
+const RATELIMIT_CLUSTER: &str = r#"  - name: ratelimit
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: { http2_protocol_options: {} }
+    load_assignment:
+      cluster_name: ratelimit
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: { address: 127.0.0.1, port_value: {{RATELIMIT_PORT}} }"#;
+
 const LOCAL_RATELIMIT: &str = r#"          - name: envoy.filters.http.local_ratelimit
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
@@ -90,7 +123,7 @@ const QOS_FLEET: &str =
     r#"{"capacityRps": 10000000, "decideOnBody": true, "fleet": {"syncMs": 100}}"#;
 const QOS_THROTTLING: &str = r#"{"capacityRps": 100, "decideOnBody": true}"#;
 
-fn chains() -> anyhow::Result<Vec<Chain>> {
+fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
     let gate = |policy: &str| -> anyhow::Result<Element> {
         Ok(Element::Wasm(FilterConfig::admission_gate(
             paths::wasm_module("admission_gate")?,
@@ -116,7 +149,7 @@ fn chains() -> anyhow::Result<Vec<Chain>> {
         elements,
         refuses,
     };
-    Ok(vec![
+    Ok([
         chain("no filter", "Envoy answering by itself", vec![], false),
         chain(
             "local_ratelimit",
@@ -172,10 +205,21 @@ fn chains() -> anyhow::Result<Vec<Chain>> {
             vec![qos(QOS_BELOW)?, gate(GATE_DEDUP)?],
             false,
         ),
-    ])
+    ]
+    .into_iter()
+    .chain(args.ratelimit.is_some().then(|| {
+        chain(
+            RATELIMIT,
+            "Envoy's rate-limit filter asking envoyproxy/ratelimit (Redis) about each request",
+            vec![Element::Native(RATELIMIT_SERVICE)],
+            false,
+        )
+    }))
+    .collect())
 }
 
 const NOOP: &str = "no-op Wasm";
+const RATELIMIT: &str = "envoyproxy/ratelimit";
 
 /// One Envoy answering by itself, with a listener per `(name, elements)`.
 /// Each Wasm filter gets its own names and VM, in every chain and place.
@@ -251,7 +295,7 @@ fn machine() -> String {
 }
 
 pub fn filters(args: &FiltersArgs) -> anyhow::Result<()> {
-    run_chains(args, &chains()?, &args.out)
+    run_chains(args, &chains(args)?, &args.out)
 }
 
 /// The host calls the filters make, one kind per chain (`FilterConfig` of
@@ -308,12 +352,22 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
     let listeners: Vec<(String, Vec<Element>)> = (0..chains.len())
         .map(|i| (format!("chain-{i}"), chains[i].elements.clone()))
         .collect();
-    // Fleet mode's engine, for the chains in fleet mode.
+    // Fleet mode's engine, for the chains in fleet mode, and
+    // envoyproxy/ratelimit on the same Redis when asked for.
     let engine = FleetEngine::start()?;
-    let envoy = direct(&listeners, Answer::Upstream)?
+    let ratelimit = match &args.ratelimit {
+        Some(binary) => Some(engine.ratelimit(binary, 1_000_000_000)?),
+        None => None,
+    };
+    let mut builder = direct(&listeners, Answer::Upstream)?
         .var("FLEET_PORT", engine.addr().port())
-        .concurrency(1)
-        .start()?;
+        .concurrency(1);
+    if let Some((_, port)) = &ratelimit {
+        builder = builder
+            .var("EXTRA_CLUSTERS", RATELIMIT_CLUSTER)
+            .var("RATELIMIT_PORT", port);
+    }
+    let envoy = builder.start()?;
     let pinned = pin(&[&envoy]);
     let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
     std::fs::write(script.path(), UNIQUE_CALLS)?;
@@ -392,6 +446,15 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
         })
         .collect();
     println!("\n{}", table(&results));
+    if chains.iter().any(|c| c.name == RATELIMIT) {
+        // That row means something only if the service answered each call.
+        let asked = envoy.stat("cluster.ratelimit.upstream_rq_total")?;
+        let ok = envoy.stat("cluster.rpc_node.ratelimit.ok")?;
+        println!("envoyproxy/ratelimit: asked {asked} times, {ok} answered OK");
+        if ok == 0 {
+            bail!("envoyproxy/ratelimit never answered: its row measures nothing");
+        }
+    }
     if chains.iter().any(|c| c.name.contains("fleet")) {
         // The fleet row means something only if its exchanges worked.
         let exchanges = envoy.stat("wasmcustom.stakegate.qos.fleet.exchanges")?;
@@ -491,13 +554,14 @@ fn check_in_path(
 }
 
 fn table(results: &[ChainResult]) -> String {
+    let w = results.iter().map(|r| r.chain.len()).max().unwrap_or(5);
     let mut out = format!(
-        "{:<16} {:>8} {:>13} {:>13} {:>14} {:>10}\n",
+        "{:<w$} {:>8} {:>13} {:>13} {:>14} {:>10}\n",
         "chain", "rps", "vs no filter", "IQR", "vs no-op Wasm", "added µs"
     );
     for r in results {
         out.push_str(&format!(
-            "{:<16} {:>8.0} {:>13.3} {:>13} {:>14.3} {:>10.1}\n",
+            "{:<w$} {:>8.0} {:>13.3} {:>13} {:>14.3} {:>10.1}\n",
             r.chain,
             r.median_rps,
             r.median_ratio,

@@ -202,6 +202,16 @@ pub struct FleetSummary {
     /// away` during each, `redis back` from two seconds after each.
     pub phases: Vec<FleetPhase>,
     pub redis_outages: Vec<Outage>,
+    /// How long an exchange with Redis took, from Envoy's histogram (the
+    /// slowest replica's quantiles over the run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exchange_ms: Option<ExchangeLatency>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ExchangeLatency {
+    pub p50: f64,
+    pub p99: f64,
 }
 
 /// Whole seconds of a fleet run, fleet-wide.

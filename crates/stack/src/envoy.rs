@@ -151,7 +151,11 @@ pub fn direct_response(listeners: &[(&str, &str)], answer: Answer) -> anyhow::Re
                   status: 200
                   body: { inline_string: '{"jsonrpc":"2.0","id":1,"result":"0x1"}' }"#
         }
-        Answer::Upstream => "                route: { cluster: rpc_node, timeout: 60s }",
+        // The rate limits are read only by Envoy's rate-limit filter (the
+        // bench's envoyproxy/ratelimit chain).
+        Answer::Upstream => {
+            "                route: { cluster: rpc_node, timeout: 60s, rate_limits: [{ actions: [{ remote_address: {} }] }] }"
+        }
     };
     let path = paths::envoy_config("bench/listener.yaml");
     let template =
@@ -172,7 +176,8 @@ pub fn direct_response(listeners: &[(&str, &str)], answer: Answer) -> anyhow::Re
         .port();
     Ok(EnvoyBuilder::new("bench/direct.yaml")
         .var("LISTENERS", blocks.join("\n"))
-        .var("UPSTREAM_PORT", upstream))
+        .var("UPSTREAM_PORT", upstream)
+        .var("EXTRA_CLUSTERS", ""))
 }
 
 /// Replaces `{{NAME}}` placeholders. Unset `*_PORT` placeholders become 0;

@@ -1,7 +1,9 @@
 //! Fleet mode's engine as processes: Redis (Debian's `redis-server`) on a
 //! Unix socket of its own, and Webdis (Debian's `webdis`) in front of it on
 //! a free loopback port. Redis can be stopped and started again on the same
-//! socket, as an outage; Webdis reconnects by itself.
+//! socket, as an outage; Webdis reconnects by itself. envoyproxy/ratelimit
+//! can run on the same Redis, for the benchmark that compares the two ways
+//! to it.
 
 use crate::http;
 use crate::process::Process;
@@ -90,6 +92,70 @@ impl FleetEngine {
     /// Webdis's address (Envoy's `stakegate_fleet` cluster).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Redis's Unix socket.
+    pub fn redis_socket(&self) -> PathBuf {
+        socket(self.dir.path())
+    }
+
+    /// Starts envoyproxy/ratelimit (its `service_cmd` binary, at `binary`)
+    /// on this Redis, with one rule: `requests_per_unit` per second for
+    /// each `remote_address` of domain `stakegate`; returns it with its gRPC
+    /// port once its health check answers.
+    pub fn ratelimit(
+        &self,
+        binary: &Path,
+        requests_per_unit: u64,
+    ) -> anyhow::Result<(Process, u16)> {
+        let root = self.dir.path().join("ratelimit");
+        let config = root.join("ratelimit/config");
+        std::fs::create_dir_all(&config)?;
+        std::fs::write(
+            config.join("config.yaml"),
+            format!(
+                "domain: stakegate\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: second\n      requests_per_unit: {requests_per_unit}\n"
+            ),
+        )?;
+        let free = || -> anyhow::Result<u16> {
+            Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port())
+        };
+        let (grpc, http, debug) = (free()?, free()?, free()?);
+        let log = root.join("ratelimit.log");
+        let child = Command::new(binary)
+            .env("USE_STATSD", "false")
+            .env("LOG_LEVEL", "warn")
+            .env("REDIS_SOCKET_TYPE", "unix")
+            .env("REDIS_URL", self.redis_socket())
+            .env("RUNTIME_ROOT", &root)
+            .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+            .env("RUNTIME_WATCH_ROOT", "false")
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", grpc.to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", http.to_string())
+            .env("DEBUG_HOST", "127.0.0.1")
+            .env("DEBUG_PORT", debug.to_string())
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log)?)
+            .stderr(std::fs::File::options().append(true).open(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let mut process = Process::new("ratelimit", child, log);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let url = format!("http://127.0.0.1:{http}/healthcheck");
+        while !http::get(&url).is_ok_and(|a| a.status == 200) {
+            if process.exited().is_some() || Instant::now() > deadline {
+                bail!(
+                    "envoyproxy/ratelimit did not become healthy:\n{}",
+                    process.log_tail(20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok((process, grpc))
     }
 
     /// Stops Redis (Webdis stays up and answers 503).

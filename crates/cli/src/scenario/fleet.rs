@@ -8,7 +8,9 @@
 
 use super::stack::Stack;
 use super::Scenario;
-use crate::summary::{fairness, FleetPhase, FleetSummary, Outage, Party, Summary, WARMUP_S};
+use crate::summary::{
+    fairness, ExchangeLatency, FleetPhase, FleetSummary, Outage, Party, Summary, WARMUP_S,
+};
 use stakegate_stack::admin::Admin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -25,6 +27,8 @@ pub struct Watched {
     outages: Vec<(f64, f64)>,
     /// `(at_s, replicas on the fallback share, replicas each sees at least)`.
     samples: Vec<(f64, usize, i64)>,
+    /// The slowest replica's exchange round trip, p50 and p99 over the run.
+    exchange_ms: Option<(f64, f64)>,
 }
 
 /// Runs the outages and samples the replicas until `done`.
@@ -88,6 +92,19 @@ pub fn watch(
         watched
             .outages
             .push((stopped, started.elapsed().as_secs_f64()));
+    }
+    for admin in &admins {
+        let quantiles = admin.histogram("wasmcustom.stakegate.qos.fleet.exchange_ms")?;
+        let at = |percent: f64| {
+            quantiles
+                .iter()
+                .find(|q| q.percent == percent)
+                .and_then(|q| q.cumulative)
+        };
+        if let (Some(p50), Some(p99)) = (at(50.0), at(99.0)) {
+            let (a, b) = watched.exchange_ms.unwrap_or_default();
+            watched.exchange_ms = Some((a.max(p50), b.max(p99)));
+        }
     }
     Ok(watched)
 }
@@ -187,6 +204,9 @@ pub fn summarise(scenario: &Scenario, summary: &Summary, watched: Watched) -> Fl
             .unwrap_or(0),
         phases,
         redis_outages: outages,
+        exchange_ms: watched
+            .exchange_ms
+            .map(|(p50, p99)| ExchangeLatency { p50, p99 }),
     }
 }
 

@@ -743,8 +743,16 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
     }
     if let Some(fleet) = &summary.fleet {
         out += &format!(
-            "\nfleet of {} replicas (each saw at least {}):\n",
-            fleet.replicas, fleet.replicas_seen_min
+            "\nfleet of {} replicas (each saw at least {}){}:\n",
+            fleet.replicas,
+            fleet.replicas_seen_min,
+            fleet
+                .exchange_ms
+                .as_ref()
+                .map_or(String::new(), |e| format!(
+                    ", exchanges with Redis p50 {:.1} ms, p99 {:.1} ms",
+                    e.p50, e.p99
+                ))
         );
         for p in &fleet.phases {
             out += &format!(

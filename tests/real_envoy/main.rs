@@ -6,6 +6,7 @@ mod admission_gate;
 mod clients;
 mod deploy;
 mod failure_mode;
+mod fleet;
 mod foundation;
 mod gateway;
 mod hostile;

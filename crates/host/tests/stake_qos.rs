@@ -40,17 +40,21 @@ fn from_addresses(host: &mut Host, addresses: impl Iterator<Item = String>, per_
 
 #[test]
 fn a_hundred_thousand_addresses_stay_within_max_identities() {
-    let mut host = qos(r#"{"capacityRps": 1000000, "maxIdentities": 1000}"#, 2);
+    // Identifying every request (far below capacity QoS would only count).
+    let mut host = qos(
+        r#"{"capacityRps": 1000000, "maxIdentities": 1000, "identifyAbove": 0}"#,
+        2,
+    );
     let address = |i: u32| format!("10.{}.{}.{}", (i >> 16) & 255, (i >> 8) & 255, i & 255);
     from_addresses(&mut host, (0..2_000).map(address), 20);
     let after_2k = host.shared_data_size();
     from_addresses(&mut host, (2_000..100_000).map(address), 20);
     let after_100k = host.shared_data_size();
     // ceil(1000 / 128) = 8 pages of at most 128 entries of 48 bytes (plus a
-    // 3-byte header), the state record, the active-page bitmap and the
-    // demand sum.
+    // 3-byte header), the state record, the active-page bitmap, the demand
+    // sum and the light state.
     let pages = 8;
-    assert_eq!(after_100k.0, pages + 3, "keys: {after_100k:?}");
+    assert_eq!(after_100k.0, pages + 4, "keys: {after_100k:?}");
     assert!(
         after_100k.1 <= pages * (3 + 128 * 48) + 256,
         "{} bytes",
@@ -201,10 +205,12 @@ fn a_thousand_idle_identities_take_nothing_from_an_active_one() {
             from_ms + 1000,
         )[0]
     };
-    let alone = flood(&mut qos(r#"{"capacityRps": 400}"#, 2), 0);
+    // Identifying every request: the crowd alone is far below capacity.
+    let policy = r#"{"capacityRps": 400, "identifyAbove": 0}"#;
+    let alone = flood(&mut qos(policy, 2), 0);
     // 1,000 identities send one request each, then go quiet (an identity
     // that sent once is idle after about 100 rounds, 2 s).
-    let mut host = qos(r#"{"capacityRps": 400}"#, 2);
+    let mut host = qos(policy, 2);
     let crowd: Vec<Sender> = (0..1000)
         .map(|i| Sender {
             key: None,
@@ -284,4 +290,42 @@ fn leases_admit_no_more_than_the_tokens_with_four_workers() {
     assert!(got >= 4900, "{got}");
     let leases = host.metric("stakegate.qos.leases");
     assert!(leases < 30_000 / 10, "{leases} leases for 30,000 requests");
+}
+
+#[test]
+fn far_below_its_threshold_qos_counts_and_a_batch_flood_makes_it_identify_and_throttle() {
+    let mut host = qos(r#"{"capacityRps": 1000}"#, 2);
+    let light = |i: u8| Sender {
+        key: None,
+        address: format!("10.0.0.{i}"),
+        batch: 1,
+        rate: 20.0,
+    };
+    // 60 rps of 55-byte calls: a bound of 120 calls a second, under half of
+    // 1,000.
+    let quiet = [light(1), light(2), light(3)];
+    drive(&mut host, &quiet, 2000, 0);
+    assert_eq!(host.metric("stakegate.qos.counting"), 1);
+    assert_eq!(host.metric("stakegate.qos.identities"), 0);
+    let counted = host.metric("stakegate.qos.counted");
+    assert!((110..=120).contains(&counted), "{counted} of 120 counted");
+    let admitted: i64 = ["unstaked", "staked"]
+        .iter()
+        .map(|t| host.metric(&format!("stakegate.qos.admitted.{t}")))
+        .sum();
+    assert!(admitted <= 10, "{admitted} identified while counting");
+
+    // Batches of 20 calls at 100 a second: twice the capacity in calls,
+    // and more by their bound: QoS identifies, and throttles to capacity.
+    let flood = Sender {
+        key: None,
+        address: "10.0.0.9".into(),
+        batch: 20,
+        rate: 100.0,
+    };
+    let got = drive(&mut host, &[flood], 4000, 2000);
+    assert_eq!(host.metric("stakegate.qos.counting"), 0);
+    assert_eq!(host.metric("stakegate.qos.throttling"), 1);
+    // 1,000 calls a second for 2 s, give or take a batch's debt.
+    assert!((1900..=2100).contains(&got[0]), "{} calls admitted", got[0]);
 }

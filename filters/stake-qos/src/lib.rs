@@ -7,9 +7,10 @@
 //! - `on_configure` parses the policy. A bad policy is logged with the
 //!   field and the reason, and `false` makes Envoy refuse it, so the
 //!   previous one keeps serving.
-//! - request headers: resolve the identity and admit the request (one call)
-//!   or answer 429. While throttling is off this touches no shared data. An
-//!   admitted WebSocket leaves the requests in flight.
+//! - request headers: far below the threshold, count the request and no
+//!   more (`qos::light`); otherwise resolve the identity and admit the
+//!   request (one call) or answer 429. While throttling is off this touches
+//!   no shared data. An admitted WebSocket leaves the requests in flight.
 //! - request body: with `decideOnBody`, the admission of a request with a
 //!   body (its 429 then answers each call by `id`); a batch is charged its
 //!   other calls, a WebSocket the calls sent on it.
@@ -31,6 +32,7 @@ use fleet::FleetLink;
 use metrics::QosMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
+use stakegate_core::clock::Now;
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;
 use stakegate_core::qos::stream::{Decided, QosStream};
@@ -102,7 +104,7 @@ impl Context for QosRoot {
             if let Err(e) = qos.flush(queue) {
                 log(LogLevel::Warn, &metrics.store().failed("last report", &e));
             }
-            metrics.flush(qos.state(), qos.policy().refill_interval_ms);
+            metrics.flush(qos);
         }
         true
     }
@@ -155,7 +157,7 @@ impl RootContext for QosRoot {
         if let Some(fleet) = &mut self.fleet {
             fleet.tick(qos, fleet_round, metrics);
         }
-        metrics.flush(qos.state(), qos.policy().refill_interval_ms);
+        metrics.flush(qos);
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -180,7 +182,7 @@ struct QosHttp {
 impl QosHttp {
     fn done(&mut self) {
         if let Ok(mut worker) = self.worker.try_borrow_mut() {
-            self.stream.done(&mut worker.qos, now_ms());
+            self.stream.done(&mut worker.qos, &mut Now::lazy(now_ms));
         }
     }
 }
@@ -218,10 +220,13 @@ impl HttpContext for QosHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let mut worker = self.worker.borrow_mut();
         let Worker { qos, metrics, .. } = &mut *worker;
-        match self
-            .stream
-            .headers(qos, &EnvoyStore, now_ms(), &mut StreamFacts, end_of_stream)
-        {
+        match self.stream.headers(
+            qos,
+            &EnvoyStore,
+            &mut Now::lazy(now_ms),
+            &mut StreamFacts,
+            end_of_stream,
+        ) {
             Some(admission) => decided(metrics, admission),
             None => Action::Continue,
         }
@@ -235,7 +240,7 @@ impl HttpContext for QosHttp {
         let step = self.stream.body(
             qos,
             &EnvoyStore,
-            now_ms(),
+            &mut Now::lazy(now_ms),
             body_size,
             end_of_stream,
             &mut HostBody(BodyOf::Request),
@@ -253,7 +258,10 @@ impl HttpContext for QosHttp {
             return Action::Continue;
         };
         let Worker { qos, metrics, .. } = &mut *worker;
-        match self.stream.trailers(qos, &EnvoyStore, now_ms()) {
+        match self
+            .stream
+            .trailers(qos, &EnvoyStore, &mut Now::lazy(now_ms))
+        {
             Some(admission) => decided(metrics, admission),
             None => Action::Continue,
         }

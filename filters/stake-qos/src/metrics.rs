@@ -6,8 +6,7 @@
 //! stats are at most one interval behind.
 
 use proxy_wasm::types::MetricType;
-use stakegate_core::qos::state::QosState;
-use stakegate_core::qos::Reason;
+use stakegate_core::qos::{Reason, StakeQos};
 use stakegate_core::shared::StoreCounts;
 use stakegate_glue::metrics::{self, add, set};
 
@@ -23,14 +22,16 @@ struct Counts {
     websocket_calls: u64,
     fleet_exchanges: u64,
     fleet_failures: u64,
+    /// Requests counted without identifying them (`qos::light`).
+    counted: u64,
 }
 
 /// How a counter reads its count.
 type Count = fn(&Counts) -> u64;
 
-/// How a gauge reads its value: from the shared state and the refill
-/// interval in ms.
-type Gauge = fn(&QosState, u64) -> u64;
+/// How a gauge reads its value: from this VM's QoS (the shared state as of
+/// its last tick).
+type Gauge = fn(&StakeQos) -> u64;
 
 /// Counters: name, and the count it reports.
 const COUNTERS: &[(&str, Count)] = &[
@@ -44,16 +45,18 @@ const COUNTERS: &[(&str, Count)] = &[
     ("websocket.calls", |c| c.websocket_calls),
     ("fleet.exchanges", |c| c.fleet_exchanges),
     ("fleet.exchange_failures", |c| c.fleet_failures),
+    ("counted", |c| c.counted),
 ];
 
 /// Gauges: name, and its value.
 const GAUGES: &[(&str, Gauge)] = &[
-    ("throttling", |s, _| u64::from(s.throttling)),
-    ("load_rps", |s, interval_ms| {
-        s.load_rps(interval_ms).round() as u64
+    ("throttling", |q| u64::from(q.state().throttling)),
+    ("load_rps", |q| {
+        q.state().load_rps(q.policy().refill_interval_ms).round() as u64
     }),
-    ("capacity_rps", |s, _| s.capacity_rps.round() as u64),
-    ("identities", |s, _| s.identities),
+    ("capacity_rps", |q| q.state().capacity_rps.round() as u64),
+    ("identities", |q| q.state().identities),
+    ("counting", |q| u64::from(q.counting())),
 ];
 
 /// A counter per tier (`admitted.<tier>`, `throttled.<tier>`).
@@ -180,8 +183,9 @@ impl QosMetrics {
     }
 
     /// Hands the counts to Envoy (and resets them) and sets the gauges from
-    /// `state`.
-    pub fn flush(&mut self, state: &QosState, interval_ms: u64) {
+    /// `qos`.
+    pub fn flush(&mut self, qos: &mut StakeQos) {
+        self.counts.counted += qos.take_counted_requests();
         self.admitted.flush();
         self.throttled.flush();
         let counts = std::mem::take(&mut self.counts);
@@ -189,7 +193,7 @@ impl QosMetrics {
             add(*id, count(&counts));
         }
         for (id, (_, value)) in self.gauges.iter().zip(GAUGES) {
-            set(*id, value(state, interval_ms));
+            set(*id, value(qos));
         }
     }
 }

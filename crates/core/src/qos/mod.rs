@@ -86,6 +86,7 @@
 pub mod fair;
 pub mod fleet;
 pub mod identity;
+pub mod light;
 pub mod page;
 pub mod policy;
 pub mod reactive;
@@ -98,9 +99,10 @@ use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
 use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
 use fleet::{FleetShare, FleetView, RoundFleet, FLEET_KEY};
 use identity::Identity;
+use light::{LightState, LIGHT_KEY};
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};
 use policy::{Mode, QosPolicy};
-use report::{Delta, ReportQueue};
+use report::{Delta, ReportQueue, WorkerReport};
 use state::QosState;
 use std::collections::HashMap;
 
@@ -231,6 +233,14 @@ pub struct StakeQos {
     unreported: Vec<u64>,
     /// Counts of local identities dropped before they were reported.
     orphans: Vec<Delta>,
+    /// Requests are counted, not identified (`light`), as of the last tick.
+    counting: bool,
+    /// Calls counted without an identity, and the bound of the identified
+    /// requests' calls, since the last report.
+    counted: u32,
+    bound: u32,
+    /// Requests counted without an identity, for the metrics.
+    counted_requests: u64,
     last_sweep_ms: u64,
 }
 
@@ -247,8 +257,34 @@ impl StakeQos {
             locals: HashMap::new(),
             unreported: Vec::new(),
             orphans: Vec::new(),
+            counting: false,
+            counted: 0,
+            bound: 0,
+            counted_requests: 0,
             last_sweep_ms: 0,
         }
+    }
+
+    /// Whether requests are counted without identifying them (`light`).
+    pub fn counting(&self) -> bool {
+        self.counting
+    }
+
+    /// A request counted without an identity: its first call, or more of
+    /// its calls' bound as its body arrives.
+    pub fn count(&mut self, calls: u32, new_request: bool) {
+        self.counted = self.counted.saturating_add(calls);
+        self.counted_requests += u64::from(new_request);
+    }
+
+    /// More of an identified request's calls' bound.
+    pub fn bound(&mut self, calls: u32) {
+        self.bound = self.bound.saturating_add(calls);
+    }
+
+    /// Requests counted without an identity since the last call.
+    pub fn take_counted_requests(&mut self) -> u64 {
+        std::mem::take(&mut self.counted_requests)
     }
 
     pub fn policy(&self) -> &QosPolicy {
@@ -590,6 +626,8 @@ impl StakeQos {
         let (mut state, cas) = read::<QosState>(store, STATE_KEY)?;
         settle_capacity(&mut state, &self.policy);
         self.state = state.clone();
+        self.counting =
+            self.policy.identify_above > 0.0 && read::<LightState>(store, LIGHT_KEY)?.0.counting;
         let interval = self.policy.refill_interval_ms;
         if state.round_ms != 0 && now_ms < state.round_ms.saturating_add(interval) {
             return Ok(Tick {
@@ -633,6 +671,7 @@ impl StakeQos {
             fleet.as_ref(),
         )?;
         self.state = state;
+        self.counting = report.counting;
         Ok(Tick {
             round: Some(report),
             reported,
@@ -720,14 +759,21 @@ impl StakeQos {
                 };
             }
         }
-        if deltas.is_empty() {
+        let worker = WorkerReport {
+            deltas,
+            counted: std::mem::take(&mut self.counted),
+            bound: std::mem::take(&mut self.bound),
+        };
+        if worker.is_empty() {
             return Ok(0);
         }
-        match queue.push(&report::encode(&deltas)) {
-            Ok(()) => Ok(deltas.len()),
+        match queue.push(&report::encode(&worker)) {
+            Ok(()) => Ok(worker.deltas.len()),
             Err(e) => {
                 // Keep them for the next report.
-                self.orphans = deltas;
+                self.orphans = worker.deltas;
+                self.counted = self.counted.saturating_add(worker.counted);
+                self.bound = self.bound.saturating_add(worker.bound);
                 Err(e)
             }
         }

@@ -23,6 +23,9 @@ struct Document {
     refill_interval_ms: u64,
     #[serde(default = "default_load_smoothing")]
     load_smoothing: u32,
+    /// `None`: the mode's default (0.5 proactive, 0 reactive).
+    #[serde(default)]
+    identify_above: Option<f64>,
     #[serde(default)]
     identity: IdentityDoc,
     #[serde(default)]
@@ -254,6 +257,10 @@ pub struct QosPolicy {
     pub throttle_threshold: f64,
     pub refill_interval_ms: u64,
     pub load_smoothing: u32,
+    /// Below this fraction of capacity, by an upper bound of the load that
+    /// needs no identity and no body read, requests are counted and not
+    /// identified (`qos::light`); 0: every request is identified.
+    pub identify_above: f64,
     pub order: Vec<Source>,
     pub api_key_header: String,
     pub trusted_proxies: Vec<Cidr>,
@@ -284,6 +291,8 @@ pub struct QosPolicy {
     pub fleet: Option<FleetPolicy>,
 }
 
+/// `identifyAbove` when the policy leaves it out (proactive mode).
+pub const DEFAULT_IDENTIFY_ABOVE: f64 = 0.5;
 pub const TIER_UNSTAKED: usize = 0;
 pub const TIER_STAKED: usize = 1;
 pub const MAX_TIERS: usize = 16;
@@ -311,6 +320,21 @@ impl QosPolicy {
             finite_range("throttleThreshold", doc.throttle_threshold, 0.01, 1.0)?;
         let refill_interval_ms = range("refillIntervalMs", doc.refill_interval_ms, 5, 1000)?;
         let load_smoothing = range("loadSmoothing", doc.load_smoothing, 1, 1000)?;
+        let identify_above = match (doc.mode, doc.identify_above) {
+            (Mode::Reactive, Some(above)) if above != 0.0 => {
+                return Err(PolicyError::new(
+                    "identifyAbove",
+                    "reactive mode identifies every request (its capacity follows their latency): leave it out or set 0",
+                ))
+            }
+            (Mode::Reactive, _) => 0.0,
+            (Mode::Proactive, above) => finite_range(
+                "identifyAbove",
+                above.unwrap_or(DEFAULT_IDENTIFY_ABOVE),
+                0.0,
+                throttle_threshold,
+            )?,
+        };
         // refill_interval_ms is at most 1000, so this cannot overflow.
         let min_idle = 10 * refill_interval_ms;
         ensure(doc.idle_ttl_ms >= min_idle, "idleTtlMs", || {
@@ -484,6 +508,7 @@ impl QosPolicy {
             throttle_threshold,
             refill_interval_ms,
             load_smoothing,
+            identify_above,
             order: id.order,
             api_key_header,
             trusted_proxies,

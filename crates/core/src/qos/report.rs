@@ -5,19 +5,23 @@
 //! requests never write shared data for their counts, and no two workers
 //! ever race on a report.
 //!
-//! # Layout (version 1), on the queue `stakegate.stake_qos.v3.reports`
+//! # Layout (version 2), on the queue `stakegate.stake_qos.v3.reports`
 //!
 //! Version `u8`, entry count `u32`, then 34-byte entries, little-endian:
 //! `key` u64, `stake` u64, `tier` u8, flags u8 (1: staked), `arrivals`
 //! u32 (calls, admitted or refused), `completions` u32, `latency_sum_ms`
-//! u32, `overloads` u32 (upstream 503 or 429).
+//! u32, `overloads` u32 (upstream 503 or 429); then `counted` u32 (calls
+//! counted without an identity, as their bound: `qos::light`) and `bound`
+//! u32 (the bound of the identified requests' calls). Version 1 (an earlier
+//! module's, during a swap) is the same without the last two fields.
 
 use crate::shared::{Reader, StoreError};
 
 pub const QUEUE: &str = "stakegate.stake_qos.v3.reports";
-pub const LAYOUT_VERSION: u8 = 1;
+pub const LAYOUT_VERSION: u8 = 2;
 const HEADER_LEN: usize = 5;
 const ENTRY_LEN: usize = 34;
+const TRAILER_LEN: usize = 8;
 
 /// One identity's counts in a report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,8 +52,25 @@ impl Delta {
     }
 }
 
-pub fn encode(deltas: &[Delta]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + deltas.len() * ENTRY_LEN);
+/// One worker's counts since its last report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    pub deltas: Vec<Delta>,
+    /// Calls counted without an identity (each request's bound).
+    pub counted: u32,
+    /// The bound of the identified requests' calls.
+    pub bound: u32,
+}
+
+impl WorkerReport {
+    pub fn is_empty(&self) -> bool {
+        self.deltas.is_empty() && self.counted == 0 && self.bound == 0
+    }
+}
+
+pub fn encode(report: &WorkerReport) -> Vec<u8> {
+    let deltas = &report.deltas;
+    let mut out = Vec::with_capacity(HEADER_LEN + deltas.len() * ENTRY_LEN + TRAILER_LEN);
     out.push(LAYOUT_VERSION);
     out.extend_from_slice(&(deltas.len() as u32).to_le_bytes());
     for d in deltas {
@@ -61,26 +82,36 @@ pub fn encode(deltas: &[Delta]) -> Vec<u8> {
             out.extend_from_slice(&v.to_le_bytes());
         }
     }
+    out.extend_from_slice(&report.counted.to_le_bytes());
+    out.extend_from_slice(&report.bound.to_le_bytes());
     out
 }
 
-pub fn decode(bytes: &[u8]) -> Result<Vec<Delta>, String> {
-    if bytes.first() != Some(&LAYOUT_VERSION) {
-        return Err(format!(
-            "QoS report has layout version {:?}, this module reads {LAYOUT_VERSION}",
-            bytes.first()
-        ));
+pub fn decode(bytes: &[u8]) -> Result<WorkerReport, String> {
+    let trailer = match bytes.first() {
+        Some(&LAYOUT_VERSION) => TRAILER_LEN,
+        Some(1) => 0,
+        version => {
+            return Err(format!(
+            "QoS report has layout version {version:?}, this module reads 1 and {LAYOUT_VERSION}"
+        ))
+        }
+    };
+    if bytes.len() < HEADER_LEN {
+        return Err(format!("QoS report is {} bytes, too short", bytes.len()));
     }
     let mut r = Reader(&bytes[1..]);
     let count = r.u32() as usize;
-    let expected = HEADER_LEN.saturating_add(count.saturating_mul(ENTRY_LEN));
+    let expected = HEADER_LEN
+        .saturating_add(count.saturating_mul(ENTRY_LEN))
+        .saturating_add(trailer);
     if bytes.len() != expected {
         return Err(format!(
             "QoS report is {} bytes, expected {expected} for {count} entries",
             bytes.len()
         ));
     }
-    Ok((0..count)
+    let deltas = (0..count)
         .map(|_| Delta {
             key: r.u64(),
             stake: r.u64(),
@@ -91,7 +122,17 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Delta>, String> {
             latency_sum_ms: r.u32(),
             overloads: r.u32(),
         })
-        .collect())
+        .collect();
+    let (counted, bound) = if trailer > 0 {
+        (r.u32(), r.u32())
+    } else {
+        (0, 0)
+    };
+    Ok(WorkerReport {
+        deltas,
+        counted,
+        bound,
+    })
 }
 
 /// The shared queue reports travel on (proxy-wasm's shared queues).
@@ -135,12 +176,29 @@ mod tests {
             },
             Delta::default(),
         ];
-        let bytes = encode(&deltas);
-        assert_eq!(decode(&bytes).unwrap(), deltas);
+        let report = WorkerReport {
+            deltas,
+            counted: 40,
+            bound: 9,
+        };
+        let bytes = encode(&report);
+        assert_eq!(decode(&bytes).unwrap(), report);
         assert!(decode(&bytes[..bytes.len() - 1])
             .unwrap_err()
             .contains("expected"));
         assert!(decode(&[9]).unwrap_err().contains("version"));
         assert!(decode(&[]).is_err());
+        assert!(decode(&[2, 0]).is_err());
+        // An earlier module's report (version 1): no trailer.
+        let mut v1 = bytes[..bytes.len() - 8].to_vec();
+        v1[0] = 1;
+        assert_eq!(
+            decode(&v1).unwrap(),
+            WorkerReport {
+                counted: 0,
+                bound: 0,
+                ..report
+            }
+        );
     }
 }

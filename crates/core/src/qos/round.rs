@@ -4,6 +4,7 @@
 
 use super::fair::{self, Claim};
 use super::fleet::{Demand, FleetShare, Report, RoundFleet};
+use super::light::{LightState, LIGHT_KEY};
 use super::page::{Entry, Page, ENTRIES_PER_PAGE, IDLE, MILLI, STAKED};
 use super::policy::{Mode, QosPolicy};
 use super::reactive::{self, Finished};
@@ -13,7 +14,7 @@ use super::{
     page_key, settle_capacity, ACTIVE_KEY, DEMAND_KEY, DEMAND_SMOOTHING, HEADROOM, IDLE_DEMAND,
     STATE_KEY,
 };
-use crate::shared::{read, update, update_from, Change, SharedStore, StoreError, Write};
+use crate::shared::{read, update, update_from, Change, Record, SharedStore, StoreError, Write};
 use std::collections::{BTreeMap, HashMap};
 
 /// A late round makes up for at most this many intervals.
@@ -39,6 +40,8 @@ pub struct RoundReport {
     pub cas_retries: u32,
     /// Fleet mode: this replica's active identities' demand, to report.
     pub fleet: Option<RoundFleet>,
+    /// The next rounds' requests are counted, not identified (`light`).
+    pub counting: bool,
 }
 
 /// What the round needs of an entry's page, and what it computes for it.
@@ -212,15 +215,20 @@ pub(super) fn run(
     let mut deltas: HashMap<u64, Delta> = HashMap::new();
     let mut finished = Finished::default();
     let mut arrivals = 0u64;
+    // The calls' bound (`light`): of the counted requests and the
+    // identified ones.
+    let mut bound = 0u64;
     while (report.reports as usize) < MAX_REPORTS {
         let Some(bytes) = queue.pop()? else { break };
         report.reports += 1;
         // A report this module cannot read (a swap's other layout) is
         // dropped: its counts are a round's worth of demand at most.
-        let Ok(list) = report::decode(&bytes) else {
+        let Ok(worker) = report::decode(&bytes) else {
             continue;
         };
-        for d in list {
+        arrivals += u64::from(worker.counted);
+        bound += u64::from(worker.counted) + u64::from(worker.bound);
+        for d in worker.deltas {
             arrivals += u64::from(d.arrivals);
             finished.completions += u64::from(d.completions);
             finished.latency_ms += u64::from(d.latency_sum_ms);
@@ -364,6 +372,7 @@ pub(super) fn run(
     .map_err(|(e, _)| e)?;
     report.cas_retries += updated.retries;
     let state = updated.table;
+    report.counting = count_or_identify(policy, store, &state, bound, intervals as u64)?;
     // Only this round's VM writes it; without it (not written, or a write
     // that failed) the next round computes the level.
     if active_written {
@@ -387,6 +396,31 @@ pub(super) fn run(
         fallback: f.fallback,
     });
     Ok((state, report))
+}
+
+/// Updates the bound's load (`light`) with this round's `bound` calls over
+/// `intervals`, and says whether the next rounds' requests are counted
+/// without identifying: below `identifyAbove` of capacity by the bound,
+/// and never while throttling. Only this round's VM writes it; a failed
+/// write leaves the last one for a round.
+fn count_or_identify(
+    policy: &QosPolicy,
+    store: &impl SharedStore,
+    state: &QosState,
+    bound: u64,
+    intervals: u64,
+) -> Result<bool, StoreError> {
+    let (previous, _) = read::<LightState>(store, LIGHT_KEY)?;
+    let bound_ema = step_load(previous.bound_ema, bound, intervals, policy.load_smoothing);
+    let bound_rps = bound_ema * 1000.0 / policy.refill_interval_ms as f64;
+    let light = LightState {
+        counting: policy.identify_above > 0.0
+            && !state.throttling
+            && bound_rps < policy.identify_above * state.capacity_rps,
+        bound_ema,
+    };
+    let _ = store.store(LIGHT_KEY, &light.encode(), None);
+    Ok(light.counting)
 }
 
 /// Whether this round's demand may reach `per_interval` (so that the level
@@ -523,7 +557,12 @@ mod tests {
                     ..Delta::default()
                 });
             }
-            queue.push(&report::encode(&deltas)).unwrap();
+            queue
+                .push(&report::encode(&report::WorkerReport {
+                    deltas,
+                    ..Default::default()
+                }))
+                .unwrap();
             if forget_demand {
                 store.store(DEMAND_KEY, &[], None).unwrap();
             }
@@ -588,7 +627,12 @@ mod tests {
                     arrivals: 1,
                     ..Delta::default()
                 };
-                queue.push(&report::encode(&[call])).unwrap();
+                queue
+                    .push(&report::encode(&report::WorkerReport {
+                        deltas: vec![call],
+                        ..Default::default()
+                    }))
+                    .unwrap();
                 let report;
                 (state, report) = run(&policy, store, &queue, round * 20, &state, 1, None).unwrap();
                 report.level_computed

@@ -8,10 +8,16 @@
 //! With `decideOnBody`, a request with a body is admitted when the body is
 //! whole (or its trailers arrive), so that a 429 answers each call by its
 //! `id`; the identity is still read with the headers.
+//!
+//! Far below the threshold a request is only counted (`light`): no
+//! identity, no body read, no clock read; its body's size gives its calls'
+//! bound.
 
 use super::identity::{anonymous, identify, Identity};
+use super::light::BodyBound;
 use super::policy::Mode;
 use super::{Admission, Connection, StakeQos, Throttled, Ticket, Verdict};
+use crate::clock::Now;
 use crate::jsonrpc;
 use crate::request::{Body, RequestFacts};
 use crate::shared::{SharedStore, StoreError};
@@ -57,6 +63,10 @@ pub struct QosStream {
     /// An admitted upgrade: not in flight; a WebSocket's calls are read
     /// from its client frames.
     upgraded: Option<(Connection, Option<FrameReader>)>,
+    /// Counted without an identity (`light`).
+    counted: bool,
+    /// The bound of its calls counted so far.
+    bound: BodyBound,
 }
 
 impl QosStream {
@@ -68,17 +78,23 @@ impl QosStream {
         &mut self,
         qos: &mut StakeQos,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         facts: &mut impl RequestFacts,
         end_of_stream: bool,
     ) -> Option<Decided> {
-        let identity = identify(qos.policy(), facts).unwrap_or_else(|| anonymous(qos.policy()));
         let upgrade = (!end_of_stream).then(|| facts.header("upgrade")).flatten();
+        if upgrade.is_none() && qos.counting() {
+            self.counted = true;
+            qos.count(self.bound.at_least_one(), true);
+            return None;
+        }
+        qos.bound(self.bound.at_least_one());
+        let identity = identify(qos.policy(), facts).unwrap_or_else(|| anonymous(qos.policy()));
         if upgrade.is_none() && !end_of_stream && qos.policy().decide_on_body {
             self.waiting = Some(identity);
             return None;
         }
-        let (mut decided, ticket) = admit(qos, store, now_ms, &identity);
+        let (mut decided, ticket) = admit(qos, store, now.ms(), &identity);
         if let Some(ticket) = ticket {
             match upgrade {
                 Some(upgrade) => match qos.upgraded(ticket) {
@@ -107,7 +123,7 @@ impl QosStream {
         &mut self,
         qos: &mut StakeQos,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
         size: usize,
         end_of_stream: bool,
         body: &mut impl Body,
@@ -126,6 +142,12 @@ impl QosStream {
                 ..OnBody::default()
             };
         }
+        let more = self.bound.grow(size);
+        if self.counted {
+            qos.count(more, false);
+            return OnBody::default();
+        }
+        qos.bound(more);
         let mut decided = None;
         if self.waiting.is_some() && !end_of_stream {
             return OnBody {
@@ -134,7 +156,7 @@ impl QosStream {
             };
         }
         if let Some(identity) = self.waiting.take() {
-            let mut admitted = self.admit(qos, store, now_ms, &identity);
+            let mut admitted = self.admit(qos, store, now.ms(), &identity);
             admitted.throttled = admitted.throttled.map(|t| Throttled {
                 rejection: t.rejection.answering(&body.read(0, size)),
                 ..t
@@ -161,10 +183,10 @@ impl QosStream {
         &mut self,
         qos: &mut StakeQos,
         store: &impl SharedStore,
-        now_ms: u64,
+        now: &mut Now,
     ) -> Option<Decided> {
         let identity = self.waiting.take()?;
-        Some(self.admit(qos, store, now_ms, &identity))
+        Some(self.admit(qos, store, now.ms(), &identity))
     }
 
     fn admit(
@@ -190,9 +212,9 @@ impl QosStream {
     /// The stream is over: the request ends locally (its place in flight
     /// and its latency), or an upgraded connection gives back its
     /// WebSocket place. Safe to call more than once.
-    pub fn done(&mut self, qos: &mut StakeQos, now_ms: u64) {
+    pub fn done(&mut self, qos: &mut StakeQos, now: &mut Now) {
         if let Some(ticket) = self.ticket.take() {
-            qos.finish(now_ms, ticket, self.upstream_status);
+            qos.finish(now.ms(), ticket, self.upstream_status);
         }
         if let Some((connection, _)) = self.upgraded.take() {
             qos.closed(connection);
@@ -278,7 +300,13 @@ mod tests {
         let mut qos = StakeQos::new(QosPolicy::parse(br#"{"capacityRps": 100}"#).unwrap(), 1);
         let mut socket = QosStream::default();
         let upgrade = &[("upgrade", "websocket")];
-        let decided = socket.headers(&mut qos, &store, 0, &mut Client(upgrade), false);
+        let decided = socket.headers(
+            &mut qos,
+            &store,
+            &mut Now::fixed(0),
+            &mut Client(upgrade),
+            false,
+        );
         assert!(decided.is_some_and(|d| d.throttled.is_none()));
         assert!(socket.ticket.is_none() && socket.upgraded.is_some());
         let two = [
@@ -287,19 +315,39 @@ mod tests {
         ]
         .concat();
         let size = two.len();
-        let step = socket.body(&mut qos, &store, 0, size, false, &mut Bytes(two));
+        let step = socket.body(
+            &mut qos,
+            &store,
+            &mut Now::fixed(0),
+            size,
+            false,
+            &mut Bytes(two),
+        );
         assert_eq!(step.websocket_calls, 2);
 
         // A plain POST is in flight until done, and a batch is charged.
         let mut post = QosStream::default();
-        post.headers(&mut qos, &store, 0, &mut Client(&[]), false);
+        post.headers(
+            &mut qos,
+            &store,
+            &mut Now::fixed(0),
+            &mut Client(&[]),
+            false,
+        );
         assert!(post.ticket.is_some() && post.upgraded.is_none());
         let batch = br#"[{"id":1,"method":"a"},{"id":2,"method":"b"}]"#.to_vec();
-        let step = post.body(&mut qos, &store, 0, batch.len(), true, &mut Bytes(batch));
+        let step = post.body(
+            &mut qos,
+            &store,
+            &mut Now::fixed(0),
+            batch.len(),
+            true,
+            &mut Bytes(batch),
+        );
         assert_eq!(step.websocket_calls, 0);
         assert!(step.decided.is_none() && !step.hold);
-        post.done(&mut qos, 5);
-        post.done(&mut qos, 6);
+        post.done(&mut qos, &mut Now::fixed(5));
+        post.done(&mut qos, &mut Now::fixed(6));
         assert!(post.ticket.is_none());
     }
 
@@ -315,21 +363,34 @@ mod tests {
         for _ in 0..20 {
             let mut post = QosStream::default();
             assert!(post
-                .headers(&mut qos, &store, 0, &mut Client(&[]), false)
+                .headers(
+                    &mut qos,
+                    &store,
+                    &mut Now::fixed(0),
+                    &mut Client(&[]),
+                    false
+                )
                 .is_none());
-            let held = post.body(&mut qos, &store, 0, 10, false, &mut Bytes(batch.to_vec()));
+            let held = post.body(
+                &mut qos,
+                &store,
+                &mut Now::fixed(0),
+                10,
+                false,
+                &mut Bytes(batch.to_vec()),
+            );
             assert!(held.hold && held.decided.is_none(), "held until whole");
             let end = post.body(
                 &mut qos,
                 &store,
-                0,
+                &mut Now::fixed(0),
                 batch.len(),
                 true,
                 &mut Bytes(batch.to_vec()),
             );
             assert!(!end.hold);
             answers.push(end.decided.expect("decided at the end").throttled);
-            post.done(&mut qos, 1);
+            post.done(&mut qos, &mut Now::fixed(1));
         }
         let refused = answers
             .iter()
@@ -342,8 +403,95 @@ mod tests {
 
         // Trailers end a request that waited.
         let mut trailed = QosStream::default();
-        trailed.headers(&mut qos, &store, 0, &mut Client(&[]), false);
-        assert!(trailed.trailers(&mut qos, &store, 0).is_some());
-        assert!(trailed.trailers(&mut qos, &store, 0).is_none(), "once");
+        trailed.headers(
+            &mut qos,
+            &store,
+            &mut Now::fixed(0),
+            &mut Client(&[]),
+            false,
+        );
+        assert!(trailed
+            .trailers(&mut qos, &store, &mut Now::fixed(0))
+            .is_some());
+        assert!(
+            trailed
+                .trailers(&mut qos, &store, &mut Now::fixed(0))
+                .is_none(),
+            "once"
+        );
+    }
+
+    /// Facts that count what is asked of them.
+    #[derive(Default)]
+    struct Watched {
+        headers: Vec<String>,
+        addresses: u32,
+    }
+
+    impl RequestFacts for Watched {
+        fn metadata_class(&mut self, _: MetadataScope) -> Option<String> {
+            None
+        }
+        fn source_ip(&mut self) -> Option<IpAddr> {
+            self.addresses += 1;
+            "192.0.2.7".parse().ok()
+        }
+        fn peer_uri_san(&mut self) -> Option<String> {
+            None
+        }
+        fn header(&mut self, name: &str) -> Option<String> {
+            self.headers.push(name.to_string());
+            None
+        }
+    }
+
+    /// A body that must not be read.
+    struct Unread;
+
+    impl Body for Unread {
+        fn read(&mut self, _: usize, _: usize) -> Vec<u8> {
+            panic!("a counted request's body is not read")
+        }
+    }
+
+    #[test]
+    fn a_counted_request_is_neither_identified_nor_timed_nor_read() {
+        let store = MemoryStore::default();
+        let mut qos = StakeQos::new(QosPolicy::parse(br#"{"capacityRps": 1000}"#).unwrap(), 1);
+        qos.counting = true;
+        let mut facts = Watched::default();
+        let mut now = Now::lazy(|| panic!("no clock read"));
+        let mut post = QosStream::default();
+        assert!(post
+            .headers(&mut qos, &store, &mut now, &mut facts, false)
+            .is_none());
+        // 95 bytes in two pieces: at most 4 calls, the first counted at the
+        // headers.
+        assert!(post
+            .body(&mut qos, &store, &mut now, 40, false, &mut Unread)
+            .decided
+            .is_none());
+        post.body(&mut qos, &store, &mut now, 95, true, &mut Unread);
+        post.done(&mut qos, &mut now);
+        assert_eq!(facts.headers, ["upgrade"], "only whether it upgrades");
+        assert_eq!(facts.addresses, 0);
+        assert!(!now.was_read());
+        assert_eq!(
+            (qos.counted, qos.bound, qos.take_counted_requests()),
+            (4, 0, 1)
+        );
+        assert_eq!(qos.local_identities(), 0);
+
+        // An upgrade is identified all the same (its allowance is per
+        // identity), and so is everything once QoS identifies.
+        let mut socket = QosStream::default();
+        let decided = socket.headers(
+            &mut qos,
+            &store,
+            &mut Now::fixed(0),
+            &mut Client(&[("upgrade", "websocket")]),
+            false,
+        );
+        assert!(decided.is_some() && qos.local_identities() == 1);
     }
 }

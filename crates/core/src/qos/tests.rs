@@ -461,7 +461,12 @@ mod round_property {
                     ..Delta::default()
                 })
                 .collect();
-            queue.push(&report::encode(&deltas)).unwrap();
+            queue
+                .push(&report::encode(&report::WorkerReport {
+                    deltas,
+                    ..Default::default()
+                }))
+                .unwrap();
             let mut qos = StakeQos::new(policy.clone(), 1);
             let round = qos.tick(&store, &queue, 1000).unwrap().round.unwrap();
             let per_interval = f64::from(capacity) * 0.02;
@@ -759,5 +764,72 @@ fn a_replica_needs_a_name_redis_can_carry() {
             .unwrap()
             .replica(),
         "gw-1"
+    );
+}
+
+/// Ticks one VM through `rounds` rounds, each with `bound` calls of bound
+/// counted (`identified`: of identified requests, else of counted ones);
+/// whether it counts after each.
+fn light_rounds(
+    qos: &mut StakeQos,
+    store: &MemoryStore,
+    queue: &MemoryQueue,
+    now: &mut u64,
+    rounds: u32,
+    bound: u32,
+    identified: bool,
+) -> Vec<bool> {
+    (0..rounds)
+        .map(|_| {
+            if identified {
+                qos.bound(bound);
+            } else {
+                qos.count(bound, true);
+            }
+            *now += 20;
+            qos.tick(store, queue, *now).unwrap();
+            qos.counting()
+        })
+        .collect()
+}
+
+#[test]
+fn qos_counts_below_identify_above_by_the_bound_and_switches_without_flapping() {
+    // 1000 rps: 20 calls a round; identifying from 10 a round of bound.
+    let policy = QosPolicy::parse(br#"{"capacityRps": 1000, "loadSmoothing": 4}"#).unwrap();
+    let (store, queue) = (MemoryStore::default(), MemoryQueue::default());
+    let mut qos = StakeQos::new(policy, 1);
+    let mut now = 1000;
+    let quiet = light_rounds(&mut qos, &store, &queue, &mut now, 20, 5, false);
+    assert!(quiet[5..].iter().all(|&c| c), "5 of 10 a round: counts");
+    let busy = light_rounds(&mut qos, &store, &queue, &mut now, 20, 50, false);
+    assert!(!busy[19], "50 a round of bound: identifies");
+    // Identified now, the bound decides as before: however few calls the
+    // requests really hold, it stays, and never throttles while counting.
+    let identified = light_rounds(&mut qos, &store, &queue, &mut now, 40, 50, true);
+    assert!(identified.iter().all(|&c| !c), "{identified:?}");
+    let calm = light_rounds(&mut qos, &store, &queue, &mut now, 20, 5, true);
+    assert!(calm[19], "back to counting");
+}
+
+#[test]
+fn identify_above_zero_identifies_everything_and_reactive_mode_does() {
+    for json in [
+        r#"{"capacityRps": 1000, "identifyAbove": 0}"#,
+        r#"{"capacityRps": 1000, "mode": "reactive"}"#,
+    ] {
+        let (store, queue) = (MemoryStore::default(), MemoryQueue::default());
+        let mut qos = StakeQos::new(QosPolicy::parse(json.as_bytes()).unwrap(), 1);
+        let mut now = 1000;
+        let rounds = light_rounds(&mut qos, &store, &queue, &mut now, 10, 1, true);
+        assert!(rounds.iter().all(|&c| !c), "{json}");
+    }
+    let err = QosPolicy::parse(br#"{"capacityRps": 10, "mode": "reactive", "identifyAbove": 0.3}"#)
+        .unwrap_err();
+    assert_eq!(err.field, "identifyAbove");
+    let err = QosPolicy::parse(br#"{"capacityRps": 10, "identifyAbove": 0.99}"#).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "identifyAbove: must be between 0 and 0.95; got 0.99"
     );
 }

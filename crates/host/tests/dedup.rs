@@ -260,3 +260,52 @@ fn random_requests_coalesce_only_when_identical() {
     }
     assert!(host.take_callouts().is_empty());
 }
+
+#[test]
+fn coalescing_stands_by_while_the_node_answers_quickly_and_engages_when_one_stays() {
+    let mut host = gate(r#"{"engageAfterMs": 100, "standbyAfterMs": 1000}"#, 2);
+    // Engaged from the start: the first request leads by callout.
+    let first = held(&mut host, 0, &call(1, r#"{"data":"0x01"}"#));
+    let first_call = callout(&mut host);
+    host.answer_callout(&first_call, Some((200, answer(1))))
+        .unwrap();
+    assert_eq!(host.take_settled()[0].0, first);
+    // A second with nothing slow at the node: it stands by, on both
+    // workers, and quick answers (each gone within a tick) keep it so.
+    host.advance(Duration::from_millis(1200)).unwrap();
+    for i in 0..12 {
+        let id = sent_through(&mut host, i % 2, 10 + i as u64);
+        host.finish(id, 200, Duration::from_millis(1)).unwrap();
+        host.advance(Duration::from_millis(100)).unwrap();
+    }
+    assert_eq!(stat(&host, "engaged"), 0);
+    // Identical requests now both go to the node by the route, unchecked.
+    let a = sent(&mut host, 0, &call(30, r#"{"data":"0x02"}"#));
+    let b = sent(&mut host, 1, &call(31, r#"{"data":"0x02"}"#));
+    assert!(host.take_callouts().is_empty());
+    // One of them stays at the node: a tick later it is 100 ms old, and
+    // coalescing engages on every worker.
+    host.finish(b, 200, Duration::from_millis(1)).unwrap();
+    host.advance(Duration::from_millis(250)).unwrap();
+    assert_eq!(stat(&host, "engaged"), 1);
+    let retry = held(&mut host, 1, &call(32, r#"{"data":"0x03"}"#));
+    let led = callout(&mut host);
+    let twin = held(&mut host, 0, &call(33, r#"{"data":"0x03"}"#));
+    assert!(host.take_callouts().is_empty(), "the twin waits for it");
+    host.answer_callout(&led, Some((200, answer(32)))).unwrap();
+    let settled: Vec<RequestId> = host.take_settled().iter().map(|(id, _)| *id).collect();
+    assert!(settled.contains(&retry) && settled.contains(&twin));
+    host.finish(a, 200, Duration::from_millis(1)).unwrap();
+    host.advance(Duration::from_secs(1)).unwrap();
+    let standing_by = stat(&host, "standing_by");
+    assert_eq!(standing_by, 14, "12 quick requests and the two twins");
+}
+
+/// A request with params of its own, let through the route.
+fn sent_through(host: &mut Host, worker: usize, id: u64) -> RequestId {
+    sent(
+        host,
+        worker,
+        &call(id, &format!(r#"{{"data":"0x{id:x}"}}"#)),
+    )
+}

@@ -31,7 +31,7 @@ use metrics::GateMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::clock::Now;
-use stakegate_core::dedup::wake_queue;
+use stakegate_core::dedup::{engage, wake_queue};
 use stakegate_core::gate::coalesce::{Act, Acts, Callout, Held, Reply, Response};
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::stream::{GateStream, GateWorker, Head, OnBody, OnHeaders, Settled};
@@ -74,6 +74,8 @@ struct Worker {
     peers: HashMap<u32, u32>,
     /// Warnings already logged.
     told: Vec<String>,
+    /// When the heartbeat's work last ran.
+    last_heartbeat_ms: u64,
 }
 
 type StreamRef = (u32, Weak<RefCell<GateStream>>);
@@ -300,12 +302,17 @@ impl GateRoot {
     fn configure(&mut self, config: &[u8]) -> Result<(), String> {
         let policy = GatePolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
         let metrics = GateMetrics::define()?;
-        let heartbeat = Duration::from_millis(policy.heartbeat_ms);
+        // With dedup, a tick every engage::TICK_MS says whether it engages;
+        // the heartbeat's work runs on every heartbeatMs of them.
+        let tick_ms = match policy.dedup {
+            Some(_) => policy.heartbeat_ms.min(engage::TICK_MS),
+            None => policy.heartbeat_ms,
+        };
         let now_ms = now_ms();
         let gate = InflightGate::new(policy, now_ms ^ (u64::from(self.context_id) << 32));
         let mut core = GateWorker::new(gate);
         core.join(&EnvoyStore, now_ms);
-        self.set_tick_period(heartbeat);
+        self.set_tick_period(Duration::from_millis(tick_ms));
         let vm_id = stakegate_glue::property_string(&["plugin_vm_id"]).unwrap_or_default();
         let mut worker = Worker {
             core,
@@ -319,6 +326,7 @@ impl GateRoot {
             vm_id,
             peers: HashMap::new(),
             told: Vec::new(),
+            last_heartbeat_ms: now_ms,
         };
         worker.register_wake();
         worker.log();
@@ -378,7 +386,18 @@ impl RootContext for GateRoot {
     fn on_tick(&mut self) {
         let Some(worker) = &self.worker else { return };
         let mut worker = worker.borrow_mut();
-        let (totals, entries) = worker.core.tick(&EnvoyStore, now_ms());
+        let now = now_ms();
+        if worker.core.dedup.is_some() {
+            worker.core.engage(&EnvoyStore, now);
+            worker.metrics.engaged(worker.core.dedup_engaged());
+        }
+        let heartbeat_ms = worker.core.gate.policy().heartbeat_ms;
+        if now.saturating_sub(worker.last_heartbeat_ms) + engage::TICK_MS / 2 < heartbeat_ms {
+            worker.log();
+            return;
+        }
+        worker.last_heartbeat_ms = now;
+        let (totals, entries) = worker.core.tick(&EnvoyStore, now);
         worker.register_wake();
         worker.coalesce(self.context_id, true, |core, held| {
             core.heartbeat(&EnvoyStore, &mut Now::lazy(now_ms), held)
@@ -471,7 +490,7 @@ impl HttpContext for GateHttp {
         let mut worker = self.worker.borrow_mut();
         let head = Head::read(
             end_of_stream,
-            worker.core.dedup.is_some(),
+            worker.core.dedup_engaged(),
             host::request_header,
         );
         let Ok(mut stream) = self.stream.try_borrow_mut() else {

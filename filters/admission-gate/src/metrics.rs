@@ -42,6 +42,7 @@ const COUNTERS: &[(&str, Count)] = &[
     ("dedup.too_large", |c| c.dedup.too_large),
     ("dedup.table_full", |c| c.dedup.table_full),
     ("dedup.purged", |c| c.dedup.purged),
+    ("dedup.standing_by", |c| c.dedup.standing_by),
 ];
 
 pub struct GateMetrics {
@@ -52,6 +53,7 @@ pub struct GateMetrics {
     dedup_entries: u32,
     /// Requests held for an answer, on every worker (each adds its change).
     dedup_waiting: u32,
+    dedup_engaged: u32,
     waiting_reported: i64,
     counters: Vec<u32>,
 }
@@ -69,6 +71,11 @@ fn per_class(kind: MetricType, what: &str) -> Result<[u32; 3], String> {
 }
 
 impl GateMetrics {
+    /// Whether dedup checks requests now (set at every tick).
+    pub fn engaged(&self, engaged: bool) {
+        set(self.dedup_engaged, u64::from(engaged));
+    }
+
     pub fn define() -> Result<Self, String> {
         Ok(Self {
             admitted: per_class(MetricType::Counter, "admitted")?,
@@ -77,6 +84,7 @@ impl GateMetrics {
             websocket_active: define(MetricType::Gauge, &stat("websocket.active"))?,
             dedup_entries: define(MetricType::Gauge, &stat("dedup.entries"))?,
             dedup_waiting: define(MetricType::Gauge, &stat("dedup.waiting"))?,
+            dedup_engaged: define(MetricType::Gauge, &stat("dedup.engaged"))?,
             waiting_reported: 0,
             counters: COUNTERS
                 .iter()

@@ -53,6 +53,7 @@
 //! buffered body (at most `maxBodyBytes`) and no gate slot.
 
 pub mod answer;
+pub mod engage;
 pub mod key;
 pub mod policy;
 pub mod table;
@@ -65,6 +66,7 @@ use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
 use answer::{Answer, Id};
 use key::{Body, Key, Unkeyed};
 use policy::{DedupPolicy, Scope};
+use std::sync::Arc;
 use table::{page_of, Entry, Page, State, ANSWER_SLOTS, ENTRIES_PER_PAGE};
 
 const PREFIX: &str = "stakegate.admission_gate.v2.dedup";
@@ -186,10 +188,11 @@ pub struct Sweep {
     pub cas_retries: u32,
 }
 
-/// One gate VM's side of dedup.
+/// One gate VM's side of dedup. Cloned per request by the stream steps
+/// that need it beside the worker, so the policy is shared, not copied.
 #[derive(Debug, Clone)]
 pub struct Dedup {
-    policy: DedupPolicy,
+    policy: Arc<DedupPolicy>,
     /// How stale an owner's heartbeat may be before its in-flight entries
     /// stop counting past the window.
     owner_max_age_ms: u64,
@@ -263,7 +266,7 @@ impl Dedup {
     /// `heartbeat_ms` comes from the gate's policy.
     pub fn new(policy: DedupPolicy, heartbeat_ms: u64) -> Self {
         Self {
-            policy,
+            policy: Arc::new(policy),
             owner_max_age_ms: MISSED_HEARTBEATS * heartbeat_ms,
         }
     }

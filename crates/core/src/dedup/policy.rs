@@ -33,6 +33,10 @@ pub(crate) struct DedupDoc {
     max_answer_bytes: u64,
     #[serde(default)]
     upstream: UpstreamDoc,
+    #[serde(default = "default_engage_after_ms")]
+    engage_after_ms: u64,
+    #[serde(default = "default_standby_after_ms")]
+    standby_after_ms: u64,
 }
 
 /// Where a coalesced request's leader is sent: the cluster of Envoy's
@@ -75,6 +79,12 @@ fn default_max_waiters() -> u64 {
 }
 fn default_max_answer_bytes() -> u64 {
     128 * 1024
+}
+fn default_engage_after_ms() -> u64 {
+    100
+}
+fn default_standby_after_ms() -> u64 {
+    5000
 }
 fn default_cluster() -> String {
     "rpc_node".into()
@@ -164,6 +174,11 @@ pub struct DedupPolicy {
     /// Answers larger than this are not shared between workers or kept.
     pub max_answer_bytes: u64,
     pub upstream: Upstream,
+    /// Coalescing engages once a request has been at the node this long
+    /// (0: always engaged), and stands by again after `standby_after_ms`
+    /// with none (`dedup::engage`).
+    pub engage_after_ms: u64,
+    pub standby_after_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -208,6 +223,13 @@ impl DedupPolicy {
             "dedup.upstream.timeoutMs",
             doc.upstream.timeout_ms,
             1,
+            MAX_WINDOW_MS,
+        )?;
+        let engage_after_ms = range("dedup.engageAfterMs", doc.engage_after_ms, 0, 60_000)?;
+        let standby_after_ms = range(
+            "dedup.standbyAfterMs",
+            doc.standby_after_ms,
+            engage_after_ms.max(super::engage::TICK_MS),
             MAX_WINDOW_MS,
         )?;
         let names = |field: &str, list: Vec<String>| -> Result<BTreeSet<String>, PolicyError> {
@@ -270,6 +292,8 @@ impl DedupPolicy {
                 cluster,
                 timeout_ms,
             },
+            engage_after_ms,
+            standby_after_ms,
         })
     }
 

@@ -33,6 +33,7 @@ pub mod shards;
 pub mod stream;
 
 use crate::clock::Now;
+use crate::dedup::engage::AtNode;
 use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
 use crate::shared::{update, Change, SharedStore, StoreError};
 use class::RequestClass;
@@ -51,6 +52,8 @@ pub struct Ticket {
     pub class: RequestClass,
     /// `None` for internal traffic, which holds no slot.
     pub slot: Option<SlotKind>,
+    /// A public HTTP request, counted at the node for dedup's engagement.
+    pub at_node: Option<AtNode>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -171,7 +174,11 @@ impl InflightGate {
         let slot = match (class, websocket) {
             (RequestClass::Internal, _) => {
                 return Admission {
-                    decision: Decision::Admit(Ticket { class, slot: None }),
+                    decision: Decision::Admit(Ticket {
+                        class,
+                        slot: None,
+                        at_node: None,
+                    }),
                     totals: None,
                     cas_retries: 0,
                     store_error: None,
@@ -186,6 +193,7 @@ impl InflightGate {
                 decision: Decision::Admit(Ticket {
                     class,
                     slot: Some(slot),
+                    at_node: None,
                 }),
                 totals: taken.totals,
                 cas_retries: taken.cas_retries,
@@ -380,7 +388,8 @@ mod tests {
                 internal.decision,
                 Decision::Admit(Ticket {
                     class: RequestClass::Internal,
-                    slot: None
+                    slot: None,
+                    at_node: None,
                 })
             );
         }

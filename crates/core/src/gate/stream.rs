@@ -32,6 +32,7 @@
 
 use crate::clock::Now;
 use crate::dedup::answer::Answer;
+use crate::dedup::engage::Engagement;
 use crate::dedup::{client_name, Dedup, Outcome, Pending, Verdict};
 use crate::gate::class::{classify, RequestClass};
 use crate::gate::coalesce::{no_answer, Act, Callout, Led, Reply, Target, Waiting};
@@ -168,6 +169,9 @@ pub struct DedupCounts {
     /// Passed unrecorded: the key's page was full.
     pub table_full: u64,
     pub purged: u64,
+    /// Passed unchecked: coalescing stood by, the node being quick
+    /// (`dedup::engage`).
+    pub standing_by: u64,
 }
 
 /// What a gate VM reports as metrics, counted as things happen and handed
@@ -201,6 +205,8 @@ pub struct GateWorker {
     pub gate: InflightGate,
     /// Retry-storm protection, when the policy has it.
     pub dedup: Option<Dedup>,
+    /// Whether it is engaged (with `dedup`).
+    engagement: Option<Engagement>,
     /// Leaders' callouts at the node, by token.
     pub(super) callouts: HashMap<u32, Led>,
     pub counts: Counts,
@@ -216,13 +222,33 @@ impl GateWorker {
             .dedup
             .clone()
             .map(|d| Dedup::new(d, policy.heartbeat_ms));
+        let engagement = policy
+            .dedup
+            .as_ref()
+            .map(|d| Engagement::new(d.engage_after_ms, d.standby_after_ms));
         Self {
             gate,
             dedup,
+            engagement,
             callouts: HashMap::new(),
             counts: Counts::default(),
             log: Vec::new(),
             told_about_streamed_bodies: false,
+        }
+    }
+
+    /// Whether requests are checked for duplicates now (dedup is on and
+    /// engaged).
+    pub fn dedup_engaged(&self) -> bool {
+        self.engagement.as_ref().is_some_and(Engagement::engaged)
+    }
+
+    /// Every `engage::TICK_MS`: whether dedup engages or stands by.
+    pub fn engage(&mut self, store: &impl SharedStore, now_ms: u64) {
+        if let Some(engagement) = &mut self.engagement {
+            if let Err(e) = engagement.tick(store, now_ms) {
+                self.note_store_error("dedup engagement", &e);
+            }
         }
     }
 
@@ -266,7 +292,10 @@ impl GateWorker {
             self.note_store_error("admission failed closed", &e);
         }
         match decision {
-            Decision::Admit(ticket) => {
+            Decision::Admit(mut ticket) => {
+                if !upgrade && class != RequestClass::Internal {
+                    ticket.at_node = self.engagement.as_mut().map(Engagement::started);
+                }
                 self.counts.admitted[class.index()] += 1;
                 if ticket.slot.is_none() {
                     self.counts.internal_inflight += 1;
@@ -281,7 +310,10 @@ impl GateWorker {
         }
     }
 
-    pub(super) fn release(&mut self, ticket: Ticket) {
+    pub(super) fn release(&mut self, mut ticket: Ticket) {
+        if let (Some(at), Some(engagement)) = (ticket.at_node.take(), &mut self.engagement) {
+            engagement.ended(at);
+        }
         if ticket.slot.is_none() {
             self.counts.internal_inflight -= 1;
         }
@@ -462,8 +494,12 @@ impl GateStream {
                 Err(refusal) => return OnHeaders::Refuse(refusal),
             }
         };
+        let checked = !head.end_of_stream && class != RequestClass::Internal;
+        if checked && w.dedup.is_some() && !w.dedup_engaged() {
+            w.counts.dedup.standing_by += 1;
+        }
         let dedup_client = match &w.dedup {
-            Some(dedup) if !head.end_of_stream && class != RequestClass::Internal => {
+            Some(dedup) if checked && w.dedup_engaged() => {
                 if head.content_length.is_some_and(|n| !dedup.fits(n)) {
                     w.counts.dedup.too_large += 1;
                     None

@@ -113,10 +113,18 @@ const LOCAL_RATELIMIT: &str = r#"          - name: envoy.filters.http.local_rate
 // Each deciding once the body is whole, as the example policies and
 // gateway.yaml do (the bench listener holds the headers, as they do).
 const GATE: &str = r#"{"maxInflight": 1000000, "decideOnBody": true}"#;
-/// Room for every call of a 1 s window at the rates a core reaches.
+/// Room for every call of a 1 s window at the rates a core reaches. The
+/// bench's upstream answers at once, so coalescing stands by.
 const GATE_DEDUP: &str =
     r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536}, "decideOnBody": true}"#;
+/// The same, engaged whatever the node: every call checked, and each sent
+/// by the gate's callout.
+const GATE_DEDUP_ENGAGED: &str = r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536, "engageAfterMs": 0}, "decideOnBody": true}"#;
 const QOS_BELOW: &str = r#"{"capacityRps": 10000000, "decideOnBody": true}"#;
+/// Below its threshold, identifying every request (as it does from
+/// `identifyAbove` of capacity on, a tenth of it for calls like these).
+const QOS_IDENTIFYING: &str =
+    r#"{"capacityRps": 10000000, "decideOnBody": true, "identifyAbove": 0}"#;
 /// Below its threshold, in fleet mode: exchanging with Redis through
 /// Webdis every 100 ms.
 const QOS_FLEET: &str =
@@ -177,14 +185,26 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
         ),
         chain(
             "gate + dedup",
-            "the gate with retry-storm protection, every call new",
+            "the gate with retry-storm protection, standing by (the node answers at once)",
             vec![gate(GATE_DEDUP)?],
             false,
         ),
         chain(
+            "gate + dedup engaged",
+            "the same, engaged: every call checked and sent by callout, every call new",
+            vec![gate(GATE_DEDUP_ENGAGED)?],
+            false,
+        ),
+        chain(
             "QoS below",
-            "stake QoS below its threshold",
+            "stake QoS far below its threshold: counting, not identifying",
             vec![qos(QOS_BELOW)?],
+            false,
+        ),
+        chain(
+            "QoS identifying",
+            "stake QoS below its threshold, identifying every request",
+            vec![qos(QOS_IDENTIFYING)?],
             false,
         ),
         chain(
@@ -201,8 +221,14 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
         ),
         chain(
             "full chain",
-            "stake QoS, then the gate with dedup",
+            "stake QoS, then the gate with dedup, as a gateway with a quick node runs",
             vec![qos(QOS_BELOW)?, gate(GATE_DEDUP)?],
+            false,
+        ),
+        chain(
+            "full chain, engaged",
+            "stake QoS identifying, then the gate with dedup engaged",
+            vec![qos(QOS_IDENTIFYING)?, gate(GATE_DEDUP_ENGAGED)?],
             false,
         ),
     ]
@@ -514,6 +540,7 @@ fn check_in_path(
         } else if config.name.starts_with("stakegate.stake_qos") {
             envoy.stat("wasmcustom.stakegate.qos.admitted.unstaked")?
                 + envoy.stat("wasmcustom.stakegate.qos.throttled.unstaked")?
+                + envoy.stat("wasmcustom.stakegate.qos.counted")?
         } else {
             0
         })

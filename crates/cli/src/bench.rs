@@ -800,8 +800,9 @@ fn refill_for(max_identities: u32) -> u64 {
 /// `stakegate bench qos-refill`: how long one stake QoS refill round takes
 /// in a real Envoy as the identity table fills. wrk sends from
 /// `--identities` distinct addresses (in x-forwarded-for, behind a trusted
-/// 127.0.0.1), at a capacity never reached, so every address stays an
-/// identity until idleTtl; the filter's `refill_us` histogram gives each
+/// 127.0.0.1), at a capacity never reached, identifying every request
+/// (`identifyAbove` 0: so far below capacity QoS would only count them), so
+/// every address stays an identity until idleTtl; the filter's `refill_us` histogram gives each
 /// phase's quantiles over one stats flush window: empty, while wrk sends,
 /// and with the table full but no traffic.
 pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
@@ -809,7 +810,7 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
     let max_identities = table_for(args.identities);
     let refill_interval_ms = refill_for(max_identities);
     let policy = format!(
-        r#"{{"capacityRps": 1000000, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
+        r#"{{"capacityRps": 1000000, "identifyAbove": 0, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
     );
     let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
     let envoy = direct(
@@ -922,8 +923,9 @@ pub struct QosScaleArgs {
     pub out: PathBuf,
 }
 
-/// The two ways stake QoS runs: below its threshold every request is
-/// admitted without shared data; over it (capacity far below what wrk
+/// The two ways stake QoS runs with identities (`identifyAbove` 0): below
+/// its threshold every request is identified and admitted without shared
+/// data; over it (capacity far below what wrk
 /// sends) every identity takes token leases from its page and most
 /// requests are refused.
 const SCALE_MODES: [(&str, f64); 2] = [("below", 10_000_000.0), ("throttling", 1_000.0)];
@@ -1016,7 +1018,7 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
     for (mode, capacity) in SCALE_MODES {
         for &count in &args.identities {
             let policy = format!(
-                r#"{{"capacityRps": {capacity}, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
+                r#"{{"capacityRps": {capacity}, "identifyAbove": 0, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
             );
             let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
             let envoy = direct(

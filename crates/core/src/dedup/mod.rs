@@ -46,7 +46,8 @@
 //! a callout that cannot be made lets the request pass through the route as
 //! it is: dedup never refuses a request it is not sure about.
 //!
-//! **Bounds.** Entries: `maxEntries`. Kept answers: `ANSWER_SLOTS` per page,
+//! **Bounds.** Entries: `maxEntries`. Kept answers: `ANSWER_SLOTS` per page
+//! (a new one takes the slot of the page's oldest when none is free),
 //! each at most `maxAnswerBytes` (so at most `pages × 4 × maxAnswerBytes`
 //! of shared data). A wake message carries one answer, once per live gate
 //! VM, and is taken off the queue at once. A waiting request holds its
@@ -439,8 +440,24 @@ impl Dedup {
                         .filter(|e| e.answered())
                         .map(|e| e.slot)
                         .collect();
-                    let free = (0..ANSWER_SLOTS).find(|s| !used.contains(s));
-                    match free.filter(|_| keep && (reuse || nobody || e.abandoned)) {
+                    let mut i = i;
+                    let mut free = (0..ANSWER_SLOTS).find(|s| !used.contains(s));
+                    let wanted = keep && (reuse || nobody || e.abandoned);
+                    if wanted && free.is_none() {
+                        // Every slot holds an answer: the oldest gives its
+                        // slot up (its retry has most likely come).
+                        let oldest = (0..page.entries.len())
+                            .filter(|&k| page.entries[k].answered())
+                            .min_by_key(|&k| page.entries[k].until_ms);
+                        if let Some(k) = oldest {
+                            free = Some(page.entries[k].slot);
+                            page.entries.swap_remove(k);
+                            if i == page.entries.len() {
+                                i = k;
+                            }
+                        }
+                    }
+                    match free.filter(|_| wanted) {
                         Some(index) => {
                             let e = &mut page.entries[i];
                             e.state = if reuse {
@@ -749,6 +766,36 @@ mod tests {
         // The entry is gone: the next identical request (a poll) is sent.
         assert_eq!(entry(&d, &store, &a), None);
         let _poll = lead(verdict(&d, &store, &a, 2, 12_001));
+    }
+
+    #[test]
+    fn a_kept_answer_with_no_free_slot_takes_the_oldest_ones() {
+        // One page, so its four answer slots fill.
+        let (d, store) = (
+            dedup(r#"{"maxEntries": 64, "windowMs": 10000}"#),
+            MemoryStore::default(),
+        );
+        assert_eq!(d.policy().pages, 1);
+        let keys: Vec<Keyed> = (0..5)
+            .map(|n| keyed(&d, &call(&n.to_string()), ALICE))
+            .collect();
+        for (n, k) in keys.iter().enumerate() {
+            let at = n as u64 * 100;
+            let led = lead(verdict(&d, &store, k, 1, at));
+            // Its client gives up before the answer: it is kept for the retry.
+            d.left(&store, &k.key).unwrap();
+            let (completed, _) = d.complete(&store, &led, ANSWERED, 0, 0, at + 50).unwrap();
+            let Completed::Share { keep: Some(_), .. } = completed else {
+                panic!("answer {n} not kept: {completed:?}");
+            };
+        }
+        // The first (the oldest) gave its slot to the fifth.
+        assert_eq!(entry(&d, &store, &keys[0]), None);
+        let _first_again = lead(verdict(&d, &store, &keys[0], 1, 1000));
+        assert!(matches!(
+            verdict(&d, &store, &keys[4], 1, 1000),
+            Verdict::Take(_)
+        ));
     }
 
     #[test]

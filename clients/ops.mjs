@@ -3,7 +3,7 @@
 // through the gateway can be compared with a run straight at the node.
 //
 //   node ops.mjs viem|ethers HTTP_URL WS_URL
-//   node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate   (see `overload`)
+//   node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow   (see `overload`)
 //
 // The chain must be anvil's dev chain (its unlocked accounts send the
 // transaction). Exits non-zero, with the library's own error, if any
@@ -11,7 +11,7 @@
 
 import * as viem from "viem";
 import { anvil } from "viem/chains";
-import { JsonRpcProvider, WebSocketProvider } from "ethers";
+import { FetchRequest, JsonRpcProvider, WebSocketProvider } from "ethers";
 
 const [library, httpUrl, wsUrl] = process.argv.slice(2);
 // anvil's dev accounts 0 (sender), 1 (receiver) and 9 (never touched).
@@ -113,30 +113,48 @@ async function withEthers() {
   return out;
 }
 
-// Overload (`node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate`):
+// Overload (`node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow`):
 // one call or one batch of two against an endpoint that refuses it, or
 // `eth_getLogs [{}]` while the test keeps the same call in flight (dedup
 // holds it for that call's answer), with the library's default retries:
-// what the caller is finally given, and when.
+// what the caller is finally given, and when. `slow`: an eth_call with a
+// 1 s timeout to a node that takes longer, retried on each timeout: by viem
+// itself (three retries, 150 ms doubling), and for ethers, which does not
+// retry a timeout, by the program, five times at once, as an app would.
 async function overload(url, what) {
   const batch = what === "batch";
+  const slow = (send) => send("eth_call", [{ to: IDENTITY, data: library === "viem" ? "0x02" : "0x03" }, "latest"]);
   let call;
   let close = () => {};
   if (library === "viem") {
-    const client = viem.createPublicClient({ chain: anvil, transport: viem.http(url, { batch }) });
+    const transport = viem.http(url, what === "slow" ? { timeout: 1000 } : { batch });
+    const client = viem.createPublicClient({ chain: anvil, transport });
     call = {
       single: () => client.getBlockNumber(),
       batch: () => Promise.all([client.getChainId(), client.getBlockNumber()]),
       duplicate: () => client.request({ method: "eth_getLogs", params: [{}] }),
+      slow: () => slow((method, params) => client.request({ method, params })),
     }[what];
   } else {
     // The chain is given, so that ethers does not also detect it (a refused
     // eth_chainId makes it log and retry every second, forever).
-    const provider = new JsonRpcProvider(url, anvil.id, { staticNetwork: true, batchMaxCount: batch ? 10 : 1, batchStallTime: 20 });
+    const request = new FetchRequest(url);
+    if (what === "slow") request.timeout = 1000;
+    const provider = new JsonRpcProvider(request, anvil.id, { staticNetwork: true, batchMaxCount: batch ? 10 : 1, batchStallTime: 20 });
+    const retried = async (method, params) => {
+      for (let attempt = 1; ; attempt++) {
+        try {
+          return await provider.send(method, params);
+        } catch (e) {
+          if (e?.code !== "TIMEOUT" || attempt === 5) throw e;
+        }
+      }
+    };
     call = {
       single: () => provider.getBlockNumber(),
       batch: () => Promise.all([provider.send("eth_chainId", []), provider.getBlockNumber()]),
       duplicate: () => provider.send("eth_getLogs", [{}]),
+      slow: () => slow(retried),
     }[what];
     close = () => provider.destroy();
   }
@@ -155,7 +173,7 @@ async function overload(url, what) {
 
 const run = httpUrl === "overload" ? () => overload(wsUrl, process.argv[5]) : { viem: withViem, ethers: withEthers }[library];
 if (!["viem", "ethers"].includes(library) || !run) {
-  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate (not ${library})`);
+  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow (not ${library})`);
   process.exit(2);
 }
 try {

@@ -4,7 +4,7 @@ viem and ethers), so that a run through the gateway can be compared with a
 run straight at the node.
 
     python ops.py HTTP_URL WS_URL
-    python ops.py overload HTTP_URL single|batch|duplicate   (see overload)
+    python ops.py overload HTTP_URL single|batch|duplicate|slow   (see overload)
 
 The chain must be anvil's dev chain (its unlocked accounts send the
 transaction). Exits non-zero, with web3.py's own error, if any operation
@@ -76,8 +76,11 @@ def overload(url, what):
     """One call or one batch of two against an endpoint that refuses it, or
     `eth_getLogs [{}]` while the test keeps the same call in flight (dedup
     holds it for that call's answer), with web3.py's default retries: what
-    the caller is finally given, and when."""
-    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": TIMEOUT_S}))
+    the caller is finally given, and when. `slow`: an eth_call with a 1 s
+    timeout to a node that takes longer, retried by web3.py on each
+    timeout (its default for eth_call: five tries, 0.125 s doubling)."""
+    timeout = 1 if what == "slow" else TIMEOUT_S
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": timeout}))
 
     def batch():
         with w3.batch_requests() as b:
@@ -91,6 +94,7 @@ def overload(url, what):
             "single": lambda: w3.eth.block_number,
             "batch": batch,
             "duplicate": lambda: w3.manager.request_blocking("eth_getLogs", [{}]),
+            "slow": lambda: "0x" + w3.eth.call({"to": IDENTITY, "data": "0x01"}).hex(),
         }[what]()
         error = None
     except Exception as e:
@@ -103,7 +107,7 @@ def main():
         print(json.dumps(overload(sys.argv[2], sys.argv[3])))
         return 0
     if len(sys.argv) != 3:
-        print("usage: python ops.py HTTP_URL WS_URL, or python ops.py overload HTTP_URL single|batch|duplicate", file=sys.stderr)
+        print("usage: python ops.py HTTP_URL WS_URL, or python ops.py overload HTTP_URL single|batch|duplicate|slow", file=sys.stderr)
         return 2
     http_url, ws_url = sys.argv[1:]
     try:

@@ -132,7 +132,9 @@ fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
     // keeps the libraries that wait for it quick.
     let (node, envoy) = gateway_on_one_worker(
         &example_policy("stake-qos", json!({})),
-        r#"{"maxInflight": 2, "dedup": {}, "retryAfterMaxS": 2, "decideOnBody": true}"#,
+        // Coalescing stays engaged from the start (it would from the first
+        // held call on; this takes the start's timing out of the test).
+        r#"{"maxInflight": 2, "dedup": {"standbyAfterMs": 600000}, "retryAfterMaxS": 2, "decideOnBody": true}"#,
         &["--cost", "test_hold=120s", "--cost", "eth_getLogs=8s"],
     );
     let public = envoy.listener("public").unwrap();
@@ -250,5 +252,67 @@ fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
         served,
         json!({"eth_getLogs": 3}),
         "nothing else got past the gateway"
+    );
+}
+
+/// Each library calls a node slower than its 1 s timeout and retries on
+/// the timeout (viem and web3.py by themselves; ethers does not retry a
+/// timeout, so the program does, as an app would). Through the gateway,
+/// with dedup, every retry waits for the first call's answer at the node:
+/// each library gets its answer, with no 429 and one call at the node.
+#[test]
+fn libraries_retrying_into_a_slow_node_get_their_answer_from_one_call() {
+    let (node, envoy) = gateway_on_one_worker(
+        &example_policy("stake-qos", json!({})),
+        r#"{"maxInflight": 64, "dedup": {}, "decideOnBody": true}"#,
+        &["--cost", "eth_call=2500ms", "--cost", "test_hold=120s"],
+    );
+    let public = envoy.listener("public").unwrap();
+    let url = format!("http://{public}");
+    // The node is slow: a request held there for more than 100 ms engages
+    // coalescing.
+    let _slow = in_flight(
+        public,
+        r#"{"jsonrpc":"2.0","id":1,"method":"test_hold","params":[]}"#,
+    );
+    assert!(eventually(Duration::from_secs(10), || {
+        envoy
+            .stat("wasmcustom.stakegate.gate.dedup.engaged")
+            .unwrap()
+            == 1
+    }));
+    let answered = || envoy.stat("http.public.downstream_rq_total").unwrap();
+    for name in LIBRARIES {
+        let before = answered();
+        let output = library(name, &["overload", &url, "slow"]).output().unwrap();
+        let outcome: Value = serde_json::from_slice(&output.stdout)
+            .unwrap_or_else(|e| panic!("{name}: {e}: {}", String::from_utf8_lossy(&output.stderr)));
+        eprintln!(
+            "{name} | slow node, retried | {} attempts at Envoy | {} | {} ms",
+            answered() - before,
+            outcome["result"],
+            outcome["ms"]
+        );
+        assert_eq!(outcome["error"], Value::Null, "{name}: {outcome}");
+        assert!(
+            outcome["result"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("0x")),
+            "{name}: {outcome}"
+        );
+    }
+    let status = |class: &str| {
+        envoy
+            .stat(&format!("http.public.downstream_rq_{class}"))
+            .unwrap()
+    };
+    assert_eq!(status("4xx"), 0, "no 429, nor any other refusal");
+    assert!(eventually(Duration::from_secs(5), || {
+        node.metrics().unwrap()["served"]["eth_call"] == 3
+    }));
+    assert_eq!(
+        node.metrics().unwrap()["served"]["eth_call"],
+        3,
+        "one call at the node for each library, however many retries"
     );
 }

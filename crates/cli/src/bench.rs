@@ -82,6 +82,8 @@ const RATELIMIT_SERVICE: &str = r#"          - name: envoy.filters.http.ratelimi
               domain: stakegate
               request_type: both
               failure_mode_deny: true
+              # Its default, 20 ms, fails requests on a busy machine.
+              timeout: 1s
               rate_limit_service:
                 transport_api_version: V3
                 grpc_service: { envoy_grpc: { cluster_name: ratelimit } }"#;

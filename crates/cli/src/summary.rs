@@ -425,10 +425,18 @@ impl Summary {
         self.clients.iter().find(|c| c.id == id)
     }
 
+    /// The run's seconds, as the clients' timelines count them.
+    pub fn seconds(&self) -> usize {
+        self.clients
+            .iter()
+            .map(|c| c.timeline.len())
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Requests admitted over every client, per second of the run.
     pub fn admitted_by_second(&self) -> Vec<u64> {
-        let seconds = self.clients.iter().map(|c| c.timeline.len()).max();
-        (0..seconds.unwrap_or(0))
+        (0..self.seconds())
             .map(|s| {
                 self.clients
                     .iter()

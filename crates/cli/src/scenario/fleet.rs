@@ -111,12 +111,7 @@ pub fn watch(
 
 /// The `fleet` section of a run's summary.
 pub fn summarise(scenario: &Scenario, summary: &Summary, watched: Watched) -> FleetSummary {
-    let seconds = summary
-        .clients
-        .iter()
-        .map(|c| c.timeline.len())
-        .max()
-        .unwrap_or(0);
+    let seconds = summary.seconds();
     let parties: Vec<Party> = summary
         .clients
         .iter()

@@ -312,30 +312,43 @@ fn category(names: &[&str], x: f64) -> String {
     }
 }
 
-/// One bar per `(name, value, [low, high])`, with a whisker from low to
-/// high and a dashed line at 1.0: the bench's ratios.
+/// One horizontal bar per `(name, value, [low, high])`, top to bottom, with
+/// a whisker from low to high and a dashed line at 1.0: the bench's ratios.
 pub fn bars(bars: &[(String, f64, [f64; 2])], caption: &str, path: &Path) -> anyhow::Result<()> {
     load_font()?;
-    let names: Vec<&str> = bars.iter().map(|(n, ..)| n.as_str()).collect();
+    let names: Vec<&str> = bars.iter().rev().map(|(n, ..)| n.as_str()).collect();
     let top = bars
         .iter()
         .map(|(_, v, [_, high])| v.max(*high))
         .fold(1.0, f64::max)
         * 1.1;
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    let height = (60 + 32 * bars.len() as u32).max(SIZE.1);
+    let root = BitMapBackend::new(path, (SIZE.0, height)).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut chart = category_chart(&root, (caption, 18), &names, top, "ratio")?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(190)
+        .build_cartesian_2d(0f64..top, 0f64..names.len() as f64)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(names.len() * 2 + 1)
+        .y_label_formatter(&|y| category(&names, *y))
+        .x_desc("ratio")
+        .draw()?;
     let blue = BLUE.mix(0.7);
+    let row = |i: usize| (bars.len() - 1 - i) as f64;
     chart.draw_series(bars.iter().enumerate().map(|(i, (_, value, _))| {
-        let x = i as f64;
-        Rectangle::new([(x + 0.2, 0.0), (x + 0.8, *value)], blue.filled())
+        Rectangle::new([(0.0, row(i) + 0.2), (*value, row(i) + 0.8)], blue.filled())
     }))?;
     chart.draw_series(bars.iter().enumerate().map(|(i, (_, _, [low, high]))| {
-        let x = i as f64 + 0.5;
-        PathElement::new([(x, *low), (x, *high)], BLACK.stroke_width(2))
+        let y = row(i) + 0.5;
+        PathElement::new([(*low, y), (*high, y)], BLACK.stroke_width(2))
     }))?;
     chart.draw_series(DashedLineSeries::new(
-        [(0.0, 1.0), (names.len() as f64, 1.0)],
+        [(1.0, 0.0), (1.0, names.len() as f64)],
         6,
         4,
         BLACK.mix(0.5).stroke_width(1),

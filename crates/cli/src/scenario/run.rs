@@ -367,13 +367,7 @@ fn summarise(scenario: &Scenario, report: &Report, node: NodeSummary) -> Summary
 pub fn timeline_csv(summary: &Summary) -> String {
     let mut out = String::from("second,client,admitted,rejected,failed,tip_lag_ms,node_queue\n");
     let node: &[NodeSecond] = summary.node.as_ref().map_or(&[], |n| &n.timeline);
-    let seconds = summary
-        .clients
-        .iter()
-        .map(|c| c.timeline.len())
-        .max()
-        .unwrap_or(0);
-    for second in 0..seconds {
+    for second in 0..summary.seconds() {
         let (lag, queue) = node
             .get(second)
             .map_or((String::new(), String::new()), |n| {

@@ -62,6 +62,14 @@ impl Run {
     }
 }
 
+/// Finishes the requests of `pending` (when, which VM, ticket) due by
+/// `now`, answered 200.
+fn finish_due(vms: &mut [StakeQos], pending: &mut Vec<(u64, usize, Ticket)>, now: u64) {
+    for (_, vm, ticket) in pending.extract_if(.., |(at, _, _)| *at <= now) {
+        vms[vm].finish(now, ticket, Some(200));
+    }
+}
+
 /// `workers` worker VMs and a main-thread VM (no requests, as in Envoy)
 /// over one store, each ticking once per refill interval at a phase of its
 /// own; requests go to the workers in turn. Runs `run_ms` and counts
@@ -98,15 +106,7 @@ fn drive(policy: QosPolicy, clients: &[Client], workers: usize, run_ms: u64) -> 
                 *next = now + 18 + jitter % 5;
             }
         }
-        let mut still = Vec::new();
-        for (at, vm, ticket) in pending.drain(..) {
-            if at <= now {
-                vms[vm].finish(now, ticket, Some(200));
-            } else {
-                still.push((at, vm, ticket));
-            }
-        }
-        pending = still;
+        finish_due(&mut vms, &mut pending, now);
         for (i, c) in clients.iter().enumerate() {
             if now < c.from_ms || now >= c.until_ms {
                 continue;
@@ -603,15 +603,7 @@ fn drive_fleet(
             };
             links[r].answered(&vms[r], &stores[r], now + 1, status, &answer);
         }
-        let mut still = Vec::new();
-        for (at, r, ticket) in pending.drain(..) {
-            if at <= now {
-                vms[r].finish(now, ticket, Some(200));
-            } else {
-                still.push((at, r, ticket));
-            }
-        }
-        pending = still;
+        finish_due(&mut vms, &mut pending, now);
         for (i, c) in clients.iter().enumerate() {
             let due = (now as f64 * c.rate / 1000.0) as u64;
             while sent[i] < due {

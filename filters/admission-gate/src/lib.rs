@@ -270,14 +270,13 @@ impl Worker {
             match stream.settle(&mut self.core, &EnvoyStore, &mut now) {
                 Settled::ConnectionFull => i += 1,
                 Settled::GateFull => break,
-                settled => {
+                Settled::Through(bytes) => {
                     acted = true;
                     if host::act_on(id) {
-                        if settled == Settled::Through {
-                            host::resume_request();
-                        } else {
-                            host::close_request();
+                        if let Some(bytes) = bytes {
+                            host::replace_body(BodyOf::Request, &bytes);
                         }
+                        host::resume_request();
                     }
                     self.held.remove(i);
                 }
@@ -555,9 +554,9 @@ impl HttpContext for GateHttp {
                 answer(&reply);
                 Action::Pause
             }
-            OnBody::Close => {
-                host::close_request();
-                Action::Pause
+            OnBody::ContinueWith(bytes) => {
+                host::replace_body(BodyOf::Request, &bytes);
+                Action::Continue
             }
             OnBody::Refuse(refusal) => refuse(&refusal),
         }
@@ -583,13 +582,17 @@ impl HttpContext for GateHttp {
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         // Answers give slots back; held streams (this one too) retry.
         self.with(|stream, w, _| {
-            stream.response_body(
+            let answered = stream.response_body(
                 w,
                 &EnvoyStore,
                 body_size,
                 end_of_stream,
                 &mut HostBody(BodyOf::Response),
-            )
+            );
+            if let Some(bytes) = answered.replace {
+                host::replace_body(BodyOf::Response, &bytes);
+            }
+            answered.released
         });
         Action::Continue
     }

@@ -19,10 +19,13 @@ type Count = fn(&Counts) -> u64;
 
 /// Counters: name, and the count it reports.
 const COUNTERS: &[(&str, Count)] = &[
-    ("websocket.rejected", |c| c.websocket_rejected),
-    ("websocket.messages", |c| c.websocket_messages),
-    ("websocket.waits", |c| c.websocket_waits),
-    ("websocket.closed", |c| c.websocket_closed),
+    ("websocket.rejected", |c| c.websocket.rejected),
+    ("websocket.messages", |c| c.websocket.messages),
+    ("websocket.waits", |c| c.websocket.waits),
+    ("websocket.closed", |c| c.websocket.closed),
+    ("websocket.merged", |c| c.websocket.merged),
+    ("websocket.rewritten", |c| c.websocket.rewritten),
+    ("websocket.skipped", |c| c.websocket.skipped),
     ("bodies_streamed", |c| c.bodies_streamed),
     ("cas_retries", |c| c.store.cas_retries),
     ("store_errors", |c| c.store.store_errors),

@@ -27,6 +27,13 @@ extern "C" {
         return_buffer_data: *mut *mut u8,
         return_buffer_size: *mut usize,
     ) -> u32;
+    fn proxy_set_buffer_bytes(
+        buffer_type: u32,
+        start: usize,
+        size: usize,
+        data: *const u8,
+        data_size: usize,
+    ) -> u32;
     fn proxy_get_property(
         path_data: *const u8,
         path_size: usize,
@@ -156,6 +163,14 @@ pub fn body(of: BodyOf, start: usize, len: usize) -> Vec<u8> {
         return Vec::new();
     }
     owned(data, size)
+}
+
+/// Replaces the whole of the body (or upgraded stream data) being handed
+/// over, or held by this filter, with `bytes`. `false` if the host refused.
+pub fn replace_body(of: BodyOf, bytes: &[u8]) -> bool {
+    // Envoy replaces the whole buffer when the length given covers it.
+    // SAFETY: the bytes' own pointer and length.
+    unsafe { proxy_set_buffer_bytes(of as u32, 0, usize::MAX, bytes.as_ptr(), bytes.len()) == OK }
 }
 
 /// Registers (or finds) the shared queue `name` of this VM's `vm_id`.

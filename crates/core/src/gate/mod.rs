@@ -31,6 +31,7 @@ pub mod drain;
 pub mod policy;
 pub mod shards;
 pub mod stream;
+pub mod websocket;
 
 use crate::clock::Now;
 use crate::dedup::engage::AtNode;
@@ -86,6 +87,8 @@ pub fn slot_of(class: RequestClass) -> SlotKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Taken {
     pub ok: bool,
+    /// Slots taken (0 unless `ok`).
+    pub count: u32,
     /// Slot totals as written or read; `None` when a spare slot served.
     pub totals: Option<Totals>,
     pub cas_retries: u32,
@@ -97,6 +100,7 @@ impl Taken {
     fn failed(cas_retries: u32, e: StoreError) -> Self {
         Self {
             ok: false,
+            count: 0,
             totals: None,
             cas_retries,
             store_error: Some(e),
@@ -141,6 +145,12 @@ impl InflightGate {
     /// This VM's shard id, once joined.
     pub fn vm(&self) -> Option<u32> {
         self.vm
+    }
+
+    /// A number no client can guess, for ids of the gate's own (a
+    /// WebSocket's gateway ids).
+    pub fn nonce(&mut self) -> u64 {
+        self.jitter.next_u64()
     }
 
     pub fn drain_per_second(&self) -> f64 {
@@ -224,9 +234,25 @@ impl InflightGate {
         slot: SlotKind,
         n: u32,
     ) -> Taken {
-        if self.spare.take_n(slot, n) {
+        self.take_between(store, now, slot, n, n)
+    }
+
+    /// Takes as many `slot`s as there are, up to `most`, if that is at
+    /// least `least`, or none (`Taken::count`): from this VM's spares if it
+    /// has `most`, else from the shared pool by one CAS (which returns the
+    /// spares first).
+    pub fn take_between(
+        &mut self,
+        store: &impl SharedStore,
+        now: &mut Now,
+        slot: SlotKind,
+        least: u32,
+        most: u32,
+    ) -> Taken {
+        if self.spare.take_n(slot, most) {
             return Taken {
                 ok: true,
+                count: most,
                 totals: None,
                 cas_retries: 0,
                 store_error: None,
@@ -242,12 +268,9 @@ impl InflightGate {
         let result = update(store, SHARED_KEY, |table: &mut ShardTable| {
             // Spares go back to the pool with this write.
             table.heartbeat(vm, now_ms, &spare);
-            if table.try_admit_n(vm, now_ms, slot, n, &limits) {
-                Change::Write(true)
-            } else if !spare.is_empty() {
-                Change::Write(false)
-            } else {
-                Change::Keep(false)
+            match table.try_admit_between(vm, now_ms, slot, least, most, &limits) {
+                0 if spare.is_empty() => Change::Keep(0),
+                taken => Change::Write(taken),
             }
         });
         match result {
@@ -255,7 +278,8 @@ impl InflightGate {
                 // Any spares were returned by the write (or there were none).
                 self.spare = Spare::default();
                 Taken {
-                    ok: updated.value,
+                    ok: updated.value > 0,
+                    count: updated.value,
                     totals: Some(updated.table.totals()),
                     cas_retries: updated.retries,
                     store_error: None,

@@ -21,6 +21,8 @@ struct Document {
     max_websocket_connections: i64,
     #[serde(default = "default_max_inflight_per_websocket")]
     max_inflight_per_websocket: u32,
+    #[serde(default = "default_max_websocket_message_bytes")]
+    max_websocket_message_bytes: u64,
     #[serde(default = "default_heartbeat_ms")]
     heartbeat_ms: u64,
     #[serde(default = "default_stale_slot_ttl_ms")]
@@ -80,6 +82,10 @@ fn default_max_inflight_per_websocket() -> u32 {
     8
 }
 
+fn default_max_websocket_message_bytes() -> u64 {
+    DEFAULT_MAX_WEBSOCKET_MESSAGE_BYTES
+}
+
 fn default_heartbeat_ms() -> u64 {
     1000
 }
@@ -93,6 +99,9 @@ fn default_retry_after_max_s() -> u32 {
 }
 
 pub const DEFAULT_MAX_WEBSOCKET_CONNECTIONS: u32 = 1024;
+/// Envoy's default buffer limit per connection.
+pub const DEFAULT_MAX_WEBSOCKET_MESSAGE_BYTES: u64 = 1024 * 1024;
+pub const MAX_WEBSOCKET_MESSAGE_BYTES: u64 = 64 * 1024 * 1024;
 pub const MAX_LIMIT: u32 = 1_000_000;
 pub const MIN_HEARTBEAT_MS: u64 = 100;
 pub const MAX_HEARTBEAT_MS: u64 = 60_000;
@@ -110,6 +119,9 @@ pub struct GatePolicy {
     /// A shard not refreshed for this long is dropped with its slots.
     pub stale_slot_ttl_ms: u64,
     pub retry_after_max_s: u32,
+    /// The longest WebSocket message the gate reads (each way); a longer
+    /// one closes its socket.
+    pub max_websocket_message_bytes: usize,
     /// Admit a request with a body once the body is whole, so that a
     /// refusal answers each call by its `id`. Needs a filter after the
     /// gate that holds the headers until then (envoy-config/gateway.yaml).
@@ -173,6 +185,12 @@ impl GatePolicy {
             1,
             1000,
         )?;
+        let max_websocket_message_bytes = range(
+            "maxWebsocketMessageBytes",
+            doc.max_websocket_message_bytes,
+            1024,
+            MAX_WEBSOCKET_MESSAGE_BYTES,
+        )?;
         let heartbeat_ms = range(
             "heartbeatMs",
             doc.heartbeat_ms,
@@ -209,6 +227,8 @@ impl GatePolicy {
             heartbeat_ms,
             stale_slot_ttl_ms,
             retry_after_max_s,
+            max_websocket_message_bytes: usize::try_from(max_websocket_message_bytes)
+                .unwrap_or(usize::MAX),
             decide_on_body: doc.decide_on_body,
             internal: compile_matchers("classes.internal", doc.classes.internal)?,
             priority: compile_matchers("classes.priority", doc.classes.priority)?,
@@ -309,6 +329,7 @@ mod tests {
                 heartbeat_ms: 1000,
                 stale_slot_ttl_ms: 10_000,
                 retry_after_max_s: 30,
+                max_websocket_message_bytes: 1024 * 1024,
                 decide_on_body: false,
                 internal: vec![],
                 priority: vec![],

@@ -305,24 +305,36 @@ impl ShardTable {
         n: u32,
         limits: &Limits,
     ) -> bool {
+        self.try_admit_between(vm, now_ms, kind, n, n, limits) > 0
+    }
+
+    /// Takes as many `kind` slots for `vm` as the limits allow, up to
+    /// `most`, if that is at least `least` (else none). Returns how many.
+    pub fn try_admit_between(
+        &mut self,
+        vm: u32,
+        now_ms: u64,
+        kind: SlotKind,
+        least: u32,
+        most: u32,
+        limits: &Limits,
+    ) -> u32 {
         let totals = self.totals();
-        let fits = |held: u32, max: u32| u64::from(held) + u64::from(n) <= u64::from(max);
-        let allowed = match kind {
+        let room = |held: u32, max: u32| max.saturating_sub(held);
+        let room = match kind {
             SlotKind::Default => limits
                 .max_inflight
-                .is_none_or(|max| fits(totals.inflight(), max.saturating_sub(limits.reserved))),
-            SlotKind::Priority => limits
-                .max_inflight
-                .is_none_or(|max| fits(totals.inflight(), max)),
-            SlotKind::Websocket => limits
-                .max_websocket
-                .is_none_or(|max| fits(totals.websocket, max)),
+                .map(|max| room(totals.inflight(), max.saturating_sub(limits.reserved))),
+            SlotKind::Priority => limits.max_inflight.map(|max| room(totals.inflight(), max)),
+            SlotKind::Websocket => limits.max_websocket.map(|max| room(totals.websocket, max)),
         };
-        if allowed {
-            let count = self.own(vm, now_ms).held.count_mut(kind);
-            *count = count.saturating_add(n);
+        let taken = room.map_or(most, |room| room.min(most));
+        if taken < least.max(1) {
+            return 0;
         }
-        allowed
+        let count = self.own(vm, now_ms).held.count_mut(kind);
+        *count = count.saturating_add(taken);
+        taken
     }
 }
 

@@ -21,7 +21,7 @@ use crate::clock::Now;
 use crate::jsonrpc;
 use crate::request::{Body, RequestFacts};
 use crate::shared::{SharedStore, StoreError};
-use crate::websocket::{FrameReader, Side};
+use crate::websocket::{Count, FrameReader, Side};
 
 /// What an admission decided, and what the glue records of it.
 #[derive(Debug)]
@@ -132,8 +132,9 @@ impl QosStream {
             let Some(reader) = reader else {
                 return OnBody::default();
             };
-            let messages = reader.feed(&body.read(0, size));
-            let calls = messages.requests + messages.notifications;
+            let mut count = Count::default();
+            reader.feed(&body.read(0, size), &mut count);
+            let calls = count.calls;
             if calls > 0 {
                 qos.charge_calls(connection, calls);
             }

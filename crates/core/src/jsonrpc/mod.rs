@@ -1,0 +1,86 @@
+//! JSON-RPC as the filters read it: one streaming reader (`scan`) for HTTP
+//! bodies and WebSocket messages alike, and what follows from a summary:
+//! how many calls a body holds, which calls expect an answer, and where
+//! each call's `id` is.
+//!
+//! **What a node answers.** A call whose object has an `id` member (any
+//! value, `null` included) is answered; one without is a notification,
+//! executed and not answered. Which key is an `id` member depends on the
+//! node (serde decodes escapes; Go also ignores case), so a call whose id
+//! key is not written plainly (`"ID"`, `"\u0069d"`) is one the gateway
+//! cannot be sure of: see `Call::id`. An object with `result` or `error`
+//! and no `method` is a response; Go nodes ignore one, others answer it
+//! with an error.
+
+pub mod scan;
+
+pub use scan::{Entry, Name, Shape, Summary};
+
+/// How many calls a body holds: a batch's entries, else 1 (an empty batch
+/// is one invalid request, answered with one error; a body that is not
+/// JSON is one call). A body that does not start with `[` is not scanned.
+pub fn calls(body: &[u8]) -> u32 {
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'[') {
+        return 1;
+    }
+    let summary = Summary::of(body);
+    u32::try_from(summary.entries.len())
+        .unwrap_or(u32::MAX)
+        .max(1)
+}
+
+/// How a call's `id` is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Id {
+    /// No member any node reads as the id: a notification.
+    Absent,
+    /// Exactly one `"id"` member, written plainly: every node reads it.
+    Plain(std::ops::Range<usize>),
+    /// Id members some node reads and another may not (`"ID"`,
+    /// `"\u0069d"`, or more than one): the last one's value.
+    Unsure(std::ops::Range<usize>),
+}
+
+/// What one entry is, as a node treats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// An object with a method: a call or a notification.
+    Call,
+    /// An object with `result` or `error` and no method: a response to
+    /// nothing the node asked.
+    Response,
+    /// Anything else (not an object, or an object with neither): the node
+    /// answers it with an error.
+    Invalid,
+}
+
+impl Entry {
+    pub fn kind(&self) -> Kind {
+        if !self.object {
+            Kind::Invalid
+        } else if self.has(Name::Method) {
+            Kind::Call
+        } else if self.has(Name::Result) || self.has(Name::Error) {
+            Kind::Response
+        } else {
+            Kind::Invalid
+        }
+    }
+
+    /// Its id, as the nodes would read it.
+    pub fn id(&self) -> Id {
+        let mut ids = self.named(Name::Id);
+        match (ids.next(), ids.next()) {
+            (None, _) => Id::Absent,
+            (Some(only), None) if only.plain => Id::Plain(only.value.clone()),
+            _ => match self.last(Name::Id) {
+                Some(last) => Id::Unsure(last.value.clone()),
+                None => Id::Absent,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

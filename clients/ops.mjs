@@ -4,6 +4,7 @@
 //
 //   node ops.mjs viem|ethers HTTP_URL WS_URL
 //   node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow   (see `overload`)
+//   node ops.mjs viem|ethers burst WS_URL N   (see `burst`)
 //
 // The chain must be anvil's dev chain (its unlocked accounts send the
 // transaction). Exits non-zero, with the library's own error, if any
@@ -171,9 +172,43 @@ async function overload(url, what) {
   }
 }
 
-const run = httpUrl === "overload" ? () => overload(wsUrl, process.argv[5]) : { viem: withViem, ethers: withEthers }[library];
+// Burst (`node ops.mjs viem|ethers burst WS_URL N`): N balance reads at
+// once on one WebSocket (`Promise.all`), as a dapp's page load makes them:
+// how many were answered, the first error, and the balances, in order.
+async function burst(url, n) {
+  const addresses = Array.from({ length: n }, (_, i) => `0x${(i + 1).toString(16).padStart(40, "0")}`);
+  let read;
+  let close;
+  if (library === "viem") {
+    const client = viem.createPublicClient({ chain: anvil, transport: viem.webSocket(url, { retryCount: 0 }) });
+    read = (address) => client.getBalance({ address });
+    close = () => client.transport.getRpcClient().then((rpc) => rpc.close());
+  } else {
+    const provider = new WebSocketProvider(url, anvil.id, { staticNetwork: true });
+    read = (address) => provider.getBalance(address);
+    close = () => provider.destroy();
+  }
+  const started = Date.now();
+  const settled = await Promise.allSettled(addresses.map(read));
+  const ms = Date.now() - started;
+  await close();
+  const failed = settled.filter((s) => s.status === "rejected");
+  return {
+    answered: settled.length - failed.length,
+    error: failed.length ? String(failed[0].reason?.shortMessage ?? failed[0].reason).split("\n")[0] : null,
+    balances: settled.map((s) => (s.status === "fulfilled" ? s.value.toString() : null)),
+    ms,
+  };
+}
+
+const run =
+  httpUrl === "overload"
+    ? () => overload(wsUrl, process.argv[5])
+    : httpUrl === "burst"
+      ? () => burst(wsUrl, Number(process.argv[5]))
+      : { viem: withViem, ethers: withEthers }[library];
 if (!["viem", "ethers"].includes(library) || !run) {
-  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow (not ${library})`);
+  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow, or node ops.mjs viem|ethers burst WS_URL N (not ${library})`);
   process.exit(2);
 }
 try {

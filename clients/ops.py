@@ -5,6 +5,7 @@ run straight at the node.
 
     python ops.py HTTP_URL WS_URL
     python ops.py overload HTTP_URL single|batch|duplicate|slow   (see overload)
+    python ops.py burst WS_URL N   (see burst)
 
 The chain must be anvil's dev chain (its unlocked accounts send the
 transaction). Exits non-zero, with web3.py's own error, if any operation
@@ -102,7 +103,28 @@ def overload(url, what):
     return {"error": error, "result": str(result), "ms": round((time.monotonic() - started) * 1000)}
 
 
+async def burst(url, n):
+    """N balance reads at once on one WebSocket (`asyncio.gather`), as a
+    dapp's page load makes them: how many were answered, the first error,
+    and the balances, in order."""
+    addresses = [Web3.to_checksum_address(f"0x{i + 1:040x}") for i in range(n)]
+    async with AsyncWeb3(WebSocketProvider(url)) as w3:
+        started = time.monotonic()
+        results = await asyncio.gather(*(w3.eth.get_balance(a) for a in addresses), return_exceptions=True)
+        ms = round((time.monotonic() - started) * 1000)
+    failed = [r for r in results if isinstance(r, Exception)]
+    return {
+        "answered": len(results) - len(failed),
+        "error": f"{type(failed[0]).__name__}: {failed[0]}".splitlines()[0][:300] if failed else None,
+        "balances": [None if isinstance(r, Exception) else str(r) for r in results],
+        "ms": ms,
+    }
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "burst":
+        print(json.dumps(asyncio.run(burst(sys.argv[2], int(sys.argv[3])))))
+        return 0
     if len(sys.argv) == 4 and sys.argv[1] == "overload":
         print(json.dumps(overload(sys.argv[2], sys.argv[3])))
         return 0

@@ -320,3 +320,55 @@ fn libraries_retrying_into_a_slow_node_get_their_answer_from_one_call() {
         "one call at the node for each library, however many retries"
     );
 }
+
+/// A dapp's page load: a hundred reads at once on one WebSocket
+/// (`asyncio.gather`, `Promise.all`), through the gateway `stakegate init`
+/// writes, whose gate admits 6 public calls at a time. Each library gets
+/// every answer, the same as straight at anvil: the calls past the slots
+/// wait at the gateway, packed, instead of the socket being cut.
+#[test]
+fn a_hundred_calls_at_once_on_one_websocket_are_all_answered_for_every_library() {
+    const CALLS: usize = 100;
+    let anvil = Anvil::start().unwrap();
+    let (envoy, _dir) = gateway(&anvil);
+    let public = envoy.listener("public").unwrap();
+    let burst = |name: &str, url: &str| -> Value {
+        let output = library(name, &["burst", url, &CALLS.to_string()])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{name} at {url}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    };
+    for name in LIBRARIES {
+        let direct = burst(name, &format!("ws://{}", anvil.addr()));
+        let through = burst(name, &format!("ws://{public}"));
+        eprintln!(
+            "{name}: {} of {CALLS} answered in {} ms straight, {} in {} ms through the gateway ({})",
+            direct["answered"], direct["ms"], through["answered"], through["ms"], through["error"]
+        );
+        assert_eq!(
+            direct["answered"], CALLS,
+            "{name} straight: {}",
+            direct["error"]
+        );
+        assert_eq!(through["answered"], CALLS, "{name}: {}", through["error"]);
+        assert_eq!(through["balances"], direct["balances"], "{name}");
+    }
+    let stat = |name: &str| {
+        envoy
+            .stat(&format!("wasmcustom.stakegate.gate.websocket.{name}"))
+            .unwrap()
+    };
+    assert!(eventually(Duration::from_secs(5), || stat("merged") > 0));
+    eprintln!(
+        "gate: {} batches packed, {} waits, {} sockets closed",
+        stat("merged"),
+        stat("waits"),
+        stat("closed")
+    );
+    assert_eq!(stat("closed"), 0);
+}

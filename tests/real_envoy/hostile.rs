@@ -9,7 +9,10 @@
 
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{http, loadgen, Envoy, RpcNode};
-use stakegate_tests::{client, eventually, load, node_behind_filter, node_behind_gate, websocket};
+use stakegate_tests::{
+    client, eventually, example_policy, load, node_behind_filter, node_behind_filters,
+    node_behind_gate, websocket,
+};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -159,34 +162,151 @@ fn a_websocket_flood_never_puts_more_than_the_gate_limit_at_the_node() {
         &envoy,
         "websocket.waits"
     ) > 0));
+    // Every call read, and every message the node answered (calls the
+    // sockets could not all send alone went packed, a batch an answer).
+    let answers = metrics["requests"].as_i64().unwrap();
     assert!(eventually(Duration::from_secs(5), || stat(
         &envoy,
         "websocket.messages"
-    ) == 480));
+    ) == 240 + answers));
     assert!(nothing_held(&envoy, &node));
 }
 
-#[test]
-fn a_socket_that_sends_more_calls_at_once_than_the_gate_has_slots_is_closed() {
-    let (node, envoy) = node_behind_gate(r#"{"maxInflight": 16}"#, &[]);
-    let mut socket = websocket(envoy.listener("public").unwrap());
-    for id in 0..20 {
+/// Each answer's id as the client reads it (an answer per message, or per
+/// batch entry), raw.
+fn answer_ids(text: &str) -> Vec<String> {
+    let summary = stakegate_core::jsonrpc::Summary::of(text.as_bytes());
+    summary
+        .entries
+        .iter()
+        .filter_map(|e| e.last(stakegate_core::jsonrpc::Name::Id))
+        .map(|id| text[id.value.clone()].to_string())
+        .collect()
+}
+
+/// A WebSocket message sent as `parts` frames (a fragmented message).
+fn fragmented(socket: &mut tungstenite::WebSocket<TcpStream>, text: &str, parts: usize) {
+    use tungstenite::protocol::frame::coding::{Data, OpCode};
+    use tungstenite::protocol::frame::Frame;
+    let bytes = text.as_bytes();
+    let step = bytes.len().div_ceil(parts);
+    for (i, chunk) in bytes.chunks(step).enumerate() {
+        let opcode = if i == 0 {
+            OpCode::Data(Data::Text)
+        } else {
+            OpCode::Data(Data::Continue)
+        };
+        let last = (i + 1) * step >= bytes.len();
         socket
-            .write(tungstenite::Message::text(format!(
-                r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_chainId"}}"#
+            .write(tungstenite::Message::Frame(Frame::message(
+                chunk.to_vec(),
+                opcode,
+                last,
             )))
             .unwrap();
     }
-    socket.flush().unwrap();
-    assert!(
-        socket.read().is_err(),
-        "closed: twenty calls in one piece can never fit sixteen slots"
+}
+
+#[test]
+fn every_websocket_message_the_node_runs_takes_a_slot_and_every_call_gets_its_own_id() {
+    // The whole gateway as `stakegate init` writes it, in front of a node
+    // with 4 read slots: the gate admits 8 (6 for public calls).
+    let (node, envoy) = node_behind_filters(
+        "gateway.yaml",
+        vec![
+            stakegate_tests::qos_filter(&example_policy("stake-qos", serde_json::json!({}))),
+            stakegate_tests::gate_filter(&example_policy("admission-gate", serde_json::json!({}))),
+        ],
+        &["--read-slots", "4", "--cost", "eth_getLogs=20ms"],
     );
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "websocket.closed"
-    ) == 1));
-    assert_eq!(node.metrics().unwrap()["served"], serde_json::json!({}));
+    let mut socket = websocket(envoy.listener("public").unwrap());
+    let mut want: Vec<String> = Vec::new();
+    let mut calls = 0;
+    let call = |id: &str, key: &str| {
+        format!(r#"{{"jsonrpc":"2.0","{key}":{id},"method":"eth_getLogs","params":[{{}}]}}"#)
+    };
+    let note = r#"{"jsonrpc":"2.0","method":"eth_getLogs","params":[{}]}"#;
+    // All in one write: notifications, ids written as one node reads them
+    // and another does not, batches with a notification inside, fragmented
+    // messages, plain calls.
+    for i in 0..100 {
+        socket.write(tungstenite::Message::text(note)).unwrap();
+        calls += 1;
+        if i % 5 == 0 {
+            let id = format!("{i}e0");
+            socket
+                .write(tungstenite::Message::text(call(&id, r"\u0069d")))
+                .unwrap();
+            want.push(id);
+            let id = format!(r#""up-{i}""#);
+            socket
+                .write(tungstenite::Message::text(call(&id, "ID")))
+                .unwrap();
+            want.push(id);
+            calls += 2;
+        }
+        if i % 10 == 0 {
+            let (a, b) = (format!(r#""b{i}""#), format!("{}", 1000 + i));
+            let batch = format!("[{},{note},{}]", call(&a, "id"), call(&b, "id"));
+            socket.write(tungstenite::Message::text(batch)).unwrap();
+            want.extend([a, b]);
+            calls += 3;
+        }
+        if i % 5 == 1 {
+            let id = format!("{}", 2000 + i);
+            fragmented(&mut socket, &call(&id, "id"), 3);
+            want.push(id);
+            calls += 1;
+        }
+        if i % 3 == 0 {
+            let id = format!("{}", 3000 + i);
+            socket
+                .write(tungstenite::Message::text(call(&id, "id")))
+                .unwrap();
+            want.push(id);
+            calls += 1;
+        }
+    }
+    socket.flush().unwrap();
+    let mut got = Vec::new();
+    while got.len() < want.len() {
+        match socket.read().unwrap() {
+            tungstenite::Message::Text(text) => got.extend(answer_ids(text.as_str())),
+            other => panic!("not an answer: {other:?}"),
+        }
+    }
+    // Nothing more comes: no notification's answer, no second answer.
+    socket
+        .send(tungstenite::Message::text(call(r#""last""#, "id")))
+        .unwrap();
+    let last = socket.read().unwrap();
+    assert_eq!(answer_ids(last.to_text().unwrap()), [r#""last""#]);
+    want.sort();
+    got.sort();
+    assert_eq!(
+        got, want,
+        "every call answered once, with its id as written"
+    );
+    let metrics = node.metrics().unwrap();
+    eprintln!("{calls} calls; node: {metrics}");
+    assert_eq!(
+        metrics["served"]["eth_getLogs"],
+        calls + 1,
+        "the node ran them all"
+    );
+    let at_node = metrics["inflight_max"].as_u64().unwrap();
+    assert!(
+        at_node <= 6,
+        "the node had {at_node} at once; the gate admits 6"
+    );
+    // QoS charged every call, each of a batch's three included.
+    assert!(eventually(Duration::from_secs(5), || {
+        envoy
+            .stat("wasmcustom.stakegate.qos.websocket.calls")
+            .unwrap()
+            == calls as i64 + 1
+    }));
+    drop(socket);
     assert!(nothing_held(&envoy, &node));
 }
 

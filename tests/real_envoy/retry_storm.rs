@@ -369,3 +369,155 @@ fn a_retry_storm_reaches_the_node_once_per_request_with_no_429() {
         lag(&without)
     );
 }
+
+/// The raw text of each id in `body` (an answer, or each entry of a batch's).
+fn raw_ids(body: &str) -> Vec<String> {
+    let summary = stakegate_core::jsonrpc::Summary::of(body.as_bytes());
+    summary
+        .entries
+        .iter()
+        .filter_map(|e| e.last(stakegate_core::jsonrpc::Name::Id))
+        .map(|id| body[id.value.clone()].to_string())
+        .collect()
+}
+
+/// Ids as clients write them, that a node re-serialising them changes:
+/// exponents, trailing zeros, escapes, numbers past an f64's precision.
+const ODD_IDS: &[&str] = &[
+    "1e0",
+    "7.50",
+    "-0",
+    "2E+1",
+    r#""\u0061b""#,
+    r#""tab\t""#,
+    "123456789012345678901234567890",
+    "0.1e1",
+    r#""""#,
+    "42",
+];
+
+#[test]
+fn a_node_that_rewrites_ids_gives_every_coalesced_client_exactly_its_own_id() {
+    // rpc-node re-serialises ids, as serde nodes do (1e0 comes back 1.0).
+    let (node, envoy) = node_behind_gate(
+        r#"{"maxInflight": 100, "dedup": {"windowMs": 10000}}"#,
+        &["--read-slots", "64", "--cost", "eth_call=300ms"],
+    );
+    let mut mismatches = Vec::new();
+    let mut checked = 0;
+    for round in 0..ODD_IDS.len() {
+        // A leader and three waiters, each with another spelling.
+        let data = format!("0x{round:02x}");
+        let ids: Vec<&str> = (0..4)
+            .map(|k| ODD_IDS[(round + 3 * k) % ODD_IDS.len()])
+            .collect();
+        let body = |id: &str| call(0, &data).replace(r#""id":0"#, &format!(r#""id":{id}"#));
+        let before = requests(&node);
+        let leader = post(&envoy, body(ids[0]));
+        assert!(node_received(&node, before + 1));
+        let waiters: Vec<_> = ids[1..].iter().map(|id| post(&envoy, body(id))).collect();
+        for (id, answer) in ids.iter().zip(std::iter::once(leader).chain(waiters)) {
+            let answer = answer.join().unwrap();
+            assert_eq!(answer.status, 200, "{}", answer.body);
+            checked += 1;
+            if raw_ids(&answer.body) != [id.to_string()] {
+                mismatches.push(format!("sent {id}, got {}", answer.body));
+            }
+        }
+    }
+    // A batch waits for a batch with the same calls: each entry its own id.
+    let batch = |a: &str, b: &str| {
+        format!(
+            "[{},{}]",
+            call(0, "0xb1").replace(r#""id":0"#, &format!(r#""id":{a}"#)),
+            call(0, "0xb2").replace(r#""id":0"#, &format!(r#""id":{b}"#))
+        )
+    };
+    let before = requests(&node);
+    let first = post(&envoy, batch("5e0", "6e0"));
+    assert!(node_received(&node, before + 1));
+    let second = post(&envoy, batch("5", "6"));
+    for (want, answer) in [(["5e0", "6e0"], first), (["5", "6"], second)] {
+        let answer = answer.join().unwrap();
+        let mut got = raw_ids(&answer.body);
+        got.sort();
+        checked += 1;
+        if got != want {
+            mismatches.push(format!("sent {want:?}, got {}", answer.body));
+        }
+    }
+    // Across clients: the same signed transaction from three senders, the
+    // third after the first two, from the kept answer.
+    let send = |id: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_sendRawTransaction","params":["0xf86c"]}}"#
+        )
+    };
+    let before = requests(&node);
+    let a = post(&envoy, send("1e0"));
+    let b = post(&envoy, send("42"));
+    for (id, answer) in [("1e0", a), ("42", b)] {
+        let answer = answer.join().unwrap();
+        checked += 1;
+        if raw_ids(&answer.body) != [id] {
+            mismatches.push(format!("sent {id}, got {}", answer.body));
+        }
+    }
+    let later = http::post(&envoy.url("public").unwrap(), &[], &send("7")).unwrap();
+    checked += 1;
+    if raw_ids(&later.body) != ["7"] {
+        mismatches.push(format!("sent 7, got {}", later.body));
+    }
+    eprintln!("{checked} answers checked, {} mismatches", mismatches.len());
+    assert!(mismatches.is_empty(), "{mismatches:#?}");
+    assert!(requests(&node) <= before + 2, "the sends were coalesced");
+    assert!(dedup_stat(&envoy, "shared") > 0);
+}
+
+#[test]
+fn an_answer_the_node_gzips_reaches_every_client_readable() {
+    // A node (or a proxy in front of it) that gzips whatever is accepted.
+    let (node, envoy) = node_behind_gate(
+        r#"{"maxInflight": 100, "dedup": {}}"#,
+        &["--read-slots", "64", "--cost", "eth_call=500ms", "--gzip"],
+    );
+    let url = envoy.url("public").unwrap();
+    let send = |id: u32| {
+        let url = url.clone();
+        let body = call(u64::from(id), "0xee");
+        std::thread::spawn(move || {
+            http::post_raw(&url, &[("accept-encoding", "gzip")], &body).unwrap()
+        })
+    };
+    let leader = send(1);
+    assert!(node_received(&node, 1));
+    let waiters: Vec<_> = (2..=4).map(send).collect();
+    for (id, answer) in (1..=4).zip(std::iter::once(leader).chain(waiters)) {
+        let (status, headers, body) = answer.join().unwrap();
+        let encoding = headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("content-encoding"))
+            .map(|(_, v)| v.as_str());
+        let text = match encoding {
+            Some("gzip") => {
+                let mut text = String::new();
+                std::io::Read::read_to_string(
+                    &mut flate2::read::GzDecoder::new(&body[..]),
+                    &mut text,
+                )
+                .unwrap_or_else(|e| panic!("{id}: not gzip: {e}"));
+                text
+            }
+            None => String::from_utf8(body).unwrap(),
+            Some(other) => panic!("{id}: {other}"),
+        };
+        assert_eq!(status, 200, "{text}");
+        let answer: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{id} could not read its answer ({e}): {text:?}"));
+        assert_eq!(answer["id"], id, "{text}");
+        assert!(answer["result"].is_string(), "{text}");
+    }
+    assert!(eventually(Duration::from_secs(5), || dedup_stat(
+        &envoy, "unshared"
+    ) >= 1));
+}

@@ -34,6 +34,10 @@ struct Args {
     /// The tip counts as lost when the lag exceeds this many block intervals.
     #[arg(long, default_value_t = 3.0)]
     tip_lost_after: f64,
+    /// Gzip every HTTP answer, whatever the request accepts, as some nodes
+    /// and the proxies in front of them do.
+    #[arg(long)]
+    gzip: bool,
     /// Worker threads for the node's runtime (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -68,6 +72,7 @@ impl Args {
             block_exec: self.block_exec,
             sync_slots,
             tip_lost_after_blocks: self.tip_lost_after,
+            gzip: self.gzip,
         })
     }
 }

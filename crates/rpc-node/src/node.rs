@@ -21,6 +21,8 @@ pub struct NodeConfig {
     pub sync_slots: u32,
     /// The tip counts as lost when the lag exceeds this many block intervals.
     pub tip_lost_after_blocks: f64,
+    /// Every HTTP answer is gzipped, whatever the request accepts.
+    pub gzip: bool,
 }
 
 #[derive(Debug)]
@@ -140,6 +142,10 @@ impl Node {
             started: Instant::now(),
             config,
         })
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
     }
 
     pub fn websocket_opened(&self) -> OpenWebsocket<'_> {
@@ -326,6 +332,7 @@ mod tests {
             block_exec: Duration::from_millis(50),
             sync_slots: 1,
             tip_lost_after_blocks: 3.0,
+            gzip: false,
         })
     }
 

@@ -39,8 +39,30 @@ pub fn router(node: Arc<Node>) -> Router {
 
 async fn rpc(State(node): State<Arc<Node>>, body: Bytes) -> Response {
     match node.handle(&body).await {
+        Some(response) if node.config().gzip => gzipped(&response),
         Some(response) => Json(response).into_response(),
         None => StatusCode::NO_CONTENT.into_response(),
+    }
+}
+
+/// `response` as gzipped JSON, with `content-encoding: gzip`.
+fn gzipped(response: &serde_json::Value) -> Response {
+    use flate2::{write::GzEncoder, Compression};
+    use std::io::Write;
+    let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
+    let body = encoder
+        .write_all(response.to_string().as_bytes())
+        .and_then(|()| encoder.finish());
+    match body {
+        Ok(body) => (
+            [
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ],
+            body,
+        )
+            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 

@@ -34,6 +34,18 @@ fn agent_within(timeout: Duration) -> ureq::Agent {
 }
 
 fn answer(result: Result<ureq::Response, ureq::Error>) -> anyhow::Result<Answer> {
+    let (status, headers, body) = raw(result)?;
+    Ok(Answer {
+        status,
+        headers,
+        body: String::from_utf8(body)?,
+    })
+}
+
+/// A status, headers and body bytes (an encoded body as it came).
+pub type Raw = (u16, Vec<(String, String)>, Vec<u8>);
+
+fn raw(result: Result<ureq::Response, ureq::Error>) -> anyhow::Result<Raw> {
     let response = match result {
         Ok(response) | Err(ureq::Error::Status(_, response)) => response,
         Err(e) => return Err(e.into()),
@@ -47,11 +59,18 @@ fn answer(result: Result<ureq::Response, ureq::Error>) -> anyhow::Result<Answer>
             Some((name, value))
         })
         .collect();
-    Ok(Answer {
-        status,
-        headers,
-        body: response.into_string()?,
-    })
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(&mut response.into_reader(), &mut body)?;
+    Ok((status, headers, body))
+}
+
+/// POSTs `body` with the given extra headers; the answer's body as bytes.
+pub fn post_raw(url: &str, headers: &[(&str, &str)], body: &str) -> anyhow::Result<Raw> {
+    let mut request = agent().post(url).set("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.set(name, value);
+    }
+    raw(request.send_string(body))
 }
 
 pub fn get(url: &str) -> anyhow::Result<Answer> {

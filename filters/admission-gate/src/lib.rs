@@ -368,6 +368,8 @@ impl Context for GateRoot {
                 .unwrap_or(502),
             content_type: host::call_response_header("content-type")
                 .unwrap_or_else(|| "application/json".into()),
+            content_encoding: host::call_response_header("content-encoding")
+                .filter(|e| !e.eq_ignore_ascii_case("identity")),
             body: host::body(BodyOf::CallResponse, 0, body_size),
         });
         worker.coalesce(self.context_id, true, |core, held| {
@@ -444,13 +446,15 @@ struct GateHttp {
     stream: Rc<RefCell<GateStream>>,
 }
 
-/// Answers the current request with another request's answer.
+/// Answers the current request with another request's answer (or a
+/// refusal made for it while it was held).
 fn answer(reply: &Reply) {
-    host::send_response(
-        reply.status,
-        &[("content-type", reply.content_type.as_str())],
-        &reply.body,
-    );
+    let headers: Vec<(&str, &str)> = reply
+        .headers
+        .iter()
+        .map(|(n, v)| (*n, v.as_str()))
+        .collect();
+    host::send_response(reply.status, &headers, &reply.body);
 }
 
 fn refuse(rejection: &Rejection) -> Action {

@@ -40,6 +40,7 @@ const COUNTERS: &[(&str, Count)] = &[
     ("dedup.wait_timeouts", |c| c.dedup.wait_timeouts),
     ("dedup.left", |c| c.dedup.left),
     ("dedup.refused", |c| c.dedup.refused),
+    ("dedup.unshared", |c| c.dedup.unshared),
     ("dedup.callouts_failed", |c| c.dedup.callouts_failed),
     ("dedup.skipped", |c| c.dedup.skipped),
     ("dedup.too_large", |c| c.dedup.too_large),

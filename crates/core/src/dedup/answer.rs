@@ -2,15 +2,22 @@
 //! requests that waited for it: in a wake message on a gate VM's shared
 //! queue, or kept in an answer slot for a retry (`mod.rs`).
 //!
-//! Each waiter gets the answer with its own JSON-RPC ids put back
-//! (`Answer::body_for`): waiters are identical to the leader but for their
-//! ids, so the leader's ids (kept in the answer, in call order) map to the
-//! waiter's by position. Only the `id` members of the response's top-level
-//! object (or of a batch response's entries) change; every other byte is
-//! the node's.
+//! **Ids.** Each request gets the answer with its own JSON-RPC ids, as it
+//! wrote them (`Answer::body_for`), whatever the node did to the ids (a
+//! node that re-serialises them turns `1e0` into `1.0`): a single call's
+//! answer gets the request's id in place of the node's; a batch's entries
+//! are matched to the leader's calls by id *value* (`jsonrpc::same_id`),
+//! and each gets the id of the request's call at that position. Only the
+//! `id` members change; every other byte is the node's. An answer whose
+//! entries cannot all be matched to one call each, or that is encoded
+//! (`content-encoding`, which the gate's callout asks the node not to
+//! use), is not shared (`shareable`): its own client gets it as it came,
+//! and the others go to the node themselves.
 
 use super::key::{Key, KEY_LEN};
+use crate::jsonrpc::{same_id, Name, Shape, Summary};
 use crate::shared::Reader;
+use std::ops::Range;
 
 const VERSION: u8 = 1;
 /// An id length that marks a notification (no id).
@@ -24,6 +31,9 @@ pub struct Answer {
     pub key: Key,
     pub status: u32,
     pub content_type: String,
+    /// The node's `content-encoding`, if it encoded the body. Such an
+    /// answer is never shared or kept, so it is not in `encode`.
+    pub content_encoding: Option<String>,
     /// The leader's calls' ids, in call order.
     pub ids: Vec<Id>,
     pub body: Vec<u8>,
@@ -81,48 +91,96 @@ impl Answer {
             key,
             status,
             content_type,
+            content_encoding: None,
             ids,
             body: at.0.to_vec(),
         })
     }
 
+    /// Whether every request identical to the leader can be given this
+    /// answer with its own ids: it is not encoded, and each of its ids
+    /// (but `null`) names exactly one of the leader's calls.
+    pub fn shareable(&self) -> bool {
+        self.content_encoding.is_none()
+            && self
+                .matches()
+                .is_some_and(|m| m.iter().all(|(_, call)| call.is_some()))
+    }
+
     /// The body as the request with `own` ids (in call order) gets it.
     pub fn body_for(&self, own: &[Id]) -> Vec<u8> {
-        if own == self.ids.as_slice() {
+        let Some(matches) = self.matches().filter(|_| self.content_encoding.is_none()) else {
             return self.body.clone();
-        }
-        let mapped = |id: &[u8]| -> Option<&[u8]> {
-            let at = self.ids.iter().position(|i| i.as_deref() == Some(id))?;
-            own.get(at)?.as_deref()
         };
-        let spans = id_spans(&self.body);
-        let mut out = Vec::with_capacity(self.body.len() + 16 * spans.len());
+        let mut out = Vec::with_capacity(self.body.len() + 16 * matches.len());
         let mut from = 0;
-        for (start, end) in spans {
-            let Some(new) = mapped(&self.body[start..end]) else {
+        for (span, call) in matches {
+            let Some(new) = call.and_then(|c| own.get(c)?.as_deref()) else {
                 continue;
             };
-            out.extend_from_slice(&self.body[from..start]);
+            out.extend_from_slice(&self.body[from..span.start]);
             out.extend_from_slice(new);
-            from = end;
+            from = span.end;
         }
         out.extend_from_slice(&self.body[from..]);
         out
     }
-}
 
-impl Answer {
+    /// Each id in the answer (`null` ones left out): where it is, and the
+    /// leader's call it answers (`None`: no single one). A single call's
+    /// answer answers the leader's one call whatever its id says; a
+    /// batch's entries are matched by id value. `None` when the body is
+    /// not JSON.
+    fn matches(&self) -> Option<Vec<(Range<usize>, Option<usize>)>> {
+        let summary = Summary::of(&self.body);
+        if !summary.valid {
+            return None;
+        }
+        let leader: Vec<(usize, &[u8])> = self
+            .ids
+            .iter()
+            .enumerate()
+            .filter_map(|(i, id)| Some((i, id.as_deref()?)))
+            .collect();
+        let ids = summary
+            .entries
+            .iter()
+            .filter_map(|e| e.last(Name::Id))
+            .map(|m| m.value.clone())
+            .filter(|v| &self.body[v.clone()] != b"null");
+        Some(
+            ids.map(|span| {
+                let call = match (summary.shape, leader.as_slice()) {
+                    (Shape::Object, [(only, _)]) => Some(*only),
+                    _ => {
+                        let mut same = leader
+                            .iter()
+                            .filter(|(_, id)| same_id(id, &self.body[span.clone()]));
+                        match (same.next(), same.next()) {
+                            (Some((i, _)), None) => Some(*i),
+                            _ => None,
+                        }
+                    }
+                };
+                (span, call)
+            })
+            .collect(),
+        )
+    }
+
     /// A single call's answer that found something: a `result` that is
     /// not `null`, and no `error`.
     pub fn found(&self) -> bool {
-        let body = &self.body;
-        let at = space(body, 0);
-        if body.get(at) != Some(&b'{') {
+        let summary = Summary::of(&self.body);
+        let Some(entry) = summary
+            .entries
+            .first()
+            .filter(|_| summary.valid && summary.shape == Shape::Object)
+        else {
             return false;
-        }
-        let member = |name: &[u8]| object_member(body, at, name).and_then(|(span, _)| span);
-        match (member(b"\"result\""), member(b"\"error\"")) {
-            (Some((start, end)), None) => &body[start..end] != b"null",
+        };
+        match (entry.last(Name::Result), entry.has(Name::Error)) {
+            (Some(result), false) => &self.body[result.value.clone()] != b"null",
             _ => false,
         }
     }
@@ -141,139 +199,6 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Where the `id` values are in a JSON-RPC response: its top-level
-/// object's, or each top-level entry's of a batch response. A body that is
-/// not JSON has none.
-fn id_spans(body: &[u8]) -> Vec<(usize, usize)> {
-    let mut spans = Vec::new();
-    let at = space(body, 0);
-    let found = match body.get(at) {
-        Some(b'{') => object_id(body, at).map(|(id, _)| spans.extend(id)),
-        Some(b'[') => (|| {
-            let mut i = space(body, at + 1);
-            if body.get(i) == Some(&b']') {
-                return Some(());
-            }
-            loop {
-                if body.get(i) == Some(&b'{') {
-                    let (id, end) = object_id(body, i)?;
-                    spans.extend(id);
-                    i = end;
-                } else {
-                    i = skip(body, i, 0)?;
-                }
-                i = space(body, i);
-                match body.get(i)? {
-                    b',' => i = space(body, i + 1),
-                    b']' => return Some(()),
-                    _ => return None,
-                }
-            }
-        })(),
-        _ => None,
-    };
-    if found.is_none() {
-        spans.clear();
-    }
-    spans
-}
-
-/// The span of the object at `at`'s `id` value, and where the object ends.
-fn object_id(body: &[u8], at: usize) -> Option<(Option<(usize, usize)>, usize)> {
-    object_member(body, at, b"\"id\"")
-}
-
-/// The span of the object at `at`'s member `name` (its raw key, quotes
-/// included; the last one, as JSON readers take it), and where the object
-/// ends.
-fn object_member(body: &[u8], at: usize, name: &[u8]) -> Option<(Option<(usize, usize)>, usize)> {
-    let mut id = None;
-    let mut i = space(body, at + 1);
-    if body.get(i) == Some(&b'}') {
-        return Some((None, i + 1));
-    }
-    loop {
-        let key_end = string(body, i)?;
-        let key = &body[i..key_end];
-        i = space(body, key_end);
-        if body.get(i) != Some(&b':') {
-            return None;
-        }
-        let start = space(body, i + 1);
-        let end = skip(body, start, 1)?;
-        if key == name {
-            id = Some((start, end));
-        }
-        i = space(body, end);
-        match body.get(i)? {
-            b',' => i = space(body, i + 1),
-            b'}' => return Some((id, i + 1)),
-            _ => return None,
-        }
-    }
-}
-
-fn space(body: &[u8], mut i: usize) -> usize {
-    while let Some(b' ' | b'\t' | b'\n' | b'\r') = body.get(i) {
-        i += 1;
-    }
-    i
-}
-
-/// The end of the string token at `at`.
-fn string(body: &[u8], at: usize) -> Option<usize> {
-    if body.get(at) != Some(&b'"') {
-        return None;
-    }
-    let mut i = at + 1;
-    loop {
-        match body.get(i)? {
-            b'"' => return Some(i + 1),
-            b'\\' => i += 2,
-            _ => i += 1,
-        }
-    }
-}
-
-/// The end of the value at `at` (nested no deeper than `MAX_DEPTH`).
-fn skip(body: &[u8], at: usize, depth: usize) -> Option<usize> {
-    if depth > super::key::MAX_DEPTH {
-        return None;
-    }
-    match body.get(at)? {
-        b'"' => string(body, at),
-        open @ (b'{' | b'[') => {
-            let close = if *open == b'{' { b'}' } else { b']' };
-            let mut i = space(body, at + 1);
-            if body.get(i) == Some(&close) {
-                return Some(i + 1);
-            }
-            loop {
-                if *open == b'{' {
-                    i = space(body, string(body, i)?);
-                    if body.get(i) != Some(&b':') {
-                        return None;
-                    }
-                    i = space(body, i + 1);
-                }
-                i = space(body, skip(body, i, depth + 1)?);
-                match body.get(i)? {
-                    b',' => i = space(body, i + 1),
-                    b if *b == close => return Some(i + 1),
-                    _ => return None,
-                }
-            }
-        }
-        _ => {
-            let end = body[at..]
-                .iter()
-                .position(|b| matches!(b, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
-                .map_or(body.len(), |n| at + n);
-            (end > at).then_some(end)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,6 +214,7 @@ mod tests {
             key: [3; KEY_LEN],
             status: 200,
             content_type: "application/json".into(),
+            content_encoding: None,
             ids: ids(leader),
             body: body.as_bytes().to_vec(),
         }
@@ -312,6 +238,118 @@ mod tests {
             rewritten(&a, &[Some("7")]),
             String::from_utf8(a.body.clone()).unwrap()
         );
+    }
+
+    #[test]
+    fn a_node_that_rewrites_ids_cannot_give_anyone_the_wrong_one() {
+        // serde turns 1e0 into 1.0: the leader gets 1e0 back, a waiter its own.
+        let a = answer(
+            r#"{"jsonrpc":"2.0","id":1.0,"result":"0x1"}"#,
+            &[Some("1e0")],
+        );
+        assert!(a.shareable());
+        assert_eq!(
+            rewritten(&a, &[Some("1e0")]),
+            r#"{"jsonrpc":"2.0","id":1e0,"result":"0x1"}"#
+        );
+        assert_eq!(
+            rewritten(&a, &[Some("42")]),
+            r#"{"jsonrpc":"2.0","id":42,"result":"0x1"}"#
+        );
+        // A node that answers a single call with some other id.
+        let a = answer(r#"{"id":"a","result":1}"#, &[Some("7")]);
+        assert_eq!(rewritten(&a, &[Some("9")]), r#"{"id":9,"result":1}"#);
+        // A batch's entries by value, in the node's order.
+        let a = answer(
+            r#"[{"id":6.0,"result":"b"},{"id":5.0,"result":"a"}]"#,
+            &[Some("5e0"), Some("6e0")],
+        );
+        assert!(a.shareable());
+        assert_eq!(
+            rewritten(&a, &[Some("5"), Some("6")]),
+            r#"[{"id":6,"result":"b"},{"id":5,"result":"a"}]"#
+        );
+        assert_eq!(
+            rewritten(&a, &[Some("5e0"), Some("6e0")]),
+            r#"[{"id":6e0,"result":"b"},{"id":5e0,"result":"a"}]"#
+        );
+    }
+
+    #[test]
+    fn an_answer_that_cannot_be_matched_or_read_is_not_shared() {
+        // An id that names none of the leader's calls.
+        assert!(!answer(
+            r#"[{"id":3,"result":1},{"id":2,"result":1}]"#,
+            &[Some("1"), Some("2")]
+        )
+        .shareable());
+        // Two of the leader's calls with one value.
+        assert!(!answer(
+            r#"[{"id":1,"result":1},{"id":1,"result":2}]"#,
+            &[Some("1"), Some("1.0")]
+        )
+        .shareable());
+        let mut encoded = answer(r#"{"id":1,"result":1}"#, &[Some("1")]);
+        encoded.content_encoding = Some("gzip".into());
+        assert!(!encoded.shareable());
+        assert_eq!(rewritten(&encoded, &[Some("2")]), r#"{"id":1,"result":1}"#);
+    }
+
+    proptest::proptest! {
+        /// Whatever ids the leader and a waiter wrote, and however the
+        /// node re-serialises them, each gets exactly its own ids back.
+        #[test]
+        fn every_request_gets_exactly_its_own_ids(
+            leader in proptest::collection::vec(id(), 1..5),
+            waiter in proptest::collection::vec(id(), 5),
+            reversed in proptest::bool::ANY,
+        ) {
+            let leader: Vec<String> = leader;
+            let values: Vec<serde_json::Value> =
+                leader.iter().map(|i| serde_json::from_str(i).unwrap()).collect();
+            let batch = leader.len() > 1;
+            let mut entries: Vec<String> = values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| serde_json::json!({"jsonrpc": "2.0", "id": v, "result": i}).to_string())
+                .collect();
+            if reversed {
+                entries.reverse();
+            }
+            let body = if batch { format!("[{}]", entries.join(",")) } else { entries[0].clone() };
+            let own: Vec<Option<&str>> = leader.iter().map(|i| Some(i.as_str())).collect();
+            let a = answer(&body, &own);
+            let distinct = (0..values.len()).all(|i| (0..i).all(|j| {
+                !same_id(leader[i].as_bytes(), leader[j].as_bytes())
+            }));
+            if !distinct {
+                return Ok(());
+            }
+            proptest::prop_assert!(a.shareable(), "{}", body);
+            for ids in [own.clone(), waiter.iter().take(leader.len()).map(|i| Some(i.as_str())).collect()] {
+                let got = rewritten(&a, &ids);
+                let summary = Summary::of(got.as_bytes());
+                for entry in &summary.entries {
+                    let id = &got[entry.last(Name::Id).unwrap().value.clone()];
+                    let call: usize = entry.last(Name::Result).map(|r| got[r.value.clone()].parse().unwrap()).unwrap();
+                    proptest::prop_assert_eq!(Some(id), ids[call]);
+                }
+            }
+        }
+    }
+
+    /// An id as a client could write it: numbers in several spellings,
+    /// strings with escapes.
+    fn id() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0u32..1000).prop_map(|n| n.to_string()),
+            (0u32..1000).prop_map(|n| format!("{n}e0")),
+            (0u32..1000).prop_map(|n| format!("{n}.0")),
+            "[a-z]{0,4}".prop_map(|s| format!("\"{s}\"")),
+            "[a-z]{1,3}".prop_map(|s| format!("\"\\u0041{s}\"")),
+            Just("123456789012345678901234567890".to_string()),
+        ]
     }
 
     #[test]

@@ -61,6 +61,7 @@ pub mod table;
 
 use crate::gate::shards::ShardTable;
 use crate::gate::SHARED_KEY as SHARDS_KEY;
+use crate::jsonrpc::same_id;
 use crate::rejection::{Rejection, LIMIT_EXCEEDED};
 use crate::request::{sha256_hex, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
@@ -97,7 +98,8 @@ pub enum Skip {
     Body(Unkeyed),
     /// A method the policy does not deduplicate.
     Method,
-    /// A batch whose ids repeat: an answer could not be given back id by id.
+    /// A batch whose ids repeat (as values: `1` and `1.0` are one id): an
+    /// answer could not be given back id by id.
     RepeatedIds,
 }
 
@@ -292,9 +294,9 @@ impl Dedup {
             return Err(Skip::Method);
         }
         let ids: Vec<Id> = calls.iter().map(|c| c.id.map(<[u8]>::to_vec)).collect();
-        let mut seen: Vec<&[u8]> = ids.iter().flatten().map(Vec::as_slice).collect();
-        seen.sort_unstable();
-        if seen.windows(2).any(|w| w[0] == w[1]) {
+        let seen: Vec<&[u8]> = ids.iter().flatten().map(Vec::as_slice).collect();
+        let repeated = (0..seen.len()).any(|i| (0..i).any(|j| same_id(seen[i], seen[j])));
+        if repeated {
             return Err(Skip::RepeatedIds);
         }
         let global = policy.scope == Scope::Global
@@ -839,6 +841,7 @@ mod tests {
             key: a.key,
             status: 200,
             content_type: "application/json".into(),
+            content_encoding: None,
             ids: a.ids.clone(),
             body: br#"{"jsonrpc":"2.0","id":7,"result":"0x1"}"#.to_vec(),
         };

@@ -53,12 +53,50 @@ pub struct Callout {
     pub timeout_ms: u64,
 }
 
-/// An answer for a held request: status, content type and body.
+/// An answer for a held request: status, headers (the content type; the
+/// encoding of an encoded answer its own client is given; a refusal's
+/// `retry-after` and its own) and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     pub status: u32,
-    pub content_type: String,
+    pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// A JSON body.
+    pub fn json(status: u32, body: Vec<u8>) -> Self {
+        Self {
+            status,
+            headers: vec![("content-type", "application/json".into())],
+            body,
+        }
+    }
+
+    /// A refusal, as a held request's answer: the same headers as any.
+    pub fn refusal(refusal: crate::rejection::Rejection) -> Self {
+        let mut reply = Self::json(refusal.status, refusal.body.into_bytes());
+        if refusal.retry_after_s > 0 {
+            reply
+                .headers
+                .push(("retry-after", refusal.retry_after_s.to_string()));
+        }
+        reply.headers.extend(refusal.headers);
+        reply
+    }
+
+    /// The node's answer, with the body given.
+    pub fn answer(answer: &Answer, body: Vec<u8>) -> Self {
+        let mut headers = vec![("content-type", answer.content_type.clone())];
+        if let Some(encoding) = &answer.content_encoding {
+            headers.push(("content-encoding", encoding.clone()));
+        }
+        Self {
+            status: answer.status,
+            headers,
+            body,
+        }
+    }
 }
 
 /// What to do with a held stream.
@@ -85,6 +123,8 @@ pub struct Acts {
 pub struct Response {
     pub status: u32,
     pub content_type: String,
+    /// `content-encoding`, unless absent or `identity`.
+    pub content_encoding: Option<String>,
     pub body: Vec<u8>,
 }
 
@@ -107,6 +147,9 @@ pub enum Wake {
     Answer(Answer),
     /// The leader failed: a waiter on the key should come to lead.
     Failed(Key),
+    /// The answer could not be shared: the requests waiting on the key go
+    /// to the node themselves.
+    Pass(Key),
 }
 
 impl Wake {
@@ -114,17 +157,20 @@ impl Wake {
         match self {
             Wake::Answer(answer) => [&[1u8][..], &answer.encode()].concat(),
             Wake::Failed(key) => [&[2u8][..], key].concat(),
+            Wake::Pass(key) => [&[3u8][..], key].concat(),
         }
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let key = |rest: &[u8]| -> Option<Key> {
+            let mut key = [0; KEY_LEN];
+            (rest.len() == KEY_LEN).then(|| key.copy_from_slice(rest))?;
+            Some(key)
+        };
         match bytes.split_first()? {
             (1, rest) => Answer::decode(rest).map(Wake::Answer),
-            (2, rest) if rest.len() == KEY_LEN => {
-                let mut key = [0; KEY_LEN];
-                key.copy_from_slice(rest);
-                Some(Wake::Failed(key))
-            }
+            (2, rest) => key(rest).map(Wake::Failed),
+            (3, rest) => key(rest).map(Wake::Pass),
             _ => None,
         }
     }
@@ -146,11 +192,7 @@ pub(super) fn no_answer(ids: &[Id], message: &str) -> Reply {
         [] => json_rpc_error_body(None, -32603, message),
         _ => format!("[{}]", errors.join(",")),
     };
-    Reply {
-        status: 502,
-        content_type: "application/json".into(),
-        body: body.into_bytes(),
-    }
+    Reply::json(502, body.into_bytes())
 }
 
 impl GateWorker {
@@ -173,6 +215,7 @@ impl GateWorker {
             key: led.pending.key,
             status: r.status,
             content_type: r.content_type,
+            content_encoding: r.content_encoding,
             ids: led.ids,
             body: r.body,
         });
@@ -227,6 +270,7 @@ impl GateWorker {
                     self.check_again(store, now, &key, held, &mut acts);
                 }
             }
+            Some(Wake::Pass(key)) => self.pass_all(store, now, &key, held, &mut acts),
             None => self.note("a wake message this module cannot read was dropped"),
         }
         acts
@@ -310,7 +354,26 @@ impl GateWorker {
                 .filter(|(i, s)| Some(*i) != resumed && s.held_for().is_some_and(|w| w.key == key))
                 .count() as u32
         };
+        let shared = answer.as_ref().is_some_and(Answer::shareable);
         let (outcome, settled, can_lead) = match &answer {
+            Some(a) if a.status < 500 && !shared => {
+                // Only its own client can read it with its ids: the others
+                // go to the node themselves.
+                self.counts.dedup.unshared += 1;
+                let n = here(held);
+                for (id, stream) in held.iter_mut() {
+                    if stream.held_for().is_some_and(|w| w.leads && w.key == key) {
+                        let reply = stream.answer(self, a);
+                        acts.acts.push((*id, Act::Answer(reply)));
+                    }
+                }
+                self.pass_all(store, now, &key, held, acts);
+                let keep = Outcome::Answered {
+                    keep: false,
+                    reuse: false,
+                };
+                (keep, n, 0)
+            }
             Some(a) if a.status < 500 => {
                 let n = here(held);
                 self.answer_all(a, held, acts);
@@ -358,7 +421,10 @@ impl GateWorker {
                     }
                 }
                 if remote > 0 {
-                    acts.wake = answer.map(|a| Wake::Answer(a).encode());
+                    acts.wake = match answer {
+                        Some(a) if shared => Some(Wake::Answer(a).encode()),
+                        _ => Some(Wake::Pass(key).encode()),
+                    };
                 }
             }
             Completed::LeadHere(pending) => self.lead_here(store, now, pending, held, acts),
@@ -494,10 +560,15 @@ mod tests {
             key: [5; KEY_LEN],
             status: 200,
             content_type: "application/json".into(),
+            content_encoding: None,
             ids: vec![Some(b"1".to_vec())],
             body: b"{}".to_vec(),
         };
-        for wake in [Wake::Answer(answer), Wake::Failed([9; KEY_LEN])] {
+        for wake in [
+            Wake::Answer(answer),
+            Wake::Failed([9; KEY_LEN]),
+            Wake::Pass([8; KEY_LEN]),
+        ] {
             assert_eq!(Wake::decode(&wake.encode()), Some(wake));
         }
         assert_eq!(Wake::decode(&[2, 1, 2]), None);

@@ -160,6 +160,9 @@ pub struct DedupCounts {
     pub left: u64,
     /// Refused with 429: too many held for one answer.
     pub refused: u64,
+    /// Answers only their own client could be given (encoded, or ids that
+    /// name no single call): the others went to the node.
+    pub unshared: u64,
     /// Callouts the host refused or that got no answer.
     pub callouts_failed: u64,
     /// Passed unchecked: not JSON-RPC, a method not deduplicated, trailers.
@@ -802,6 +805,9 @@ fn callout(dedup: &Dedup, waiting: &Waiting) -> Callout {
             (":path", waiting.target.path.clone()),
             (":authority", waiting.target.authority.clone()),
             ("content-type", "application/json".into()),
+            // Every waiter must be able to read the answer, and its ids
+            // be put back: no encoding.
+            ("accept-encoding", "identity".into()),
         ],
         body: waiting.body.clone(),
         timeout_ms: upstream.timeout_ms,
@@ -810,11 +816,7 @@ fn callout(dedup: &Dedup, waiting: &Waiting) -> Callout {
 
 /// `answer`, for the request with these ids.
 fn reply(answer: &Answer, ids: &[crate::dedup::answer::Id]) -> Reply {
-    Reply {
-        status: answer.status,
-        content_type: answer.content_type.clone(),
-        body: answer.body_for(ids),
-    }
+    Reply::answer(answer, answer.body_for(ids))
 }
 
 /// A held request's side of coalescing (`coalesce` drives these).
@@ -896,15 +898,7 @@ impl GateStream {
                 Err(refusal) => {
                     let waiting = request.waiting.take();
                     let body = waiting.map(|w| w.body).unwrap_or_default();
-                    let refusal = refusal.answering(&body);
-                    return Err((
-                        Reply {
-                            status: refusal.status,
-                            content_type: "application/json".into(),
-                            body: refusal.body.into_bytes(),
-                        },
-                        pending,
-                    ));
+                    return Err((Reply::refusal(refusal.answering(&body)), pending));
                 }
             }
         }
@@ -995,14 +989,7 @@ impl GateStream {
         if request.ticket.is_none() {
             match w.admit(store, now, request.class, false) {
                 Ok(ticket) => request.ticket = Some(ticket),
-                Err(refusal) => {
-                    let refusal = refusal.answering(&body);
-                    return Act::Answer(Reply {
-                        status: refusal.status,
-                        content_type: "application/json".into(),
-                        body: refusal.body.into_bytes(),
-                    });
-                }
+                Err(refusal) => return Act::Answer(Reply::refusal(refusal.answering(&body))),
             }
         }
         Act::Resume

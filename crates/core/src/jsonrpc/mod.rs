@@ -82,5 +82,19 @@ impl Entry {
     }
 }
 
+/// Whether two ids, as raw JSON, are the same value: numbers compare as
+/// numbers (`1`, `1.0` and `1e0` are one id, as a node that re-serialises
+/// ids writes them), strings after their escapes are decoded. Ids no JSON
+/// reader takes (`1e999`) compare byte for byte.
+pub fn same_id(a: &[u8], b: &[u8]) -> bool {
+    use serde_json::Value;
+    let read = |raw: &[u8]| serde_json::from_slice::<Value>(raw).ok();
+    match (read(a), read(b)) {
+        (Some(Value::Number(x)), Some(Value::Number(y))) => x.as_f64() == y.as_f64(),
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
 #[cfg(test)]
 mod tests;

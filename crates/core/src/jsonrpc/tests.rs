@@ -162,6 +162,28 @@ fn what_is_not_json_is_invalid() {
     }
 }
 
+#[test]
+fn ids_are_the_same_when_their_values_are() {
+    for (a, b) in [
+        ("1", "1.0"),
+        ("1e0", "1.0"),
+        ("123456789012345678901234567890", "1.2345678901234568e+29"),
+        (r#""a""#, r#""\u0061""#),
+        ("null", " null"),
+        ("1e999", "1e999"),
+    ] {
+        assert!(same_id(a.as_bytes(), b.as_bytes()), "{a} {b}");
+    }
+    for (a, b) in [
+        ("1", "2"),
+        ("1", r#""1""#),
+        (r#""a""#, r#""A""#),
+        ("1e999", "2e999"),
+    ] {
+        assert!(!same_id(a.as_bytes(), b.as_bytes()), "{a} {b}");
+    }
+}
+
 const MAX_DEPTH_PLUS: usize = scan::MAX_DEPTH + 1;
 
 fn json_value() -> impl Strategy<Value = Value> {

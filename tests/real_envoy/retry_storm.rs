@@ -285,19 +285,34 @@ fn answers_that_cannot_change_are_reused_and_a_receipt_not_found_is_not() {
     let hash = send(1, "eth_sendRawTransaction", "0xf86b0a");
     assert!(hash.is_string(), "{hash}");
     assert_eq!(send(2, "eth_sendRawTransaction", "0xf86b0a"), hash);
-    // A block by hash, found: one call for three reads.
-    for id in 3..=5 {
-        send(id, "eth_getBlockByHash", "0xab");
+    // A final block by hash (genesis): the first read finds the gate not
+    // knowing the finalized block yet, which it asks for; then one call
+    // for three reads.
+    let genesis = format!("0x{:064x}", 0);
+    send(3, "eth_getBlockByHash", &genesis);
+    assert!(eventually(Duration::from_secs(5), || dedup_stat(
+        &envoy,
+        "finality_known"
+    ) == 1));
+    for id in 4..=6 {
+        send(id, "eth_getBlockByHash", &genesis);
+    }
+    // A block not final (the head, with 64 to go): every read reaches the
+    // node.
+    let head = || node.metrics().unwrap()["head"].as_u64().unwrap();
+    assert!(eventually(Duration::from_secs(5), || head() >= 1));
+    let head = format!("0x{:064x}", head());
+    for id in 7..=8 {
+        send(id, "eth_getBlockByHash", &head);
     }
     // A receipt not mined yet (null): every poll reaches the node.
-    for id in 6..=8 {
+    for id in 9..=11 {
         assert_eq!(send(id, "eth_getTransactionReceipt", "0xcd"), Value::Null);
     }
     let served = node.metrics().unwrap()["served"].clone();
-    assert_eq!(
-        served,
-        json!({"eth_sendRawTransaction": 1, "eth_getBlockByHash": 1, "eth_getTransactionReceipt": 3})
-    );
+    assert_eq!(served["eth_sendRawTransaction"], 1, "{served}");
+    assert_eq!(served["eth_getBlockByHash"], 2 + 2, "{served}");
+    assert_eq!(served["eth_getTransactionReceipt"], 3, "{served}");
     assert!(eventually(Duration::from_secs(5), || dedup_stat(
         &envoy, "taken"
     ) == 3));
@@ -520,4 +535,124 @@ fn an_answer_the_node_gzips_reaches_every_client_readable() {
     assert!(eventually(Duration::from_secs(5), || dedup_stat(
         &envoy, "unshared"
     ) >= 1));
+}
+
+/// anvil's dev account 0, unlocked: it sends the transactions.
+const SENDER: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
+
+/// Reads on anvil through the gateway (coalescing engaged throughout,
+/// kept answers served for 10 s) while the chain reorganises under them:
+/// a transaction is mined, read by receipt, by hash and by its block's
+/// hash (three clients at once), then the block is dropped (`evm_revert`)
+/// and another mined at its height. Every answer the gateway gives is
+/// compared with the node's at that moment: a receipt of a block no longer
+/// on the chain is never served, while a receipt in a final block (64
+/// deep, as anvil finalises) is served from the kept answer.
+#[test]
+fn a_reorg_never_makes_the_gateway_serve_a_stale_answer() {
+    let anvil = stakegate_stack::Anvil::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gate_policy = dir.path().join("gate.json");
+    let qos_policy = dir.path().join("qos.json");
+    std::fs::write(
+        &gate_policy,
+        stakegate_tests::example_policy(
+            "admission-gate",
+            json!({ "dedup": { "windowMs": 10000, "standbyAfterMs": 600000 } }),
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        &qos_policy,
+        stakegate_tests::example_policy("stake-qos", json!({})),
+    )
+    .unwrap();
+    let envoy =
+        stakegate_tests::start_initialised(dir.path(), anvil.addr(), &gate_policy, &qos_policy);
+    let url = envoy.url("public").unwrap();
+    // A transaction, mined (anvil mines it a moment after answering).
+    let send_tx = |value: u64| {
+        let hash = anvil
+            .call(
+                "eth_sendTransaction",
+                &format!(r#"[{{"from":"{SENDER}","to":"0x{value:040x}","value":"0x{value:x}"}}]"#),
+            )
+            .unwrap();
+        let receipt = || {
+            anvil
+                .call("eth_getTransactionReceipt", &format!("[{hash}]"))
+                .unwrap()
+        };
+        assert!(eventually(Duration::from_secs(10), || !receipt().is_null()));
+        hash
+    };
+    let body = |method: &str, params: &Value| {
+        json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
+    };
+    // Through the gateway, three clients at once; each answer against the
+    // node's, asked right after (nothing mines in between).
+    let mut checked = 0;
+    let mut stale = Vec::new();
+    let mut read = |method: &str, params: Value| {
+        let request = body(method, &params);
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                let (url, request) = (url.clone(), request.clone());
+                std::thread::spawn(move || http::post(&url, &[], &request).unwrap())
+            })
+            .collect();
+        let answers: Vec<Value> = readers
+            .into_iter()
+            .map(|r| r.join().unwrap().json().unwrap()["result"].clone())
+            .collect();
+        let truth = anvil.call(method, &params.to_string()).unwrap();
+        for answer in answers {
+            checked += 1;
+            if answer != truth {
+                stale.push(format!("{method}{params}: gateway {answer}, node {truth}"));
+            }
+        }
+        truth
+    };
+    // A transaction in a block that becomes final.
+    let settled = send_tx(1);
+    anvil.call("anvil_mine", r#"["0x46"]"#).unwrap();
+    for round in 0..8u64 {
+        let snapshot = anvil.call("evm_snapshot", "[]").unwrap();
+        let hash = send_tx(100 + round);
+        let receipt = read("eth_getTransactionReceipt", json!([hash]));
+        let block = receipt["blockHash"].clone();
+        assert!(block.is_string(), "mined: {receipt}");
+        read("eth_getBlockByHash", json!([block, false]));
+        read("eth_getTransactionByHash", json!([hash]));
+        // The reorg: the block is gone, another takes its height.
+        assert_eq!(
+            anvil.call("evm_revert", &format!("[{snapshot}]")).unwrap(),
+            true
+        );
+        send_tx(200 + round);
+        assert_eq!(
+            read("eth_getTransactionReceipt", json!([hash])),
+            Value::Null
+        );
+        assert_eq!(
+            read("eth_getBlockByHash", json!([block, false])),
+            Value::Null
+        );
+        read("eth_getTransactionByHash", json!([hash]));
+        read("eth_getTransactionReceipt", json!([settled]));
+    }
+    // The counts reach Envoy at the gate's heartbeat.
+    assert!(eventually(Duration::from_secs(5), || dedup_stat(
+        &envoy, "led"
+    ) > 0));
+    let taken = dedup_stat(&envoy, "taken");
+    eprintln!(
+        "{checked} answers checked against the node, {} stale; {} led, {} shared, {taken} served from kept answers",
+        stale.len(),
+        dedup_stat(&envoy, "led"),
+        dedup_stat(&envoy, "shared"),
+    );
+    assert!(stale.is_empty(), "{stale:#?}");
+    assert!(taken > 0, "the final receipt was served again");
 }

@@ -92,6 +92,34 @@ pub fn result(id: Value, result: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "result": result})
 }
 
+/// Blocks behind the head that are final (Ethereum finalises two epochs
+/// of 32 slots; anvil answers `finalized` the same way), and safe.
+pub const FINALITY_DEPTH: u64 = 64;
+pub const SAFE_DEPTH: u64 = 32;
+
+/// The block a block tag or number names, given the executed head: `None`
+/// for one not reached yet, or not a block tag or number.
+fn block_named(tag: &Value, head: u64) -> Option<u64> {
+    let number = match tag.as_str()? {
+        "latest" | "pending" => head,
+        "safe" => head.saturating_sub(SAFE_DEPTH),
+        "finalized" => head.saturating_sub(FINALITY_DEPTH),
+        "earliest" => 0,
+        hex => u64::from_str_radix(hex.strip_prefix("0x")?, 16).ok()?,
+    };
+    (number <= head).then_some(number)
+}
+
+/// Block `n` as this chain has it: its hash is its number, written out.
+fn block(n: u64) -> Value {
+    json!({
+        "number": format!("{n:#x}"),
+        "hash": format!("0x{n:064x}"),
+        "parentHash": format!("0x{:064x}", n.saturating_sub(1)),
+        "transactions": [],
+    })
+}
+
 /// A plausible result for a known method, given the executed head.
 pub fn canned_result(method: &str, params: &Value, head: u64) -> Value {
     let hex = |n: u64| Value::String(format!("{n:#x}"));
@@ -102,12 +130,10 @@ pub fn canned_result(method: &str, params: &Value, head: u64) -> Value {
         "web3_clientVersion" => {
             Value::String(concat!("stakegate-rpc-node/", env!("CARGO_PKG_VERSION")).into())
         }
-        "eth_getBlockByNumber" => json!({
-            "number": hex(head),
-            "hash": format!("0x{head:064x}"),
-            "parentHash": format!("0x{:064x}", head.saturating_sub(1)),
-            "transactions": [],
-        }),
+        "eth_getBlockByNumber" => block_named(&params[0], head).map_or(Value::Null, block),
+        "eth_getBlockByHash" => block_named(&params[0], head)
+            .filter(|_| params[0].as_str().is_some_and(|h| h.len() == 66))
+            .map_or(Value::Null, block),
         "eth_call" => Value::String(format!("0x{:064x}", params.to_string().len())),
         "eth_getProof" => {
             json!({"accountProof": [], "balance": "0x0", "nonce": "0x0", "storageProof": []})
@@ -203,6 +229,21 @@ mod tests {
             };
             assert_eq!(got, reason);
         }
+    }
+
+    #[test]
+    fn blocks_are_named_by_tag_number_or_hash() {
+        let number = |method: &str, param: &str| {
+            canned_result(method, &json!([param, false]), 100)["number"].clone()
+        };
+        assert_eq!(number("eth_getBlockByNumber", "latest"), json!("0x64"));
+        assert_eq!(number("eth_getBlockByNumber", "finalized"), json!("0x24"));
+        assert_eq!(number("eth_getBlockByNumber", "safe"), json!("0x44"));
+        assert_eq!(number("eth_getBlockByNumber", "0x7"), json!("0x7"));
+        assert_eq!(number("eth_getBlockByNumber", "0x65"), Value::Null);
+        let hash = format!("0x{:064x}", 7);
+        assert_eq!(number("eth_getBlockByHash", &hash), json!("0x7"));
+        assert_eq!(number("eth_getBlockByHash", "0x7"), Value::Null);
     }
 
     #[test]

@@ -34,7 +34,9 @@ use stakegate_core::clock::Now;
 use stakegate_core::dedup::{engage, wake_queue};
 use stakegate_core::gate::coalesce::{Act, Acts, Callout, Held, Reply, Response};
 use stakegate_core::gate::policy::GatePolicy;
-use stakegate_core::gate::stream::{GateStream, GateWorker, Head, OnBody, OnHeaders, Settled};
+use stakegate_core::gate::stream::{
+    GateStream, GateWorker, Head, OnBody, OnHeaders, Settled, Ticked,
+};
 use stakegate_core::gate::InflightGate;
 use stakegate_core::rejection::Rejection;
 use stakegate_glue::facts::StreamFacts;
@@ -162,19 +164,7 @@ impl Worker {
                 continue;
             };
             host::act_on(self.root);
-            let headers: Vec<(&str, &str)> = callout
-                .headers
-                .iter()
-                .map(|(n, v)| (*n, v.as_str()))
-                .collect();
-            let sent = proxy_wasm::hostcalls::dispatch_http_call(
-                &callout.cluster,
-                headers,
-                Some(&callout.body),
-                vec![],
-                Duration::from_millis(callout.timeout_ms),
-            );
-            match sent {
+            match send(&callout) {
                 Ok(token) => {
                     if let Ok(mut stream) = stream.try_borrow_mut() {
                         stream.led(&mut self.core, token, now_ms());
@@ -288,6 +278,23 @@ impl Worker {
     }
 }
 
+/// Sends `callout` (from a root-context callback, so that it is the
+/// root's).
+fn send(callout: &Callout) -> Result<u32, proxy_wasm::types::Status> {
+    let headers: Vec<(&str, &str)> = callout
+        .headers
+        .iter()
+        .map(|(n, v)| (*n, v.as_str()))
+        .collect();
+    proxy_wasm::hostcalls::dispatch_http_call(
+        &callout.cluster,
+        headers,
+        Some(&callout.body),
+        vec![],
+        Duration::from_millis(callout.timeout_ms),
+    )
+}
+
 struct GateRoot {
     context_id: u32,
     worker: Option<Rc<RefCell<Worker>>>,
@@ -345,7 +352,7 @@ impl Context for GateRoot {
             worker.log();
             let waiting = worker.coalesced.len();
             let Worker { core, metrics, .. } = &mut *worker;
-            metrics.flush(&mut core.counts, None, None, waiting);
+            metrics.flush(&mut core.counts, &Ticked::default(), waiting);
         }
         true
     }
@@ -361,8 +368,16 @@ impl Context for GateRoot {
     ) {
         let Some(worker) = &self.worker else { return };
         let mut worker = worker.borrow_mut();
+        let answer = (num_headers > 0).then(|| host::body(BodyOf::CallResponse, 0, body_size));
+        if worker
+            .core
+            .finality_answered(&EnvoyStore, now_ms(), token, answer.as_deref())
+        {
+            worker.log();
+            return;
+        }
         // No headers: the callout failed (reset, timeout, no upstream).
-        let response = (num_headers > 0).then(|| Response {
+        let response = answer.map(|body| Response {
             status: host::call_response_header(":status")
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(502),
@@ -370,7 +385,7 @@ impl Context for GateRoot {
                 .unwrap_or_else(|| "application/json".into()),
             content_encoding: host::call_response_header("content-encoding")
                 .filter(|e| !e.eq_ignore_ascii_case("identity")),
-            body: host::body(BodyOf::CallResponse, 0, body_size),
+            body,
         });
         worker.coalesce(self.context_id, true, |core, held| {
             core.callout_ended(&EnvoyStore, &mut Now::lazy(now_ms), token, response, held)
@@ -391,6 +406,9 @@ impl RootContext for GateRoot {
         if worker.core.dedup.is_some() {
             worker.core.engage(&EnvoyStore, now);
             worker.metrics.engaged(worker.core.dedup_engaged());
+            if let Some(poll) = worker.core.finality_poll(&EnvoyStore, now) {
+                worker.core.finality_sent(send(&poll).ok());
+            }
         }
         let heartbeat_ms = worker.core.gate.policy().heartbeat_ms;
         if now.saturating_sub(worker.last_heartbeat_ms) + engage::TICK_MS / 2 < heartbeat_ms {
@@ -398,7 +416,7 @@ impl RootContext for GateRoot {
             return;
         }
         worker.last_heartbeat_ms = now;
-        let (totals, entries) = worker.core.tick(&EnvoyStore, now);
+        let ticked = worker.core.tick(&EnvoyStore, now);
         worker.register_wake();
         worker.coalesce(self.context_id, true, |core, held| {
             core.heartbeat(&EnvoyStore, &mut Now::lazy(now_ms), held)
@@ -406,7 +424,7 @@ impl RootContext for GateRoot {
         worker.log();
         let waiting = worker.coalesced.len();
         let Worker { core, metrics, .. } = &mut *worker;
-        metrics.flush(&mut core.counts, totals, entries, waiting);
+        metrics.flush(&mut core.counts, &ticked, waiting);
         worker.wake(self.context_id);
     }
 

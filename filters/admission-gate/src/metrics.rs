@@ -10,8 +10,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use stakegate_core::gate::class::RequestClass;
-use stakegate_core::gate::shards::Totals;
-use stakegate_core::gate::stream::Counts;
+use stakegate_core::gate::stream::{Counts, Ticked};
 use stakegate_glue::metrics::{add, define, set};
 
 /// How a counter reads its count.
@@ -58,6 +57,9 @@ pub struct GateMetrics {
     /// Requests held for an answer, on every worker (each adds its change).
     dedup_waiting: u32,
     dedup_engaged: u32,
+    /// The node's finalized block as dedup knows it, and whether it does.
+    dedup_finalized: u32,
+    dedup_finality_known: u32,
     waiting_reported: i64,
     counters: Vec<u32>,
 }
@@ -89,6 +91,8 @@ impl GateMetrics {
             dedup_entries: define(MetricType::Gauge, &stat("dedup.entries"))?,
             dedup_waiting: define(MetricType::Gauge, &stat("dedup.waiting"))?,
             dedup_engaged: define(MetricType::Gauge, &stat("dedup.engaged"))?,
+            dedup_finalized: define(MetricType::Gauge, &stat("dedup.finalized"))?,
+            dedup_finality_known: define(MetricType::Gauge, &stat("dedup.finality_known"))?,
             waiting_reported: 0,
             counters: COUNTERS
                 .iter()
@@ -98,16 +102,9 @@ impl GateMetrics {
     }
 
     /// Hands the counts to Envoy (and resets them), and sets the gauges
-    /// from `totals`, the shared slot counts as of this heartbeat,
-    /// `dedup_entries`, the dedup table's size, and `waiting`, the requests
-    /// this VM holds for an answer.
-    pub fn flush(
-        &mut self,
-        counts: &mut Counts,
-        totals: Option<Totals>,
-        dedup_entries: Option<u64>,
-        waiting: usize,
-    ) {
+    /// from what the heartbeat found (`ticked`) and `waiting`, the
+    /// requests this VM holds for an answer.
+    pub fn flush(&mut self, counts: &mut Counts, ticked: &Ticked, waiting: usize) {
         let change = waiting as i64 - self.waiting_reported;
         if change != 0 {
             let _ = hostcalls::increment_metric(self.dedup_waiting, change);
@@ -125,7 +122,7 @@ impl GateMetrics {
         for (id, (_, count)) in self.counters.iter().zip(COUNTERS) {
             add(*id, count(&counts));
         }
-        if let Some(totals) = totals {
+        if let Some(totals) = ticked.totals {
             set(
                 self.inflight[RequestClass::Default.index()],
                 u64::from(totals.default),
@@ -136,8 +133,13 @@ impl GateMetrics {
             );
             set(self.websocket_active, u64::from(totals.websocket));
         }
-        if let Some(entries) = dedup_entries {
+        if let Some(entries) = ticked.dedup_entries {
             set(self.dedup_entries, entries);
         }
+        set(self.dedup_finalized, ticked.finalized.unwrap_or(0));
+        set(
+            self.dedup_finality_known,
+            u64::from(ticked.finalized.is_some()),
+        );
     }
 }

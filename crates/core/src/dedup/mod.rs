@@ -55,6 +55,7 @@
 
 pub mod answer;
 pub mod engage;
+pub mod finality;
 pub mod key;
 pub mod policy;
 pub mod table;
@@ -67,7 +68,7 @@ use crate::request::{sha256_hex, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
 use answer::{Answer, Id};
 use key::{Body, Key, Unkeyed};
-use policy::{DedupPolicy, Scope};
+use policy::{DedupPolicy, Scope, ALWAYS_REUSE};
 use std::sync::Arc;
 use table::{page_of, Entry, Page, State, ANSWER_SLOTS, ENTRIES_PER_PAGE};
 
@@ -108,8 +109,36 @@ pub enum Skip {
 pub struct Keyed {
     pub key: Key,
     pub ids: Vec<Id>,
-    /// One call of a `reuseMethods` method: its found answer is reused.
-    pub reusable: bool,
+    /// Whether its found answer serves identical requests for `windowMs`.
+    pub reuse: Reuse,
+}
+
+/// Whether a found answer is served again (`reuseMethods`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reuse {
+    No,
+    /// Its answer depends on the request alone (a sent transaction's hash).
+    Always,
+    /// Once the block its answer names is final (`finality`).
+    OnceFinal,
+}
+
+impl Reuse {
+    /// Whether `answer` is served again, the node's finalized block being
+    /// `finalized`.
+    pub fn allows(self, answer: &Answer, finalized: Option<u64>) -> bool {
+        let found = answer.status == 200 && answer.found();
+        match self {
+            Reuse::No => false,
+            Reuse::Always => found,
+            Reuse::OnceFinal => {
+                found
+                    && finality::block_of(&answer.body)
+                        .zip(finalized)
+                        .is_some_and(|(block, finalized)| block <= finalized)
+            }
+        }
+    }
 }
 
 /// An answer slot: page and index.
@@ -304,11 +333,17 @@ impl Dedup {
                 .iter()
                 .all(|c| policy.global_methods.contains(c.method));
         let scope = if global { "global" } else { client };
-        let reusable = !parsed.is_batch() && policy.reuse_methods.contains(calls[0].method);
+        let method = calls[0].method;
+        let reuse = match policy.reuse_methods.contains(method) {
+            false => Reuse::No,
+            _ if parsed.is_batch() => Reuse::No,
+            true if ALWAYS_REUSE.contains(&method) => Reuse::Always,
+            true => Reuse::OnceFinal,
+        };
         Ok(Keyed {
             key: parsed.key(scope),
             ids,
-            reusable,
+            reuse,
         })
     }
 
@@ -906,10 +941,36 @@ mod tests {
         let receipt =
             r#"{"jsonrpc":"2.0","id":1,"method":"eth_getTransactionReceipt","params":["0xab"]}"#;
         let a = keyed(&d, receipt, ALICE);
-        assert!(a.reusable);
-        assert!(!keyed(&d, &call("1"), ALICE).reusable, "eth_call at latest");
+        assert_eq!(a.reuse, Reuse::OnceFinal);
+        assert_eq!(
+            keyed(&d, &call("1"), ALICE).reuse,
+            Reuse::No,
+            "eth_call at latest"
+        );
         let batch = format!("[{receipt}]");
-        assert!(!keyed(&d, &batch, ALICE).reusable, "a batch");
+        assert_eq!(keyed(&d, &batch, ALICE).reuse, Reuse::No, "a batch");
+        let send = r#"{"jsonrpc":"2.0","id":1,"method":"eth_sendRawTransaction","params":["0x1"]}"#;
+        assert_eq!(keyed(&d, send, ALICE).reuse, Reuse::Always);
+        // Once final: a receipt in block 0x10 with block 0x20 final, and
+        // not with 0x0f final, nor with none known.
+        let answer = |body: &str| Answer {
+            key: a.key,
+            status: 200,
+            content_type: "application/json".into(),
+            content_encoding: None,
+            ids: a.ids.clone(),
+            body: body.as_bytes().to_vec(),
+        };
+        let mined = answer(r#"{"jsonrpc":"2.0","id":1,"result":{"blockNumber":"0x10"}}"#);
+        assert!(Reuse::OnceFinal.allows(&mined, Some(0x20)));
+        assert!(!Reuse::OnceFinal.allows(&mined, Some(0x0f)));
+        assert!(!Reuse::OnceFinal.allows(&mined, None));
+        let hash = answer(r#"{"jsonrpc":"2.0","id":1,"result":"0xabc"}"#);
+        assert!(Reuse::Always.allows(&hash, None));
+        assert!(
+            !Reuse::OnceFinal.allows(&hash, Some(u64::MAX)),
+            "names no block"
+        );
         let led = lead(verdict(&d, &store, &a, 1, 0));
         let found = Outcome::Answered {
             keep: true,

@@ -133,8 +133,9 @@ pub const READ_ONLY_METHODS: &[&str] = &[
 /// The same signed transaction is a duplicate whoever sends it.
 pub const GLOBAL_METHODS: &[&str] = &["eth_sendRawTransaction"];
 
-/// Methods whose found answer cannot change: by block or transaction hash,
-/// and a sent transaction's hash (`Dedup::reusable`).
+/// Methods whose found answer cannot change once its block is final: by
+/// block or transaction hash; and a sent transaction's hash, which never
+/// can (`dedup::Reuse`).
 pub const REUSE_METHODS: &[&str] = &[
     "eth_getBlockByHash",
     "eth_getTransactionByHash",
@@ -143,6 +144,10 @@ pub const REUSE_METHODS: &[&str] = &[
     "trace_transaction",
     "eth_sendRawTransaction",
 ];
+
+/// Methods whose answer depends on the request alone: served again
+/// whatever the chain does.
+pub const ALWAYS_REUSE: &[&str] = &["eth_sendRawTransaction"];
 
 /// Larger bodies would have Envoy's default buffer limit (1 MiB) answer
 /// 413 while the gate waits for the end of the body.

@@ -15,7 +15,7 @@ use super::Ticket;
 use crate::clock::Now;
 use crate::dedup::answer::{Answer, Id};
 use crate::dedup::key::{Key, KEY_LEN};
-use crate::dedup::{Completed, Outcome, Pending, Verdict};
+use crate::dedup::{Completed, Outcome, Pending, Reuse, Verdict};
 use crate::rejection::json_rpc_error_body;
 use crate::shared::SharedStore;
 
@@ -39,8 +39,8 @@ pub struct Waiting {
     pub(super) leads: bool,
     /// Led, before the callout has its token.
     pub(super) pending: Option<Pending>,
-    /// Its found answer is reused (`Keyed::reusable`).
-    pub(super) reusable: bool,
+    /// Whether its found answer is reused (`Keyed::reuse`).
+    pub(super) reuse: Reuse,
     pub(super) checked_ms: u64,
 }
 
@@ -137,7 +137,7 @@ pub struct Led {
     pub(super) ticket: Option<Ticket>,
     pub(super) started_ms: u64,
     pub(super) timeout_ms: u64,
-    pub(super) reusable: bool,
+    pub(super) reuse: Reuse,
 }
 
 /// A message on a gate VM's wake queue.
@@ -223,8 +223,8 @@ impl GateWorker {
             self.counts.dedup.callouts_failed += 1;
         }
         let mut acts = Acts::default();
-        let (pending, reusable) = (led.pending, led.reusable);
-        self.finish_lead(store, now, pending, answer, reusable, None, held, &mut acts);
+        let (pending, reuse) = (led.pending, led.reuse);
+        self.finish_lead(store, now, pending, answer, reuse, None, held, &mut acts);
         acts
     }
 
@@ -246,7 +246,16 @@ impl GateWorker {
             return acts;
         };
         acts.acts.push((id, Act::Resume));
-        self.finish_lead(store, now, pending, None, false, Some(id), held, &mut acts);
+        self.finish_lead(
+            store,
+            now,
+            pending,
+            None,
+            Reuse::No,
+            Some(id),
+            held,
+            &mut acts,
+        );
         acts
     }
 
@@ -329,7 +338,7 @@ impl GateWorker {
     }
 
     /// A leader's call ended with `answer` (`None`: no answer); a found
-    /// answer to a `reusable` call serves identical ones for `windowMs`.
+    /// answer that `reuse` allows serves identical ones for `windowMs`.
     /// `resumed`: the leader's stream, which goes on through the route
     /// instead.
     #[allow(clippy::too_many_arguments)]
@@ -339,7 +348,7 @@ impl GateWorker {
         now: &mut Now,
         pending: Pending,
         answer: Option<Answer>,
-        reusable: bool,
+        reuse: Reuse,
         resumed: Option<u32>,
         held: &mut [Held<'_>],
         acts: &mut Acts,
@@ -378,7 +387,11 @@ impl GateWorker {
                 let n = here(held);
                 self.answer_all(a, held, acts);
                 if a.body.len() as u64 <= max_answer {
-                    let reuse = reusable && a.status == 200 && a.found();
+                    let finalized = match reuse {
+                        Reuse::OnceFinal if a.found() => self.finalized(store, now.ms()),
+                        _ => None,
+                    };
+                    let reuse = reuse.allows(a, finalized);
                     (Outcome::Answered { keep: true, reuse }, n, 0)
                 } else {
                     // Too large to share or keep: the other VMs' waiters
@@ -471,7 +484,7 @@ impl GateWorker {
             Err((reply, pending)) => {
                 // The gate is full: this one is refused, the next leads.
                 acts.acts.push((id, Act::Answer(reply)));
-                self.finish_lead(store, now, pending, None, false, Some(id), held, acts);
+                self.finish_lead(store, now, pending, None, Reuse::No, Some(id), held, acts);
             }
         }
     }

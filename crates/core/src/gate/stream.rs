@@ -33,7 +33,7 @@
 use crate::clock::Now;
 use crate::dedup::answer::Answer;
 use crate::dedup::engage::Engagement;
-use crate::dedup::{client_name, Dedup, Outcome, Pending, Verdict};
+use crate::dedup::{client_name, finality, Dedup, Outcome, Pending, Verdict};
 use crate::gate::class::{classify, RequestClass};
 use crate::gate::coalesce::{no_answer, Act, Callout, Led, Reply, Target, Waiting};
 use crate::gate::shards::Totals;
@@ -196,6 +196,17 @@ pub struct Counts {
     pub dedup: DedupCounts,
 }
 
+/// What a heartbeat found, for the gauges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ticked {
+    /// The shared slot counts (`None`: the store failed).
+    pub totals: Option<Totals>,
+    /// The dedup table's size.
+    pub dedup_entries: Option<u64>,
+    /// The node's finalized block, as dedup knows it (fresh).
+    pub finalized: Option<u64>,
+}
+
 /// One VM's gate: what its streams share.
 #[derive(Debug)]
 pub struct GateWorker {
@@ -210,6 +221,12 @@ pub struct GateWorker {
     /// Lines for Envoy's log, taken by the glue after each call.
     log: Vec<String>,
     told_about_streamed_bodies: bool,
+    /// The finality poll's callout at the node (`dedup::finality`).
+    finality_poll: Option<u32>,
+    /// An answer tied to a block found the finalized number out of date.
+    wants_finality: bool,
+    /// Where requests go (their `:path` and `:authority`), for the poll.
+    target: Option<Target>,
 }
 
 impl GateWorker {
@@ -231,7 +248,74 @@ impl GateWorker {
             counts: Counts::default(),
             log: Vec::new(),
             told_about_streamed_bodies: false,
+            finality_poll: None,
+            wants_finality: false,
+            target: None,
         }
+    }
+
+    /// The node's finalized block, for an answer tied to a block; one out
+    /// of date is asked for again at the next tick (`finality_poll`).
+    pub(super) fn finalized(&mut self, store: &impl SharedStore, now_ms: u64) -> Option<u64> {
+        match finality::finalized(store, now_ms) {
+            Ok(known) => {
+                self.wants_finality |= known.due;
+                known.number
+            }
+            Err(e) => {
+                self.note_store_error("finality read", &e);
+                None
+            }
+        }
+    }
+
+    /// At an engagement tick, when an answer tied to a block asked for it
+    /// and no VM asked in the last `finality::POLL_MS`: the callout that
+    /// asks the node for its finalized block.
+    pub fn finality_poll(&mut self, store: &impl SharedStore, now_ms: u64) -> Option<Callout> {
+        let upstream = self.dedup.as_ref()?.policy().upstream.clone();
+        if !std::mem::take(&mut self.wants_finality) || self.finality_poll.is_some() {
+            return None;
+        }
+        match finality::claim(store, now_ms) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                self.note_store_error("finality poll", &e);
+                return None;
+            }
+        }
+        let target = self.target.clone().unwrap_or_default();
+        Some(Callout {
+            cluster: upstream.cluster,
+            headers: callout_headers(&target),
+            body: finality::REQUEST.to_vec(),
+            timeout_ms: upstream.timeout_ms.min(finality::STALE_MS),
+        })
+    }
+
+    /// The finality poll went out as `token` (`None`: the host refused).
+    pub fn finality_sent(&mut self, token: Option<u32>) {
+        self.finality_poll = token;
+    }
+
+    /// Callout `token` ended with `body` (`None`: no answer). Returns
+    /// whether it was the finality poll.
+    pub fn finality_answered(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+        token: u32,
+        body: Option<&[u8]>,
+    ) -> bool {
+        if self.finality_poll != Some(token) {
+            return false;
+        }
+        self.finality_poll = None;
+        if let Err(e) = finality::answered(store, now_ms, body) {
+            self.note_store_error("finality answer", &e);
+        }
+        true
     }
 
     /// Whether requests are checked for duplicates now (dedup is on and
@@ -320,7 +404,7 @@ impl GateWorker {
     /// The heartbeat (every `heartbeatMs`): sweeps the dedup table, gives
     /// spare slots back, expires vanished workers' shards. Returns the slot
     /// totals for the gauges, and the dedup table's size.
-    pub fn tick(&mut self, store: &impl SharedStore, now_ms: u64) -> (Option<Totals>, Option<u64>) {
+    pub fn tick(&mut self, store: &impl SharedStore, now_ms: u64) -> Ticked {
         let mut entries = None;
         if let (Some(dedup), Some(vm)) = (self.dedup.as_ref(), self.gate.vm()) {
             match dedup.sweep(store, vm, now_ms) {
@@ -352,7 +436,17 @@ impl GateWorker {
                 None
             }
         };
-        (totals, entries)
+        let finalized = match self.dedup {
+            Some(_) => finality::finalized(store, now_ms)
+                .ok()
+                .and_then(|k| k.number),
+            None => None,
+        };
+        Ticked {
+            totals,
+            dedup_entries: entries,
+            finalized,
+        }
     }
 
     /// Takes this worker's shard before traffic arrives; if the store is
@@ -498,6 +592,9 @@ impl GateStream {
         let checked = !head.end_of_stream && class != RequestClass::Internal;
         if checked && w.dedup.is_some() && !w.dedup_engaged() {
             w.counts.dedup.standing_by += 1;
+        }
+        if let (None, Some(target)) = (&w.target, &head.target) {
+            w.target = Some(target.clone());
         }
         let dedup_client = match &w.dedup {
             Some(dedup) if checked && w.dedup_engaged() => {
@@ -753,7 +850,7 @@ impl HttpRequest {
             deadline_ms: now_ms.saturating_add(dedup.policy().max_wait_ms),
             leads: false,
             pending: None,
-            reusable: keyed.reusable,
+            reuse: keyed.reuse,
             checked_ms: now_ms,
         };
         match checked.verdict {
@@ -800,18 +897,32 @@ fn callout(dedup: &Dedup, waiting: &Waiting) -> Callout {
     let upstream = &dedup.policy().upstream;
     Callout {
         cluster: upstream.cluster.clone(),
-        headers: vec![
-            (":method", "POST".into()),
-            (":path", waiting.target.path.clone()),
-            (":authority", waiting.target.authority.clone()),
-            ("content-type", "application/json".into()),
-            // Every waiter must be able to read the answer, and its ids
-            // be put back: no encoding.
-            ("accept-encoding", "identity".into()),
-        ],
+        headers: callout_headers(&waiting.target),
         body: waiting.body.clone(),
         timeout_ms: upstream.timeout_ms,
     }
+}
+
+/// A callout's headers: a JSON-RPC POST to where `target` says (the
+/// client's `:path` and `:authority`: a node may check its host name), in
+/// no encoding, so that every waiter can read the answer and have its ids
+/// put back.
+fn callout_headers(target: &Target) -> Vec<(&'static str, String)> {
+    let authority = match target.authority.as_str() {
+        "" => "localhost".to_string(),
+        authority => authority.to_string(),
+    };
+    let path = match target.path.as_str() {
+        "" => "/".to_string(),
+        path => path.to_string(),
+    };
+    vec![
+        (":method", "POST".into()),
+        (":path", path),
+        (":authority", authority),
+        ("content-type", "application/json".into()),
+        ("accept-encoding", "identity".into()),
+    ]
 }
 
 /// `answer`, for the request with these ids.
@@ -863,7 +974,7 @@ impl GateStream {
                 ticket: request.ticket.take(),
                 started_ms: now_ms,
                 timeout_ms,
-                reusable: waiting.reusable,
+                reuse: waiting.reuse,
             },
         );
     }
@@ -1110,7 +1221,7 @@ mod tests {
     }
 
     fn inflight(w: &mut GateWorker, store: &MemoryStore) -> u32 {
-        w.tick(store, 0).0.unwrap().inflight()
+        w.tick(store, 0).totals.unwrap().inflight()
     }
 
     #[test]
@@ -1276,7 +1387,7 @@ mod tests {
         let mut stream = GateStream::default();
         let refused = stream.headers(&mut w, &Refusing, &mut Now::fixed(0), &mut Public, GET);
         assert!(matches!(refused, OnHeaders::Refuse(r) if r.status == Rejection::OVERLOADED));
-        assert_eq!(w.tick(&Refusing, 1000), (None, None));
+        assert_eq!(w.tick(&Refusing, 1000), Ticked::default());
         assert_eq!(w.counts.store.store_errors, 3);
         let log = w.take_log();
         assert_eq!(log.len(), 3, "{log:?}");

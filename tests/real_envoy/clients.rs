@@ -128,13 +128,13 @@ fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
     // cancels it), and 8 s over eth_getLogs.
     // One Envoy worker, so that a slot given back is at once the next
     // request's (with more, a worker's spare slot moves at its heartbeat).
-    // Nothing drains, so the gate's retry-after would grow to its cap: 2 s
-    // keeps the libraries that wait for it quick.
+    // Nothing drains, so the gate's retry-after grows to its cap, the
+    // default's 3 s.
     let (node, envoy) = gateway_on_one_worker(
         &example_policy("stake-qos", json!({})),
         // Coalescing stays engaged from the start (it would from the first
         // held call on; this takes the start's timing out of the test).
-        r#"{"maxInflight": 2, "dedup": {"standbyAfterMs": 600000}, "retryAfterMaxS": 2, "decideOnBody": true}"#,
+        r#"{"maxInflight": 2, "dedup": {"standbyAfterMs": 600000}, "decideOnBody": true}"#,
         &["--cost", "test_hold=120s", "--cost", "eth_getLogs=8s"],
     );
     let public = envoy.listener("public").unwrap();

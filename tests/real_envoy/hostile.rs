@@ -548,3 +548,64 @@ fn a_header_value_that_is_not_utf8_crashes_no_filter() {
         assert_eq!(reloads, 0, "{plugin}'s VM never crashed");
     }
 }
+
+/// One long call holds the node's only slot after quick ones: the
+/// completion rate the gate measures decays towards nothing, and the time
+/// for a slot to free is the long call's, a minute. A client told that in
+/// `retry-after` (viem honours it, three times) would fail only after
+/// minutes; the gate's default caps it at what the client libraries handle
+/// within their own timeouts (docs/clients.md).
+#[test]
+fn a_503_never_tells_a_client_to_wait_longer_than_the_libraries_handle() {
+    let (_node, envoy) = node_behind_gate(
+        r#"{"maxInflight": 1, "heartbeatMs": 100, "staleSlotTtlMs": 10000}"#,
+        &["--cost", "test_hold=60s"],
+    );
+    let url = envoy.url("public").unwrap();
+    let quick = r#"{"jsonrpc":"2.0","id":2,"method":"eth_chainId"}"#;
+    // Quick calls first (two workers pass one slot between them at their
+    // heartbeats, so some are refused on the way).
+    let mut served = 0;
+    assert!(eventually(Duration::from_secs(10), || {
+        served += u32::from(http::post(&url, &[], quick).unwrap().status == 200);
+        served >= 20
+    }));
+    let public = envoy.listener("public").unwrap();
+    let mut held = TcpStream::connect(public).unwrap();
+    let hold = r#"{"jsonrpc":"2.0","id":1,"method":"test_hold","params":[]}"#;
+    write!(
+        held,
+        "POST / HTTP/1.1\r\nHost: rpc\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{hold}",
+        hold.len()
+    )
+    .unwrap();
+    assert!(eventually(Duration::from_secs(5), || {
+        http::post(&url, &[], quick).unwrap().status == 503
+    }));
+    // Refusals over 40 heartbeats, as the measured rate decays (the old
+    // rule reached its 30 s cap within them).
+    let mut waits = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(4) {
+        let answer = http::post(&url, &[], quick).unwrap();
+        assert_eq!(answer.status, 503, "{}", answer.body);
+        waits.push(
+            answer
+                .header("retry-after")
+                .unwrap()
+                .parse::<u32>()
+                .unwrap(),
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!(
+        "retry-after over {} refusals: {:?}",
+        waits.len(),
+        waits.iter().fold([0; 4], |mut n, &s| {
+            n[(s as usize).min(3)] += 1;
+            n
+        })
+    );
+    assert!(waits.iter().all(|s| (1..=3).contains(s)), "{waits:?}");
+    drop(held);
+}

@@ -94,8 +94,11 @@ fn default_stale_slot_ttl_ms() -> u64 {
     10_000
 }
 
+/// Client libraries that honour `retry-after` retry a few times (viem:
+/// three) and give up: a few seconds each keeps their whole wait within
+/// their own timeout (docs/clients.md).
 fn default_retry_after_max_s() -> u32 {
-    30
+    3
 }
 
 pub const DEFAULT_MAX_WEBSOCKET_CONNECTIONS: u32 = 1024;
@@ -328,7 +331,7 @@ mod tests {
                 },
                 heartbeat_ms: 1000,
                 stale_slot_ttl_ms: 10_000,
-                retry_after_max_s: 30,
+                retry_after_max_s: 3,
                 max_websocket_message_bytes: 1024 * 1024,
                 decide_on_body: false,
                 internal: vec![],

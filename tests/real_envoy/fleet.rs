@@ -1,19 +1,29 @@
-//! Fleet mode's membership in real Envoys: replicas of the whole gateway
-//! that start or stop change the fleet size every replica counts, through
-//! real Redis and Webdis. (The fleet's shares and Redis outages are tested
-//! by running scenarios/fleet.toml, in scenario_run.rs.)
+//! Fleet mode in real Envoys, through real Redis and Webdis: replicas that
+//! start or stop change the fleet size every replica counts; and a fleet
+//! that trusts nothing it cannot check: two replicas with one name, reports
+//! nobody sent, or a key of the wrong type never make it admit more than
+//! its capacity. (The fleet's shares and Redis outages are tested by
+//! running scenarios/fleet.toml, in scenario_run.rs.)
 
+use stakegate_loadgen::ClientSpec;
 use stakegate_stack::admin::Admin;
-use stakegate_stack::{Envoy, EnvoyBuilder, FleetEngine, RpcNode};
-use stakegate_tests::{eventually, gate_filter, qos_filter};
+use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder, FleetEngine, RpcNode};
+use stakegate_tests::{client, eventually, example_policy, gate_filter, load_h2, qos_filter};
 use std::time::Duration;
 
 /// One replica: gateway.yaml with both filters, QoS in fleet mode.
 fn replica(node: &RpcNode, engine: &FleetEngine, name: &str) -> Envoy {
+    replica_with(
+        node,
+        engine,
+        name,
+        r#"{"capacityRps": 300, "fleet": {"syncMs": 100}}"#,
+    )
+}
+
+fn replica_with(node: &RpcNode, engine: &FleetEngine, name: &str, qos_policy: &str) -> Envoy {
     EnvoyBuilder::new("gateway.yaml")
-        .filter(qos_filter(
-            r#"{"capacityRps": 300, "fleet": {"syncMs": 100}}"#,
-        ))
+        .filter(qos_filter(qos_policy))
         .filter(gate_filter(r#"{"maxInflight": 100}"#))
         .var("RPC_NODE_HOST", node.addr().ip())
         .var("RPC_NODE_PORT", node.addr().port())
@@ -69,4 +79,188 @@ fn replicas_that_join_and_leave_change_the_fleet_size() {
         eventually(Duration::from_secs(5), || all_see(&admins, 2)),
         "the replicas left count two again"
     );
+}
+
+const CAPACITY: f64 = 300.0;
+
+/// Two replicas with the example stake table (300 rps in all), in front of
+/// a quick node; both named `names`.
+fn staked_fleet(names: [&str; 2]) -> (RpcNode, FleetEngine, Vec<Envoy>) {
+    let node = RpcNode::start(&["--read-slots", "64"]).expect("rpc-node starts");
+    let engine = FleetEngine::start().expect("redis and webdis start");
+    let policy = example_policy(
+        "stake-qos",
+        serde_json::json!({ "capacityRps": CAPACITY, "fleet": { "syncMs": 100 } }),
+    );
+    let replicas: Vec<Envoy> = names
+        .iter()
+        .map(|name| replica_with(&node, &engine, name, &policy))
+        .collect();
+    (node, engine, replicas)
+}
+
+/// The example's stakers 40, 20 and 10 at 250 rps each (750 offered for
+/// 300), each sending to both replicas in turn, for 8 s: what each was
+/// admitted per second over the last 5.
+fn flood(replicas: &[Envoy]) -> Vec<(String, f64)> {
+    let targets: Vec<String> = replicas.iter().map(|r| r.url("public").unwrap()).collect();
+    let clients: Vec<ClientSpec> = [40, 20, 10]
+        .iter()
+        .map(|stake| ClientSpec {
+            api_key: Some(format!("key-stake-{stake}")),
+            targets: targets.clone(),
+            unique_params: true,
+            ..client(&format!("stake-{stake}"), 250.0, "eth_call", 1000)
+        })
+        .collect();
+    let report = loadgen::run(&load_h2(&targets[0], clients, Duration::from_secs(8), 2)).unwrap();
+    report
+        .clients
+        .iter()
+        .map(|c| {
+            let ok: u64 = c.timeline.iter().skip(3).take(5).map(|s| s.ok).sum();
+            (c.header.id.clone(), ok as f64 / 5.0)
+        })
+        .collect()
+}
+
+/// Each staker's weighted max-min share of the capacity (stakes 40, 20,
+/// 10, all asking more than that): what the fleet gives, and what each
+/// replica's fallback (half the capacity, the same stakes) gives too.
+fn fair(id: &str) -> f64 {
+    let stake: f64 = id.trim_start_matches("stake-").parse().unwrap();
+    CAPACITY * stake / 70.0
+}
+
+fn check_within_capacity(case: &str, admitted: &[(String, f64)]) {
+    let total: f64 = admitted.iter().map(|(_, rps)| rps).sum();
+    eprintln!("{case}: {admitted:?}, {total:.1} rps in all for {CAPACITY}");
+    assert!(
+        total <= CAPACITY * 1.05,
+        "{case}: {total:.1} rps admitted for {CAPACITY}"
+    );
+    for (id, rps) in admitted {
+        // Far below a machine-speed limit: a client starved by the fault
+        // gets a few per cent of its share.
+        assert!(
+            *rps >= fair(id) * 0.5,
+            "{case}: {id} got {rps:.1} rps of its {:.1}",
+            fair(id)
+        );
+    }
+}
+
+#[test]
+fn two_replicas_with_one_name_count_as_two_and_say_so() {
+    let (_node, _engine, replicas) = staked_fleet(["gw-1", "gw-1"]);
+    let admins: Vec<Admin> = replicas.iter().map(Envoy::admin).collect();
+    assert!(eventually(Duration::from_secs(10), || {
+        admins.iter().all(|a| fleet_size(a) == 2)
+    }));
+    check_within_capacity("one name, two replicas", &flood(&replicas));
+    for r in &replicas {
+        assert_eq!(
+            r.stat("wasmcustom.stakegate.qos.fleet.duplicate_names")
+                .unwrap(),
+            1
+        );
+        assert!(r.log().contains("gw-1"), "the log names the duplicate");
+    }
+}
+
+/// Writes through Webdis, as anyone who reaches it can.
+fn webdis(engine: &FleetEngine, command: &str) {
+    let answer = http::get(&format!("http://{}/{command}", engine.addr())).unwrap();
+    assert_eq!(answer.status, 200, "{command}: {}", answer.body);
+}
+
+#[test]
+fn fifty_phantom_reports_cannot_make_the_fleet_admit_more_nor_starve_a_client() {
+    let (_node, engine, replicas) = staked_fleet(["gw-1", "gw-2"]);
+    let admins: Vec<Admin> = replicas.iter().map(Envoy::admin).collect();
+    assert!(eventually(Duration::from_secs(10), || {
+        admins.iter().all(|a| fleet_size(a) == 2)
+    }));
+    // What a real replica reports, read as anyone can: its identities'
+    // keys and stakes. Under load, so that it has identities to report.
+    let targets: Vec<String> = replicas.iter().map(|r| r.url("public").unwrap()).collect();
+    let warm = ClientSpec {
+        api_key: Some("key-stake-40".into()),
+        targets: targets.clone(),
+        ..client("warm", 100.0, "eth_call", 100)
+    };
+    loadgen::run(&load_h2(&targets[0], vec![warm], Duration::from_secs(2), 1)).unwrap();
+    let members = http::get(&format!(
+        "http://{}/ZRANGE/stakegate:members/0/-1",
+        engine.addr()
+    ))
+    .unwrap()
+    .json()
+    .unwrap();
+    let member = members["ZRANGE"][0].as_str().unwrap().to_string();
+    let report = http::get(&format!(
+        "http://{}/GET/stakegate:report:{member}",
+        engine.addr()
+    ))
+    .unwrap()
+    .json()
+    .unwrap()["GET"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(report.len() > 2, "the replica reports identities: {report}");
+    // Fifty members that never expire (a score far in the future), each
+    // claiming every one of those identities at 100,000 calls a second.
+    let heavy: String = report[2..]
+        .as_bytes()
+        .chunks(40)
+        .map(|entry| {
+            format!(
+                "{}{}",
+                std::str::from_utf8(&entry[..32]).unwrap(),
+                "0050c347"
+            )
+        })
+        .collect();
+    for i in 0..50 {
+        let phantom = format!("phantom-{i}~{i:016x}");
+        webdis(
+            &engine,
+            &format!("ZADD/stakegate:members/9999999999999/{phantom}"),
+        );
+        webdis(
+            &engine,
+            &format!("SET/stakegate:report:{phantom}/01{heavy}"),
+        );
+    }
+    check_within_capacity("fifty phantoms", &flood(&replicas));
+    for r in &replicas {
+        assert!(
+            r.stat("wasmcustom.stakegate.qos.fleet.exchange_failures")
+                .unwrap()
+                > 0
+        );
+        assert!(
+            r.log().contains("more than fleet.maxReplicas"),
+            "the log says why"
+        );
+    }
+}
+
+#[test]
+fn a_key_of_the_wrong_type_makes_every_replica_fall_back_within_capacity() {
+    let (_node, engine, replicas) = staked_fleet(["gw-1", "gw-2"]);
+    let admins: Vec<Admin> = replicas.iter().map(Envoy::admin).collect();
+    assert!(eventually(Duration::from_secs(10), || {
+        admins.iter().all(|a| fleet_size(a) == 2)
+    }));
+    webdis(&engine, "DEL/stakegate:members");
+    webdis(&engine, "SET/stakegate:members/garbage");
+    check_within_capacity("members key of the wrong type", &flood(&replicas));
+    for a in &admins {
+        assert_eq!(
+            a.stat("wasmcustom.stakegate.qos.fleet.fallback").unwrap(),
+            1
+        );
+    }
 }

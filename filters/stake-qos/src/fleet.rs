@@ -6,10 +6,11 @@ use crate::log;
 use crate::metrics::QosMetrics;
 use proxy_wasm::types::LogLevel;
 use stakegate_core::qos::fleet::exchange::{Exchange, Heard};
-use stakegate_core::qos::fleet::{FleetPolicy, RoundFleet};
+use stakegate_core::qos::fleet::{self, FleetPolicy, RoundFleet};
 use stakegate_core::qos::StakeQos;
 use stakegate_glue::host::{self, BodyOf};
-use stakegate_glue::{now_ms, property_string, EnvoyStore};
+use stakegate_glue::{now_ms, now_us, property_string, EnvoyStore};
+use std::hash::BuildHasher;
 use std::time::Duration;
 
 /// One VM's link to the fleet.
@@ -21,12 +22,17 @@ pub struct FleetLink {
 
 impl FleetLink {
     /// The link for `policy`; the replica's name is the policy's, or
-    /// Envoy's node id.
+    /// Envoy's node id, and its instance this Envoy's, drawn by its first
+    /// VM.
     pub fn new(policy: &FleetPolicy) -> Result<Self, String> {
         let node_id =
             property_string(&["xds", "node", "id"]).or_else(|| property_string(&["node", "id"]));
+        // std's hasher keys come from the host's randomness (WASI random_get).
+        let drawn = std::collections::hash_map::RandomState::new().hash_one(now_us());
+        let instance = fleet::instance(&EnvoyStore, drawn)
+            .map_err(|e| format!("fleet mode: this Envoy's instance number in shared data: {e}"))?;
         Ok(Self {
-            exchange: Exchange::new(policy, node_id)?,
+            exchange: Exchange::new(policy, node_id, instance)?,
             cluster: policy.cluster.clone(),
             timeout: Duration::from_millis(policy.timeout_ms),
         })
@@ -96,10 +102,18 @@ impl FleetLink {
 
 fn record(heard: Heard, metrics: &mut QosMetrics) {
     match heard {
-        Heard::Exchanged { took_ms, back } => {
-            metrics.fleet_exchanged(took_ms);
+        Heard::Exchanged {
+            took_ms,
+            back,
+            duplicate_names,
+            warn,
+        } => {
+            metrics.fleet_exchanged(took_ms, duplicate_names);
             if let Some(line) = back {
                 log(LogLevel::Info, &line);
+            }
+            if let Some(line) = warn {
+                log(LogLevel::Warn, &line);
             }
         }
         Heard::Failed { log: line } => {

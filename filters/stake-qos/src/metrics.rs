@@ -98,6 +98,7 @@ pub struct QosMetrics {
     fleet_replicas: u32,
     fleet_fallback: u32,
     fleet_exchange_ms: u32,
+    fleet_duplicate_names: u32,
     counts: Counts,
 }
 
@@ -121,6 +122,7 @@ impl QosMetrics {
             fleet_replicas: define(MetricType::Gauge, "fleet.replicas")?,
             fleet_fallback: define(MetricType::Gauge, "fleet.fallback")?,
             fleet_exchange_ms: define(MetricType::Histogram, "fleet.exchange_ms")?,
+            fleet_duplicate_names: define(MetricType::Gauge, "fleet.duplicate_names")?,
             counts: Counts::default(),
         })
     }
@@ -158,10 +160,12 @@ impl QosMetrics {
     }
 
     /// A fleet exchange was answered `took_ms` after it was sent, and its
-    /// answer taken.
-    pub fn fleet_exchanged(&mut self, took_ms: u64) {
+    /// answer taken; it listed `duplicate_names` replica names two Envoys
+    /// report under.
+    pub fn fleet_exchanged(&mut self, took_ms: u64, duplicate_names: u32) {
         self.counts.fleet_exchanges += 1;
         set(self.fleet_exchange_ms, took_ms);
+        set(self.fleet_duplicate_names, u64::from(duplicate_names));
     }
 
     /// A fleet exchange failed (refused, an error, or no answer in time).

@@ -690,36 +690,38 @@ impl StakeQos {
     }
 
     /// Fleet mode: takes the engine's answer to an exchange sent at
-    /// `asked_ms` as `replica`, and keeps the allocation it gives for the
+    /// `asked_ms` as `member`, and keeps the allocation it gives for the
     /// next rounds (unless an answer to a later exchange is already kept).
     /// An answer `trust` refuses, given how many replicas it lists, gives
-    /// only the fleet's size (`fleet::exchange` says when).
+    /// only the fleet's size (`fleet::exchange` says when). Returns the
+    /// view kept and the replica names more than one member reports under.
     pub fn fleet_answer(
         &self,
         store: &impl SharedStore,
-        replica: &str,
+        member: &str,
         asked_ms: u64,
         now_ms: u64,
         body: &[u8],
         trust: impl FnOnce(usize) -> bool,
-    ) -> Result<FleetView, String> {
-        if self.policy.fleet.is_none() {
+    ) -> Result<(FleetView, Vec<String>), String> {
+        let Some(policy) = &self.policy.fleet else {
             return Err("fleet mode is off".into());
-        }
+        };
         let reports = fleet::parse_answer(body)?;
-        if !reports.iter().any(|(name, _)| name == replica) {
+        if reports.len() > policy.max_replicas as usize {
             return Err(format!(
-                "the answer has no report of this replica ({replica:?}): is another replica using its name?"
+                "the engine lists {} replicas, more than fleet.maxReplicas ({}): reports no gateway sent? (keep Webdis reachable by the gateways only)",
+                reports.len(),
+                policy.max_replicas
+            ));
+        }
+        if !reports.iter().any(|(name, _)| name == member) {
+            return Err(format!(
+                "the answer has no report of this replica ({member:?}): something else writes to the fleet's keys"
             ));
         }
         let trusted = trust(reports.len());
-        let view = fleet::allocate(
-            self.policy.capacity_rps,
-            &reports,
-            replica,
-            asked_ms,
-            now_ms,
-        );
+        let view = fleet::allocate(self.policy.capacity_rps, &reports, member, asked_ms, now_ms);
         let kept = update(store, FLEET_KEY, |kept: &mut FleetView| {
             if kept.asked_ms > asked_ms {
                 Change::Keep(kept.clone())
@@ -732,7 +734,7 @@ impl StakeQos {
             }
         })
         .map_err(|(e, _)| format!("shared data: {e}"))?;
-        Ok(kept.value)
+        Ok((kept.value, fleet::duplicate_names(&reports)))
     }
 
     /// Puts this worker's counts since its last report on the queue (the

@@ -6,6 +6,7 @@ use super::report::MemoryQueue;
 use super::*;
 use crate::shared::MemoryStore;
 use fleet::exchange::{Exchange, Heard};
+use fleet::member_name;
 use std::collections::BTreeMap;
 
 fn policy(capacity: u32) -> QosPolicy {
@@ -568,7 +569,7 @@ fn drive_fleet(
         .collect();
     let fleet_policy = policy.fleet.clone().unwrap();
     let mut links: Vec<Exchange> = (0..replicas)
-        .map(|i| Exchange::new(&fleet_policy, Some(format!("gw-{i}"))).unwrap())
+        .map(|i| Exchange::new(&fleet_policy, Some(format!("gw-{i}")), i as u64).unwrap())
         .collect();
     let mut redis = FakeRedis::default();
     let windows = run_ms.div_ceil(100) as usize + 1;
@@ -670,9 +671,14 @@ fn a_fleet_without_redis_falls_back_to_its_part_and_recovers() {
     assert!(error <= 2.0, "{admitted:?}: {error} pp after");
 }
 
-/// Webdis's answer listing `names`, each with an empty report.
+/// Webdis's answer listing replicas `names` (the `n`th of instance `n`),
+/// each with an empty report.
 fn listing(names: &[&str]) -> Vec<u8> {
-    let list: Vec<&str> = names.iter().flat_map(|n| [*n, "01"]).collect();
+    let members: Vec<String> = names
+        .iter()
+        .map(|n| member_name(n, n.trim_start_matches("gw-").parse().unwrap_or(9)))
+        .collect();
+    let list: Vec<&str> = members.iter().flat_map(|m| [m.as_str(), "01"]).collect();
     serde_json::json!({ "EVAL": list }).to_string().into_bytes()
 }
 
@@ -682,7 +688,7 @@ fn an_exchange_times_out_by_itself_and_logs_a_spell_of_failures_once() {
     let qos = StakeQos::new(policy.clone(), 1);
     let store = MemoryStore::default();
     let fleet = policy.fleet.clone().unwrap();
-    let mut link = Exchange::new(&fleet, Some("gw-1".into())).unwrap();
+    let mut link = Exchange::new(&fleet, Some("gw-1".into()), 1).unwrap();
     link.sent(7, 1000);
     assert!(link.owns(7) && !link.owns(8));
     assert_eq!(link.expire(1000 + fleet.timeout_ms), None);
@@ -703,6 +709,8 @@ fn an_exchange_times_out_by_itself_and_logs_a_spell_of_failures_once() {
     let Some(Heard::Exchanged {
         took_ms: 1,
         back: Some(line),
+        duplicate_names: 0,
+        warn: None,
     }) = link.answered(&qos, &store, 3001, Some(200), &listing(&["gw-1", "gw-2"]))
     else {
         panic!("the answer is taken");
@@ -717,7 +725,7 @@ fn after_a_failure_an_answer_listing_fewer_replicas_gives_only_the_fleet_size() 
     let qos = StakeQos::new(policy.clone(), 1);
     let store = MemoryStore::default();
     let fleet = policy.fleet.clone().unwrap();
-    let mut link = Exchange::new(&fleet, Some("gw-1".into())).unwrap();
+    let mut link = Exchange::new(&fleet, Some("gw-1".into()), 1).unwrap();
     let view = |store: &MemoryStore| read::<FleetView>(store, FLEET_KEY).unwrap().0;
     // A fresh replica trusts its first answer.
     link.sent(1, 100);
@@ -745,17 +753,17 @@ fn after_a_failure_an_answer_listing_fewer_replicas_gives_only_the_fleet_size() 
 #[test]
 fn a_replica_needs_a_name_redis_can_carry() {
     let fleet = fleet_policy(300).fleet.unwrap();
-    let err = Exchange::new(&fleet, Some("gw 1".into())).unwrap_err();
+    let err = Exchange::new(&fleet, Some("gw 1".into()), 1).unwrap_err();
     assert!(
         err.contains("fleet.replica: not set, and Envoy's node id (\"gw 1\")"),
         "{err}"
     );
-    assert!(Exchange::new(&fleet, None).is_err());
+    assert!(Exchange::new(&fleet, None, 1).is_err());
     assert_eq!(
-        Exchange::new(&fleet, Some("gw-1".into()))
+        Exchange::new(&fleet, Some("gw-1".into()), 0xab)
             .unwrap()
-            .replica(),
-        "gw-1"
+            .member(),
+        "gw-1~00000000000000ab"
     );
 }
 

@@ -15,7 +15,7 @@
 //! fleet size only, unless it is the second in a row (every live replica
 //! reports once per `syncMs`, so by then each has).
 
-use super::{FleetPolicy, RoundFleet};
+use super::{member_name, FleetPolicy, RoundFleet};
 use crate::qos::StakeQos;
 use crate::shared::SharedStore;
 
@@ -23,8 +23,15 @@ use crate::shared::SharedStore;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Heard {
     /// An answer was taken, `took_ms` after the exchange was sent.
-    /// `back`: the first after a failure, to log.
-    Exchanged { took_ms: u64, back: Option<String> },
+    /// `back`: the first after a failure, to log. `duplicate_names`:
+    /// replica names two Envoys have been reporting under for longer than
+    /// `memberTtlMs`; `warn`: the first answer that says so, to log.
+    Exchanged {
+        took_ms: u64,
+        back: Option<String>,
+        duplicate_names: u32,
+        warn: Option<String>,
+    },
     /// The exchange failed. `log`: the first failure of a spell, to log.
     Failed { log: Option<String> },
 }
@@ -40,7 +47,9 @@ pub fn is_name(text: &str) -> bool {
 /// One VM's link to the fleet.
 #[derive(Debug)]
 pub struct Exchange {
-    replica: String,
+    /// This replica's member name: `replica~instance`.
+    member: String,
+    member_ttl_ms: u64,
     timeout_ms: u64,
     /// The exchange in flight: its callout token and when it was sent.
     pending: Option<(u32, u64)>,
@@ -50,12 +59,20 @@ pub struct Exchange {
     answered_in_a_row: u32,
     /// Replicas the last answer listed.
     replicas_seen: usize,
+    /// Since when answers have listed a replica name twice, and whether
+    /// that was logged.
+    duplicates_since: Option<u64>,
+    told_duplicates: bool,
 }
 
 impl Exchange {
     /// The link for `policy`: this replica is named by the policy, or by
-    /// Envoy's node id.
-    pub fn new(policy: &FleetPolicy, node_id: Option<String>) -> Result<Self, String> {
+    /// Envoy's node id; `instance` is this Envoy's (`fleet::instance`).
+    pub fn new(
+        policy: &FleetPolicy,
+        node_id: Option<String>,
+        instance: u64,
+    ) -> Result<Self, String> {
         let replica = match &policy.replica {
             Some(name) => name.clone(),
             None => node_id.unwrap_or_default(),
@@ -66,17 +83,21 @@ impl Exchange {
             ));
         }
         Ok(Self {
-            replica,
+            member: member_name(&replica, instance),
+            member_ttl_ms: policy.member_ttl_ms,
             timeout_ms: policy.timeout_ms,
             pending: None,
             failing: None,
             answered_in_a_row: 0,
             replicas_seen: 0,
+            duplicates_since: None,
+            told_duplicates: false,
         })
     }
 
-    pub fn replica(&self) -> &str {
-        &self.replica
+    /// This replica's member name in the fleet.
+    pub fn member(&self) -> &str {
+        &self.member
     }
 
     /// At a tick: an exchange unanswered past `timeoutMs` has failed.
@@ -98,7 +119,7 @@ impl Exchange {
         if self.pending.is_some() {
             return None;
         }
-        qos.fleet_exchange(round, &self.replica)
+        qos.fleet_exchange(round, &self.member)
     }
 
     /// The callout for `request` went out as `token`.
@@ -131,7 +152,7 @@ impl Exchange {
             None => Err("the callout failed (reset, timeout or no host)".to_string()),
             Some(200) => {
                 let trust = self.answered_in_a_row > 0;
-                qos.fleet_answer(store, &self.replica, asked, now_ms, body, |listed| {
+                qos.fleet_answer(store, &self.member, asked, now_ms, body, |listed| {
                     trust || listed >= self.replicas_seen
                 })
             }
@@ -141,7 +162,7 @@ impl Exchange {
             )),
         };
         Some(match taken {
-            Ok(view) => {
+            Ok((view, duplicates)) => {
                 self.answered_in_a_row += 1;
                 self.replicas_seen = view.replicas as usize;
                 let back = self.failing.take().map(|_| {
@@ -150,13 +171,37 @@ impl Exchange {
                         view.replicas, view.capacity_rps
                     )
                 });
+                let (duplicate_names, warn) = self.duplicates(&duplicates, now_ms);
                 Heard::Exchanged {
                     took_ms: now_ms.saturating_sub(asked),
                     back,
+                    duplicate_names,
+                    warn,
                 }
             }
             Err(why) => self.failed(why),
         })
+    }
+
+    /// Names two Envoys report under: counted (and logged once) only once
+    /// they have for longer than `memberTtlMs`, by when a restarted Envoy's
+    /// old self has left the fleet.
+    fn duplicates(&mut self, names: &[String], now_ms: u64) -> (u32, Option<String>) {
+        if names.is_empty() {
+            self.duplicates_since = None;
+            self.told_duplicates = false;
+            return (0, None);
+        }
+        let since = *self.duplicates_since.get_or_insert(now_ms);
+        if now_ms.saturating_sub(since) <= self.member_ttl_ms {
+            return (0, None);
+        }
+        let warn = (!std::mem::replace(&mut self.told_duplicates, true)).then(|| {
+            format!(
+                "two or more gateways report to the fleet as {names:?}: each is counted as a replica of its own, but give each its own name (fleet.replica, or envoy --service-node)"
+            )
+        });
+        (names.len() as u32, warn)
     }
 
     fn failed(&mut self, why: String) -> Heard {

@@ -43,6 +43,21 @@
 //! round. A replica publishes its `fleet.maxIdentities` busiest identities;
 //! the others compete locally on its share of unused capacity.
 //!
+//! # Trusting only what can be checked
+//!
+//! Anyone who reaches Webdis can write to Redis, so an answer is taken only
+//! if it could have come from the fleet: every report parses, every member
+//! is named `replica~instance` (the instance is a random number each Envoy
+//! draws once and keeps in shared data), this replica's own report is in
+//! it, and it lists at most `fleet.maxReplicas` members. Anything else is a
+//! failed exchange, as if Redis were unreachable. Two Envoys that share a
+//! replica name (a Deployment with a fixed `--service-node`) are two
+//! members, so the capacity still adds up; once both have been seen for
+//! longer than `memberTtlMs` (a restarted Envoy's old self is gone by
+//! then), each says so in its log and in `fleet.duplicate_names`. Reports
+//! under the cap with false demand are not caught: keep Webdis reachable
+//! only by the gateways (policies/stake-qos.md, "Fleet mode").
+//!
 //! # Failure
 //!
 //! A callout that fails, answers an error, or does not answer within
@@ -59,7 +74,7 @@
 pub mod exchange;
 
 use super::fair::{self, Claim};
-use crate::shared::{Reader, Record};
+use crate::shared::{update, Change, Reader, Record, SharedStore, StoreError};
 use crate::validate::{ensure, range, PolicyError};
 use exchange::is_name;
 use serde::Deserialize;
@@ -68,6 +83,10 @@ use std::collections::{BTreeMap, HashMap};
 /// The allocation this replica last received, in shared data: written by
 /// the VM whose callout got the answer, read by every VM at its tick.
 pub const FLEET_KEY: &str = "stakegate.stake_qos.v3.fleet";
+/// This Envoy's instance number, drawn by its first VM and kept by all.
+pub const INSTANCE_KEY: &str = "stakegate.stake_qos.v3.instance";
+/// Between a replica's name and its instance in a member's name.
+pub const INSTANCE_MARK: char = '~';
 /// Unused capacity split evenly among replicas (the rest by demand).
 const EVEN_SPARE: f64 = 0.1;
 const REPORT_VERSION: u8 = 1;
@@ -114,6 +133,8 @@ pub(crate) struct FleetDoc {
     assume_replicas: u32,
     #[serde(default = "default_max_identities")]
     max_identities: u32,
+    #[serde(default = "default_max_replicas")]
+    max_replicas: u32,
 }
 
 fn default_cluster() -> String {
@@ -134,6 +155,9 @@ fn default_assume_replicas() -> u32 {
 fn default_max_identities() -> u32 {
     2048
 }
+fn default_max_replicas() -> u32 {
+    16
+}
 
 /// Fleet mode's settings (policy `fleet`, see `policies/stake-qos.md`).
 #[derive(Debug, Clone, PartialEq)]
@@ -151,6 +175,8 @@ pub struct FleetPolicy {
     pub member_ttl_ms: u64,
     pub assume_replicas: u32,
     pub max_identities: u32,
+    /// An answer listing more members than this is not trusted.
+    pub max_replicas: u32,
 }
 
 impl FleetPolicy {
@@ -198,6 +224,7 @@ impl FleetPolicy {
             member_ttl_ms,
             assume_replicas: range("fleet.assumeReplicas", doc.assume_replicas, 1, 1000)?,
             max_identities: range("fleet.maxIdentities", doc.max_identities, 1, 100_000)?,
+            max_replicas: range("fleet.maxReplicas", doc.max_replicas, 2, 1000)?,
         })
     }
 
@@ -208,14 +235,73 @@ impl FleetPolicy {
     }
 
     /// The Webdis request body (POSTed to `/`) that stores `report` as
-    /// `replica`'s and answers every live replica's.
-    pub fn request(&self, replica: &str, report: &Report) -> Vec<u8> {
+    /// `member`'s (`member_name`) and answers every live member's.
+    pub fn request(&self, member: &str, report: &Report) -> Vec<u8> {
         let mut body = b"EVAL/".to_vec();
         body.extend(percent_encode(SCRIPT));
-        body.extend(format!("/1/{}/{replica}/{}/", self.name, self.member_ttl_ms).bytes());
+        body.extend(format!("/1/{}/{member}/{}/", self.name, self.member_ttl_ms).bytes());
         body.extend(report.encode_hex());
         body
     }
+}
+
+/// A member's name in the fleet: the replica's, then its Envoy's instance.
+pub fn member_name(replica: &str, instance: u64) -> String {
+    format!("{replica}{INSTANCE_MARK}{instance:016x}")
+}
+
+/// The replica name of a member's, if it is one: `name~16 hex digits`.
+pub fn replica_of(member: &str) -> Option<&str> {
+    let (name, instance) = member.split_once(INSTANCE_MARK)?;
+    let hex = instance.len() == 16 && instance.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex && is_name(name)).then_some(name)
+}
+
+/// This Envoy's instance number: the one in shared data, or `drawn` if
+/// none is yet (the first VM to ask writes it).
+pub fn instance(store: &impl SharedStore, drawn: u64) -> Result<u64, StoreError> {
+    let updated = update(store, INSTANCE_KEY, |kept: &mut Instance| match kept.0 {
+        Some(n) => Change::Keep(n),
+        None => {
+            kept.0 = Some(drawn);
+            Change::Write(drawn)
+        }
+    })
+    .map_err(|(e, _)| e)?;
+    Ok(updated.value)
+}
+
+/// The instance record: 8 bytes, or nothing yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Instance(Option<u64>);
+
+impl Record for Instance {
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        match bytes.len() {
+            0 => Ok(Self(None)),
+            8 => Ok(Self(Some(Reader(bytes).u64()))),
+            n => Err(format!(
+                "shared instance record has {n} bytes, this module reads 8"
+            )),
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        self.0.map_or_else(Vec::new, |n| n.to_le_bytes().to_vec())
+    }
+}
+
+/// Replica names that more than one member reports under.
+pub fn duplicate_names(reports: &[(String, Report)]) -> Vec<String> {
+    let mut names: Vec<&str> = reports.iter().filter_map(|(m, _)| replica_of(m)).collect();
+    names.sort_unstable();
+    let mut duplicates: Vec<String> = names
+        .windows(2)
+        .filter(|w| w[0] == w[1])
+        .map(|w| w[0].to_string())
+        .collect();
+    duplicates.dedup();
+    duplicates
 }
 
 /// `/`, `.`, `%` and anything not printable ASCII, as Webdis reads them.
@@ -328,6 +414,12 @@ pub fn parse_answer(body: &[u8]) -> Result<Vec<(String, Report)>, String> {
     texts
         .chunks_exact(2)
         .map(|pair| {
+            if replica_of(pair[0]).is_none() {
+                let name: String = pair[0].chars().take(80).collect();
+                return Err(format!(
+                    "a member named {name:?}, not replica~instance: something else writes to the fleet's keys"
+                ));
+            }
             let report =
                 Report::decode_hex(pair[1]).map_err(|e| format!("replica {:?}: {e}", pair[0]))?;
             Ok((pair[0].to_string(), report))
@@ -645,21 +737,54 @@ mod tests {
         assert_eq!(r.0.iter().map(|d| d.key).collect::<Vec<_>>(), [2, 3]);
         let view = allocate(10.0, &[("x".into(), r.clone())], "x", 3, 4);
         assert_eq!(FleetView::decode(&view.encode()).unwrap(), view);
-        let body = format!(r#"{{"EVAL": ["x", "{hex}", "y", "01"]}}"#);
+        let (x, y) = (member_name("x", 1), member_name("y", 2));
+        let body = format!(r#"{{"EVAL": ["{x}", "{hex}", "{y}", "01"]}}"#);
         let answer = parse_answer(body.as_bytes()).unwrap();
         assert_eq!(answer[0].1 .0.len(), 3);
-        assert_eq!(answer[1], ("y".to_string(), Report::default()));
+        assert_eq!(answer[1], (y.clone(), Report::default()));
         for (bad, why) in [
-            (r#"{"EVAL":[false,"ERR no script"]}"#, "Redis refused"),
-            (r#"{"GET":"x"}"#, "Webdis answered"),
-            (r#"{"EVAL":["x"]}"#, "Webdis answered"),
-            (r#"{"EVAL":["x","0"]}"#, "hex digits in pairs"),
-            (r#"{"EVAL":["x","02"]}"#, "version 2"),
-            ("<html>", "no JSON"),
+            (
+                r#"{"EVAL":[false,"ERR no script"]}"#.to_string(),
+                "Redis refused",
+            ),
+            (r#"{"GET":"x"}"#.into(), "Webdis answered"),
+            (format!(r#"{{"EVAL":["{x}"]}}"#), "Webdis answered"),
+            (format!(r#"{{"EVAL":["{x}","0"]}}"#), "hex digits in pairs"),
+            (format!(r#"{{"EVAL":["{x}","02"]}}"#), "version 2"),
+            (r#"{"EVAL":["x","01"]}"#.into(), "not replica~instance"),
+            (r#"{"EVAL":["x~12","01"]}"#.into(), "not replica~instance"),
+            ("<html>".into(), "no JSON"),
         ] {
             let e = parse_answer(bad.as_bytes()).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn members_are_replicas_of_an_instance_and_one_name_twice_is_told() {
+        let store = crate::shared::MemoryStore::default();
+        assert_eq!(instance(&store, 7).unwrap(), 7, "the first VM's number");
+        assert_eq!(instance(&store, 9).unwrap(), 7, "kept for every other");
+        assert_eq!(replica_of(&member_name("gw-1", 7)), Some("gw-1"));
+        let reports: Vec<(String, Report)> = [("gw-1", 1), ("gw-2", 2), ("gw-1", 3)]
+            .iter()
+            .map(|(n, i)| (member_name(n, *i), Report::default()))
+            .collect();
+        assert_eq!(duplicate_names(&reports), ["gw-1"]);
+        assert!(duplicate_names(&reports[..2]).is_empty());
+        // One name twice is two replicas: each gets half of what is idle.
+        let view = allocate(
+            300.0,
+            &reports[..1]
+                .iter()
+                .chain(&reports[2..])
+                .cloned()
+                .collect::<Vec<_>>(),
+            &reports[0].0,
+            1,
+            2,
+        );
+        assert_eq!((view.replicas, view.capacity_rps), (2, 150.0));
     }
 
     #[test]

@@ -109,8 +109,16 @@ PY
 compose down -v --remove-orphans >/dev/null 2>&1
 
 export SCENARIO=fleet
+# The fleet's Webdis credentials, fresh for this run.
+STAKEGATE_FLEET_AUTH="stakegate:$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+export STAKEGATE_FLEET_AUTH
 files=(-f docker-compose.yml -f docker-compose.fleet.yml)
 up gateway gateway-2 gateway-3
+# Webdis refuses anyone without the credentials (the gateways have them).
+if compose run --rm --no-deps --entrypoint /bin/stakegate loadgen probe http://webdis:7379/SET/stakegate:members/x >/dev/null 2>&1; then
+  echo "FAIL Webdis wrote for a client without credentials"; exit 1
+fi
+echo "ok   Webdis refuses a client without the fleet's credentials"
 # Its first 7 s: on compose Redis is not stopped.
 compose run --rm loadgen "$SCENARIO" --duration 7s --json > /tmp/stakegate-compose-fleet.json
 written

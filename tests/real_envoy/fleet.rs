@@ -27,7 +27,7 @@ fn replica_with(node: &RpcNode, engine: &FleetEngine, name: &str, qos_policy: &s
         .filter(gate_filter(r#"{"maxInflight": 100}"#))
         .var("RPC_NODE_HOST", node.addr().ip())
         .var("RPC_NODE_PORT", node.addr().port())
-        .var("FLEET_PORT", engine.addr().port())
+        .fleet(engine)
         .concurrency(1)
         .arg("--service-node")
         .arg(name)
@@ -168,10 +168,62 @@ fn two_replicas_with_one_name_count_as_two_and_say_so() {
     }
 }
 
-/// Writes through Webdis, as anyone who reaches it can.
-fn webdis(engine: &FleetEngine, command: &str) {
-    let answer = http::get(&format!("http://{}/{command}", engine.addr())).unwrap();
-    assert_eq!(answer.status, 200, "{command}: {}", answer.body);
+/// Commands run in Redis directly, as one who got past Webdis (or has
+/// its credentials) could, all at once (`MULTI`); their answers.
+fn redis(engine: &FleetEngine, commands: &[Vec<String>]) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("redis-cli")
+        .arg("-s")
+        .arg(engine.redis_socket())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("redis-cli runs");
+    let mut script = String::from("MULTI\n");
+    for command in commands {
+        script += &command.join(" ");
+        script += "\n";
+    }
+    script += "EXEC\n";
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "{script}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+fn command(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
+#[test]
+fn webdis_runs_the_exchange_only_for_the_gateways() {
+    let engine = FleetEngine::start().expect("redis and webdis start");
+    let url = |command: &str| format!("http://{}/{command}", engine.addr());
+    assert_eq!(
+        http::get(&url("PING")).unwrap().status,
+        200,
+        "health checks"
+    );
+    for command in ["SET/stakegate:members/x", "EVAL/return%201/0", "FLUSHALL"] {
+        assert_eq!(http::get(&url(command)).unwrap().status, 403, "{command}");
+    }
+    let basic = stakegate_core::qos::fleet::basic_authorization(engine.credentials());
+    let with = |command: &str| {
+        http::post_raw(
+            &format!("http://{}/", engine.addr()),
+            &[("authorization", &basic)],
+            command,
+        )
+        .unwrap()
+        .0
+    };
+    assert_eq!(with("EVAL/return 1/0"), 200, "the exchange runs");
+    assert_eq!(with("SET/stakegate:members/x"), 403, "and nothing else");
 }
 
 #[test]
@@ -181,8 +233,8 @@ fn fifty_phantom_reports_cannot_make_the_fleet_admit_more_nor_starve_a_client() 
     assert!(eventually(Duration::from_secs(10), || {
         admins.iter().all(|a| fleet_size(a) == 2)
     }));
-    // What a real replica reports, read as anyone can: its identities'
-    // keys and stakes. Under load, so that it has identities to report.
+    // What a real replica reports, read in Redis: its identities' keys
+    // and stakes. Under load, so that it has identities to report.
     let targets: Vec<String> = replicas.iter().map(|r| r.url("public").unwrap()).collect();
     let warm = ClientSpec {
         api_key: Some("key-stake-40".into()),
@@ -190,24 +242,19 @@ fn fifty_phantom_reports_cannot_make_the_fleet_admit_more_nor_starve_a_client() 
         ..client("warm", 100.0, "eth_call", 100)
     };
     loadgen::run(&load_h2(&targets[0], vec![warm], Duration::from_secs(2), 1)).unwrap();
-    let members = http::get(&format!(
-        "http://{}/ZRANGE/stakegate:members/0/-1",
-        engine.addr()
-    ))
-    .unwrap()
-    .json()
-    .unwrap();
-    let member = members["ZRANGE"][0].as_str().unwrap().to_string();
-    let report = http::get(&format!(
-        "http://{}/GET/stakegate:report:{member}",
-        engine.addr()
-    ))
-    .unwrap()
-    .json()
-    .unwrap()["GET"]
-        .as_str()
+    let members = redis(
+        &engine,
+        &[command(&["ZRANGE", "stakegate:members", "0", "-1"])],
+    );
+    // (After MULTI's and the queued command's answers.)
+    let member = members
+        .lines()
+        .find(|l| l.contains('~'))
         .unwrap()
         .to_string();
+    let key = format!("stakegate:report:{member}");
+    let report = redis(&engine, &[command(&["GET", &key])]);
+    let report = report.lines().last().unwrap().trim();
     assert!(report.len() > 2, "the replica reports identities: {report}");
     // Fifty members that never expire (a score far in the future), each
     // claiming every one of those identities at 100,000 calls a second.
@@ -222,17 +269,17 @@ fn fifty_phantom_reports_cannot_make_the_fleet_admit_more_nor_starve_a_client() 
             )
         })
         .collect();
-    for i in 0..50 {
-        let phantom = format!("phantom-{i}~{i:016x}");
-        webdis(
-            &engine,
-            &format!("ZADD/stakegate:members/9999999999999/{phantom}"),
-        );
-        webdis(
-            &engine,
-            &format!("SET/stakegate:report:{phantom}/01{heavy}"),
-        );
-    }
+    let phantoms: Vec<Vec<String>> = (0..50)
+        .flat_map(|i| {
+            let phantom = format!("phantom-{i}~{i:016x}");
+            let key = format!("stakegate:report:{phantom}");
+            [
+                command(&["ZADD", "stakegate:members", "9999999999999", &phantom]),
+                command(&["SET", &key, &format!("01{heavy}")]),
+            ]
+        })
+        .collect();
+    redis(&engine, &phantoms);
     check_within_capacity("fifty phantoms", &flood(&replicas));
     for r in &replicas {
         assert!(
@@ -254,8 +301,13 @@ fn a_key_of_the_wrong_type_makes_every_replica_fall_back_within_capacity() {
     assert!(eventually(Duration::from_secs(10), || {
         admins.iter().all(|a| fleet_size(a) == 2)
     }));
-    webdis(&engine, "DEL/stakegate:members");
-    webdis(&engine, "SET/stakegate:members/garbage");
+    redis(
+        &engine,
+        &[
+            command(&["DEL", "stakegate:members"]),
+            command(&["SET", "stakegate:members", "garbage"]),
+        ],
+    );
     check_within_capacity("members key of the wrong type", &flood(&replicas));
     for a in &admins {
         assert_eq!(

@@ -388,7 +388,7 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
         None => None,
     };
     let mut builder = direct(&listeners, Answer::Upstream)?
-        .var("FLEET_PORT", engine.addr().port())
+        .fleet(&engine)
         .concurrency(1);
     if let Some((_, port)) = &ratelimit {
         builder = builder

@@ -127,12 +127,13 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
     .collect();
     let rendered = stakegate_stack::envoy::render(GATEWAY, &vars)?;
     std::fs::write(&config, rendered).with_context(|| format!("writing {}", config.display()))?;
+    let fleet = fleet_note(&qos_policy, &args.fleet);
     println!(
         "wrote {config}: stake QoS ({qos}) and the admission gate ({gate}) in front of {node}\n\
          public  http://{listen}:{public}\n\
          internal http://{listen}:{internal} (never rejected)\n\
          start:   envoy -c {config}\n\
-         change:  stakegate deploy --dir {dir} --admin http://{admin} --filter admission-gate|stake-qos --module M --policy P",
+         change:  stakegate deploy --dir {dir} --admin http://{admin} --filter admission-gate|stake-qos --module M --policy P{fleet}",
         config = config.display(),
         qos = args.qos_policy.display(),
         gate = args.gate_policy.display(),
@@ -144,6 +145,26 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
         admin = args.admin,
     );
     Ok(())
+}
+
+/// What a replica of a fleet needs at start, when the QoS policy is in
+/// fleet mode: a name of its own, unless the policy gives one, and
+/// Webdis's credentials in its environment.
+fn fleet_note(qos_policy: &str, webdis: &str) -> String {
+    let Ok(policy) = stakegate_core::qos::policy::QosPolicy::parse(qos_policy.as_bytes()) else {
+        return String::new();
+    };
+    let Some(fleet) = policy.fleet else {
+        return String::new();
+    };
+    let name = match fleet.replica {
+        Some(name) => format!("as {name:?} (fleet.replica)"),
+        None => "with --service-node NAME, a name of its own".into(),
+    };
+    format!(
+        "\nfleet:   start each replica {name}, with {env}=user:password (Webdis's credentials, policies/stake-qos.md \"Fleet mode\") in Envoy's environment; Webdis at {webdis}",
+        env = stakegate_core::qos::fleet::AUTH_ENV,
+    )
 }
 
 #[cfg(test)]

@@ -73,3 +73,31 @@ fn rollback_needs_two_deployments_and_a_directory() {
         said(&output)
     );
 }
+
+/// The README's fleet recipe: `stakegate init --fleet` with a QoS policy
+/// holding `"fleet": {}` (each replica named at start by
+/// `--service-node`), checked offline as a deploy checks it.
+#[test]
+fn init_takes_the_readmes_fleet_recipe() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = tempfile::tempdir().unwrap();
+    let qos = dir.path().join("stakes.json");
+    std::fs::write(&qos, r#"{"capacityRps": 300, "fleet": {}}"#).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_stakegate"))
+        .arg("init")
+        .arg("--dir")
+        .arg(dir.path().join("gw"))
+        .args(["--node", "127.0.0.1:8545", "--fleet", "127.0.0.1:7379"])
+        .arg("--qos-policy")
+        .arg(&qos)
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", said(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("--service-node NAME"), "{stdout}");
+    assert!(
+        stdout.contains("STAKEGATE_FLEET_AUTH=user:password"),
+        "{stdout}"
+    );
+}

@@ -52,6 +52,8 @@ use wasmtime::{Engine, Linker, Module};
 /// (2025-01-01T00:00:00Z), so runs are reproducible.
 const EPOCH_NS: u64 = 1_735_689_600_000_000_000;
 const ROOT_CONTEXT: u32 = 1;
+/// The node id the host gives the modules.
+pub const NODE_ID: &[u8] = b"stakegate-offline-host";
 
 /// A reply the module sent instead of letting the request through.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,10 +190,16 @@ impl Host {
             } else {
                 format!("worker-{}", index - 1)
             };
-            let plugin_properties = [(vec!["plugin_root_id".to_string()], b"stakegate".to_vec())]
-                .into_iter()
-                .map(|(path, value)| (property_key(&path), value))
-                .collect();
+            // Envoy's node id is what `--service-node` says at start; the
+            // host stands in with a name of its own (fleet mode names a
+            // replica by it when its policy does not).
+            let plugin_properties = [
+                (vec!["plugin_root_id".to_string()], b"stakegate".to_vec()),
+                (vec!["node".to_string(), "id".to_string()], NODE_ID.to_vec()),
+            ]
+            .into_iter()
+            .map(|(path, value)| (property_key(&path), value))
+            .collect();
             let state = VmState {
                 name: name.clone(),
                 index,

@@ -25,6 +25,9 @@ pub struct FilterConfig {
     pub module: PathBuf,
     /// The policy document, passed as the plugin configuration.
     pub policy: String,
+    /// Envoy's environment variables the VM may read (stake QoS: fleet
+    /// mode's credentials, `STAKEGATE_FLEET_AUTH`).
+    pub env_keys: Vec<String>,
 }
 
 impl FilterConfig {
@@ -36,6 +39,7 @@ impl FilterConfig {
             vm_id: "stakegate.admission_gate".into(),
             module: module.into(),
             policy: policy.into(),
+            env_keys: Vec::new(),
         }
     }
 
@@ -48,6 +52,7 @@ impl FilterConfig {
             vm_id: "stakegate.stake_qos".into(),
             module: module.into(),
             policy: policy.into(),
+            env_keys: vec![stakegate_core::qos::fleet::AUTH_ENV.into()],
         }
     }
 
@@ -61,6 +66,7 @@ impl FilterConfig {
             vm_id: format!("stakegate.{name}"),
             module: module.into(),
             policy: policy.into(),
+            env_keys: Vec::new(),
         }
     }
 
@@ -131,6 +137,7 @@ impl FilterConfig {
                             "vm_id": self.vm_id,
                             "runtime": "envoy.wasm.runtime.v8",
                             "code": { "local": { "filename": module } },
+                            "environment_variables": { "host_env_keys": self.env_keys },
                         },
                         "configuration": {
                             "@type": "type.googleapis.com/google.protobuf.StringValue",

@@ -27,6 +27,8 @@ pub struct EnvoyBuilder {
     concurrency: u32,
     extra_args: Vec<String>,
     filters: Vec<FilterConfig>,
+    /// Environment variables of Envoy's process.
+    env: Vec<(String, String)>,
 }
 
 impl EnvoyBuilder {
@@ -54,6 +56,7 @@ impl EnvoyBuilder {
             concurrency: 2,
             extra_args: Vec::new(),
             filters: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -72,6 +75,19 @@ impl EnvoyBuilder {
     pub fn concurrency(mut self, workers: u32) -> Self {
         self.concurrency = workers;
         self
+    }
+
+    /// Sets an environment variable of Envoy's process.
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// Points the `stakegate_fleet` cluster at `engine`'s Webdis and gives
+    /// stake QoS its credentials.
+    pub fn fleet(self, engine: &crate::FleetEngine) -> Self {
+        self.var("FLEET_PORT", engine.addr().port())
+            .env(stakegate_core::qos::fleet::AUTH_ENV, engine.credentials())
     }
 
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
@@ -111,6 +127,7 @@ impl EnvoyBuilder {
             .arg(&admin_path)
             .args(["--disable-hot-restart", "--log-level", "info"])
             .args(&self.extra_args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log_file.try_clone()?)
             .stderr(log_file)

@@ -27,13 +27,36 @@ fn binary(name: &str) -> anyhow::Result<PathBuf> {
         })
 }
 
-/// Redis and Webdis in front of it.
+/// Redis and Webdis in front of it. Webdis answers `PING` to anyone and
+/// runs `EVAL` (the fleet's exchange) only for the gateways, which send its
+/// credentials (`credentials`); it refuses everything else.
 #[derive(Debug)]
 pub struct FleetEngine {
     redis: Option<Process>,
     webdis: Process,
     addr: SocketAddr,
+    credentials: String,
     dir: tempfile::TempDir,
+}
+
+/// Webdis's access rules: `PING` for anyone (health checks), `EVAL` for
+/// whoever sends `credentials` (`user:password`), nothing else for anyone
+/// (rules apply in order, a later one overriding an earlier one).
+pub fn webdis_acl(credentials: &str) -> serde_json::Value {
+    serde_json::json!([
+        { "disabled": ["*"] },
+        { "enabled": ["PING"] },
+        { "http_basic_auth": credentials, "enabled": ["EVAL"] },
+    ])
+}
+
+/// Fresh credentials, `stakegate:<random>`.
+pub fn new_credentials() -> String {
+    use std::hash::BuildHasher;
+    let random = std::collections::hash_map::RandomState::new();
+    let a = random.hash_one(std::time::SystemTime::now());
+    let b = random.hash_one(std::process::id());
+    format!("stakegate:{a:016x}{b:016x}")
 }
 
 impl FleetEngine {
@@ -44,6 +67,7 @@ impl FleetEngine {
             .prefix("stakegate-redis-")
             .tempdir()?;
         let redis = start_redis(dir.path())?;
+        let credentials = new_credentials();
         // Webdis takes a port, not 0: a free one, tried again if another
         // process takes it first.
         let mut last = None;
@@ -63,6 +87,7 @@ impl FleetEngine {
                 "database": 0,
                 "verbosity": 3,
                 "logfile": log,
+                "acl": webdis_acl(&credentials),
             });
             std::fs::write(&config, settings.to_string())?;
             let child = Command::new(binary("webdis")?)
@@ -80,6 +105,7 @@ impl FleetEngine {
                         redis: Some(redis),
                         webdis,
                         addr,
+                        credentials,
                         dir,
                     })
                 }
@@ -92,6 +118,11 @@ impl FleetEngine {
     /// Webdis's address (Envoy's `stakegate_fleet` cluster).
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The credentials Webdis runs the exchange for, `user:password`.
+    pub fn credentials(&self) -> &str {
+        &self.credentials
     }
 
     /// Redis's Unix socket.

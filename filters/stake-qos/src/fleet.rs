@@ -18,6 +18,8 @@ pub struct FleetLink {
     exchange: Exchange,
     cluster: String,
     timeout: Duration,
+    /// Webdis's credentials as a header, from Envoy's environment.
+    authorization: Option<String>,
 }
 
 impl FleetLink {
@@ -31,10 +33,15 @@ impl FleetLink {
         let drawn = std::collections::hash_map::RandomState::new().hash_one(now_us());
         let instance = fleet::instance(&EnvoyStore, drawn)
             .map_err(|e| format!("fleet mode: this Envoy's instance number in shared data: {e}"))?;
+        let authorization = std::env::var(fleet::AUTH_ENV)
+            .ok()
+            .filter(|c| !c.is_empty())
+            .map(|c| fleet::basic_authorization(&c));
         Ok(Self {
             exchange: Exchange::new(policy, node_id, instance)?,
             cluster: policy.cluster.clone(),
             timeout: Duration::from_millis(policy.timeout_ms),
+            authorization,
         })
     }
 
@@ -50,14 +57,18 @@ impl FleetLink {
         let Some(body) = self.exchange.request(qos, &mut round) else {
             return;
         };
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", "/"),
+            (":authority", "webdis"),
+            ("content-type", "text/plain"),
+        ];
+        if let Some(authorization) = &self.authorization {
+            headers.push(("authorization", authorization));
+        }
         let sent = proxy_wasm::hostcalls::dispatch_http_call(
             &self.cluster,
-            vec![
-                (":method", "POST"),
-                (":path", "/"),
-                (":authority", "webdis"),
-                ("content-type", "text/plain"),
-            ],
+            headers,
             Some(&body),
             vec![],
             self.timeout,

@@ -91,7 +91,7 @@ impl Stack {
                 .arg("--service-node")
                 .arg(replica_name(i));
             if let Some(engine) = &engine {
-                builder = builder.var("FLEET_PORT", engine.addr().port());
+                builder = builder.fleet(engine);
             }
             for filter in &scenario.filters {
                 builder = builder.filter(filter_config(filter, &filter.module));
@@ -327,6 +327,13 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
         });
     }
     if scenario.replicas > 1 {
+        // Webdis runs the exchange only for who sends the fleet's
+        // credentials, which the gateways get in their environment.
+        let env = stakegate_core::qos::fleet::AUTH_ENV;
+        let credentials = std::env::var(env)
+            .ok()
+            .filter(|c| c.contains(':'))
+            .with_context(|| format!("{env} must hold Webdis's credentials, user:password, for the fleet (docker-compose.fleet.yml passes it)"))?;
         let webdis = serde_json::json!({
             "redis_host": "redis",
             "redis_port": 6379,
@@ -337,6 +344,7 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
             "database": 0,
             "verbosity": 3,
             "logfile": "/tmp/webdis.log",
+            "acl": stakegate_stack::redis::webdis_acl(&credentials),
         });
         std::fs::write(staging.join("webdis.json"), webdis.to_string())?;
     }

@@ -245,6 +245,33 @@ impl FleetPolicy {
     }
 }
 
+/// The environment variable that holds Webdis's credentials,
+/// `user:password`; Envoy passes it to the filter's VM
+/// (`vm_config.environment_variables.host_env_keys`), so that no policy
+/// file holds it.
+pub const AUTH_ENV: &str = "STAKEGATE_FLEET_AUTH";
+
+/// The `authorization` header for `credentials` (`user:password`), as
+/// Webdis's `http_basic_auth` ACL reads it.
+pub fn basic_authorization(credentials: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::from("Basic ");
+    for chunk in credentials.as_bytes().chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// A member's name in the fleet: the replica's, then its Envoy's instance.
 pub fn member_name(replica: &str, instance: u64) -> String {
     format!("{replica}{INSTANCE_MARK}{instance:016x}")
@@ -785,6 +812,14 @@ mod tests {
             2,
         );
         assert_eq!((view.replicas, view.capacity_rps), (2, 150.0));
+    }
+
+    #[test]
+    fn credentials_are_sent_as_http_basic_auth() {
+        assert_eq!(basic_authorization("sg:s3cret"), "Basic c2c6czNjcmV0");
+        assert_eq!(basic_authorization("a:b"), "Basic YTpi");
+        assert_eq!(basic_authorization("ab:"), "Basic YWI6");
+        assert_eq!(basic_authorization("user:pa"), "Basic dXNlcjpwYQ==");
     }
 
     #[test]

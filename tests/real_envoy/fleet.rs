@@ -258,8 +258,7 @@ fn fifty_phantom_reports_cannot_make_the_fleet_admit_more_nor_starve_a_client() 
     assert!(report.len() > 2, "the replica reports identities: {report}");
     // Fifty members that never expire (a score far in the future), each
     // claiming every one of those identities at 100,000 calls a second.
-    let heavy: String = report[2..]
-        .as_bytes()
+    let heavy: String = report.as_bytes()[2..]
         .chunks(40)
         .map(|entry| {
             format!(

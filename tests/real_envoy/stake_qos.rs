@@ -225,3 +225,49 @@ fn a_light_staker_leaves_its_share_to_the_floods_in_a_real_envoy() {
         assert!(fill >= 0.95, "fill {fill}");
     }
 }
+
+/// 127 clients, each from its own address, come once while a client
+/// floods: the flood keeps what it gets alone (the example stake table).
+#[test]
+fn identities_that_come_once_during_a_flood_take_nothing_from_it() {
+    let policy = example_policy(400);
+    let flood = |crowd: bool| -> u64 {
+        let (_node, envoy) = node_behind_qos(&policy);
+        let once: Vec<ClientSpec> = (0..127u32)
+            .map(|i| ClientSpec {
+                source: Some(
+                    format!("127.1.{}.{}", i / 250, i % 250 + 1)
+                        .parse()
+                        .unwrap(),
+                ),
+                offset_ms: 2000 + 10 * u64::from(i),
+                ..client(&format!("once-{i}"), 1.0, "eth_call", 10)
+            })
+            .collect();
+        let mut spec = load_h2(
+            &envoy.url("public").unwrap(),
+            once,
+            Duration::from_secs(4),
+            1,
+        );
+        spec.max_requests = 1;
+        spec.http2 = false;
+        let crowd = crowd.then(|| std::thread::spawn(move || loadgen::run(&spec).unwrap()));
+        let admitted = flood_alone(&envoy, Duration::from_secs(6));
+        if let Some(crowd) = crowd {
+            let report = crowd.join().unwrap();
+            assert_eq!(report.count("200"), 127, "{:?}", report.status);
+        }
+        admitted
+    };
+    let alone = flood(false);
+    let beside = flood(true);
+    eprintln!(
+        "the flood alone: {alone} admitted; with 127 that came once: {beside} ({:.3})",
+        beside as f64 / alone as f64
+    );
+    assert!(
+        beside as f64 >= 0.97 * alone as f64,
+        "alone {alone}, beside {beside}"
+    );
+}

@@ -17,6 +17,8 @@ use super::{
 use crate::shared::{read, update, update_from, Change, Record, SharedStore, StoreError, Write};
 use std::collections::{BTreeMap, HashMap};
 
+/// An identity's first calls are taken as spread over this long.
+pub const FIRST_SAMPLE_MS: u64 = 1000;
 /// A late round makes up for at most this many intervals.
 const MAX_CATCH_UP: u64 = 5;
 /// Reports taken off the queue per round, at most (the rest wait).
@@ -53,6 +55,8 @@ struct Plan<'a> {
     now_ms: u64,
     idle_ttl_ms: u64,
     min_tokens: i64,
+    /// What a new identity's bucket starts with (`initialTokens`).
+    initial_tokens: i64,
     fleet: Option<&'a FleetShare>,
 }
 
@@ -64,6 +68,12 @@ impl Plan<'_> {
             Some(fleet) => fleet.weight(key, stake),
             None => stake.max(1) as f64,
         }
+    }
+
+    /// The rounds an identity's first calls are taken as spread over.
+    fn first_since(&self) -> f64 {
+        self.intervals
+            .max(FIRST_SAMPLE_MS as f64 / self.interval_ms.max(1) as f64)
     }
 
     /// Entry `i`'s demand after this round, its calls this round, and the
@@ -82,10 +92,19 @@ impl Plan<'_> {
     ///
     /// An idle entry is not visited while it stays quiet (nothing of it
     /// changes), so its quiet rounds are counted from when it was last seen.
+    ///
+    /// An identity's first calls have no calls before them to measure
+    /// against: they are taken as spread over a second (`FIRST_SAMPLE_MS`).
+    /// So an identity that comes once reserves next to nothing of the
+    /// capacity while its demand decays (it would otherwise hold a call per
+    /// round, then one per quiet round, a few calls in all for the one it
+    /// made), and one that keeps calling is measured from its second round
+    /// on, as any other.
     fn demand(&self, page: &Page, i: usize, delta: Option<&Delta>) -> (f64, u32, u16) {
         let calls = delta.map_or(0, |d| d.arrivals);
         let before = f64::from(page.demand(i));
         let quiet = page.quiet(i);
+        let first = before == 0.0 && quiet == 0 && page.flags(i) & IDLE == 0;
         if calls == 0 {
             let quiet = quiet.saturating_add(1);
             if quiet < 2 {
@@ -98,6 +117,9 @@ impl Plan<'_> {
         if page.flags(i) & IDLE != 0 {
             let elapsed = self.now_ms.saturating_sub(page.last_seen_ms(i));
             since = since.max(elapsed as f64 / self.interval_ms.max(1) as f64);
+        }
+        if first {
+            since = since.max(self.first_since());
         }
         let sample = f64::from(calls) / since;
         (
@@ -114,12 +136,15 @@ impl Plan<'_> {
         let mut report = Vec::new();
         let mut by_entry = [None; ENTRIES_PER_PAGE];
         for d in deltas {
+            // A new identity starts with the gift, as one a worker's lease
+            // creates does.
             let (i, out) = page.entry(&Entry {
                 key: d.key,
                 stake: d.stake,
                 tier: d.tier,
                 flags: d.flags,
                 last_seen_ms: self.now_ms,
+                tokens: self.initial_tokens,
                 ..Entry::default()
             });
             evicted += u64::from(out);
@@ -272,6 +297,7 @@ pub(super) fn run(
         now_ms,
         idle_ttl_ms: policy.idle_ttl_ms,
         min_tokens: 2 * MILLI,
+        initial_tokens: i64::from(policy.initial_tokens) * MILLI,
         fleet,
     };
     // Pass one: every active identity's demand, for the level; skipped when
@@ -288,7 +314,7 @@ pub(super) fn run(
                 match page.find(d.key) {
                     Some(i) => by_entry[i] = Some(*d),
                     None => claims.push(Claim {
-                        demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / intervals,
+                        demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / plan.first_since(),
                         weight: plan.weight(d.key, d.stake),
                     }),
                 }
@@ -513,6 +539,7 @@ mod tests {
                     now_ms: 0,
                     idle_ttl_ms: 60_000,
                     min_tokens: 2 * MILLI,
+                    initial_tokens: 8 * MILLI,
                     fleet: None,
                 };
                 let (demand, _, quiet) = plan.demand(&page, 0, Some(&delta));

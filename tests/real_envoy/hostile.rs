@@ -310,6 +310,57 @@ fn every_websocket_message_the_node_runs_takes_a_slot_and_every_call_gets_its_ow
     assert!(nothing_held(&envoy, &node));
 }
 
+/// A message past `maxWebsocketMessageBytes` could only be held whole at
+/// the gateway without end: the socket is closed with a close frame that
+/// says why, and the node never sees it. A message within the limit on the
+/// next socket is served.
+#[test]
+fn a_websocket_message_past_the_limit_closes_the_socket_with_its_reason() {
+    let (node, envoy) = node_behind_gate(
+        r#"{"maxInflight": 8, "maxWebsocketMessageBytes": 4096}"#,
+        &[],
+    );
+    let addr = envoy.listener("public").unwrap();
+    let mut socket = websocket(addr);
+    let padding = "0".repeat(8192);
+    let large = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[{{"data":"0x{padding}"}},"latest"]}}"#
+    );
+    // Sent in fragments, as a client streaming a large message does.
+    fragmented(&mut socket, &large, 4);
+    socket.flush().unwrap();
+    let close = match socket.read() {
+        Ok(tungstenite::Message::Close(frame)) => frame,
+        Ok(other) => panic!("not a close: {other:?}"),
+        Err(e) => panic!("the socket ended without a close frame: {e}"),
+    };
+    let frame = close.expect("a close frame with a code");
+    eprintln!("closed: {frame:?}");
+    assert_eq!(u16::from(frame.code), 1009, "{frame:?}");
+    assert!(
+        frame.reason.contains("maxWebsocketMessageBytes"),
+        "{frame:?}"
+    );
+    assert!(eventually(Duration::from_secs(5), || stat(
+        &envoy,
+        "websocket.closed"
+    ) == 1));
+    let mut next = websocket(addr);
+    next.send(tungstenite::Message::text(
+        r#"{"jsonrpc":"2.0","id":2,"method":"eth_chainId"}"#,
+    ))
+    .unwrap();
+    let answer = next.read().unwrap();
+    assert!(answer.to_string().contains("\"result\""), "{answer}");
+    let metrics = node.metrics().unwrap();
+    assert!(
+        metrics["served"].get("eth_call").is_none(),
+        "the node never ran the large message: {metrics}"
+    );
+    drop(next);
+    assert!(nothing_held(&envoy, &node));
+}
+
 #[test]
 fn websockets_and_upgrade_requests_are_never_held_for_a_body_with_dedup_on() {
     let (node, envoy) = node_behind_gate(r#"{"maxInflight": 8, "dedup": {}}"#, &[]);

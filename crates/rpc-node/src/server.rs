@@ -75,16 +75,27 @@ async fn websocket(State(node): State<Arc<Node>>, upgrade: WebSocketUpgrade) -> 
 /// Each text or binary message is a JSON-RPC body. Like geth and Erigon,
 /// the node works on a connection's messages concurrently (each takes its
 /// own read slot) and answers each as it completes, so one socket can put
-/// many requests in flight.
+/// many requests in flight. A close is answered with the same close, as
+/// geth does, and the answers not yet written are dropped.
 async fn serve_websocket(node: Arc<Node>, socket: WebSocket) {
     use futures_util::{SinkExt, StreamExt};
     let _open = node.websocket_opened();
     let (mut sink, mut stream) = socket.split();
-    let (answers, mut outbox) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (answers, mut outbox) = tokio::sync::mpsc::unbounded_channel::<Message>();
     let writer = tokio::spawn(async move {
-        while let Some(answer) = outbox.recv().await {
-            if sink.send(Message::Text(answer.into())).await.is_err() {
-                break;
+        while let Some(message) = outbox.recv().await {
+            match message {
+                // The client's close: the reply the socket queued on
+                // reading it goes out as the socket closes.
+                Message::Close(_) => {
+                    let _ = sink.close().await;
+                    break;
+                }
+                message => {
+                    if sink.send(message).await.is_err() {
+                        break;
+                    }
+                }
             }
         }
     });
@@ -92,13 +103,16 @@ async fn serve_websocket(node: Arc<Node>, socket: WebSocket) {
         let body = match message {
             Message::Text(text) => Bytes::from(text.as_str().to_owned()),
             Message::Binary(bytes) => bytes,
-            Message::Close(_) => break,
+            Message::Close(frame) => {
+                let _ = answers.send(Message::Close(frame));
+                break;
+            }
             Message::Ping(_) | Message::Pong(_) => continue,
         };
         let (node, answers) = (node.clone(), answers.clone());
         tokio::spawn(async move {
             if let Some(response) = node.handle(&body).await {
-                let _ = answers.send(response.to_string());
+                let _ = answers.send(Message::Text(response.to_string().into()));
             }
         });
     }

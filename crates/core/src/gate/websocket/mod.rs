@@ -265,7 +265,11 @@ impl Websocket {
         }
         if self.client_overflow || self.pending_bytes > self.limit {
             return (
-                self.close(1009, "message too large for the gateway", counts),
+                self.close(
+                    1009,
+                    "message larger than the gateway's maxWebsocketMessageBytes",
+                    counts,
+                ),
                 None,
             );
         }

@@ -749,6 +749,25 @@ fn an_exchange_times_out_by_itself_and_logs_a_spell_of_failures_once() {
 }
 
 #[test]
+fn a_refused_exchange_says_which_credentials_are_missing() {
+    let policy = fleet_policy(300);
+    let qos = StakeQos::new(policy.clone(), 1);
+    let store = MemoryStore::default();
+    let fleet = policy.fleet.clone().unwrap();
+    let mut link = Exchange::new(&fleet, Some("gw-1".into()), 1).unwrap();
+    link.sent(1, 100);
+    let Some(Heard::Failed { log: Some(line) }) =
+        link.answered(&qos, &store, 101, Some(403), b"Forbidden")
+    else {
+        panic!("a refusal is a failed exchange, logged");
+    };
+    assert!(
+        line.contains("STAKEGATE_FLEET_AUTH=user:password"),
+        "{line}"
+    );
+}
+
+#[test]
 fn after_a_failure_an_answer_listing_fewer_replicas_gives_only_the_fleet_size() {
     let policy = fleet_policy(300);
     let qos = StakeQos::new(policy.clone(), 1);

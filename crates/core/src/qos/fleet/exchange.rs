@@ -156,6 +156,10 @@ impl Exchange {
                     trust || listed >= self.replicas_seen
                 })
             }
+            Some(status @ (401 | 403)) => Err(format!(
+                "the engine refused the exchange ({status}): give Envoy the credentials Webdis's ACL has for EVAL in {}=user:password",
+                super::AUTH_ENV
+            )),
             Some(other) => Err(format!(
                 "the engine answered {other}: {:?}",
                 String::from_utf8_lossy(&body[..body.len().min(200)])

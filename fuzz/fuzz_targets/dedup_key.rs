@@ -7,31 +7,33 @@
 
 use libfuzzer_sys::fuzz_target;
 use stakegate_core::dedup::answer::Answer;
-use stakegate_core::dedup::key::Body;
+use stakegate_core::dedup::key;
 use stakegate_core::gate::policy::GatePolicy;
+use stakegate_core::jsonrpc::Request;
 use stakegate_core::rejection::{Rejection, LIMIT_EXCEEDED};
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(body) = Body::parse(data) else {
+    let Some(request) = Request::read(data) else {
         return;
     };
-    let calls = body.calls().expect("a parsed body has calls");
-    assert!(!calls.is_empty());
-    let key = body.key("client");
-    let mut padded = b" \n".to_vec();
-    padded.extend_from_slice(data);
-    padded.extend_from_slice(b"\t ");
-    assert_eq!(
-        Body::parse(&padded).map(|b| b.key("client")).ok(),
-        Some(key)
-    );
+    assert!(!request.calls.is_empty());
+    if let Ok(key) = key::key(data, "client") {
+        let mut padded = b" \n".to_vec();
+        padded.extend_from_slice(data);
+        padded.extend_from_slice(b"\t ");
+        assert_eq!(key::key(&padded, "client").ok(), Some(key));
+    }
 
     let policy = GatePolicy::parse(br#"{"maxInflight": 8, "dedup": {"methods": ["m"]}}"#)
         .expect("a valid policy");
     let dedup = stakegate_core::dedup::Dedup::new(policy.dedup.expect("dedup"), 1000);
     let _ = dedup.key(data, "client");
 
-    let ids: Vec<Option<Vec<u8>>> = calls.iter().map(|c| c.id.map(<[u8]>::to_vec)).collect();
+    let ids: Vec<Option<Vec<u8>>> = request
+        .calls
+        .iter()
+        .map(|c| request.id(c).map(<[u8]>::to_vec))
+        .collect();
     let own: Vec<Option<Vec<u8>>> = ids
         .iter()
         .map(|id| id.as_ref().map(|_| br#""w""#.to_vec()))
@@ -60,9 +62,9 @@ fuzz_target!(|data: &[u8]| {
     let refusal = Rejection::new(429, 1, LIMIT_EXCEEDED, "duplicate").answering(data);
     let value: serde_json::Value =
         serde_json::from_str(&refusal.body).expect("the refusal's body is JSON");
-    let ids: Vec<&[u8]> = calls.iter().filter_map(|c| c.id).collect();
+    let ids: Vec<&[u8]> = request.calls.iter().filter_map(|c| request.id(c)).collect();
     let readable = |raw: &[u8]| serde_json::from_slice::<serde_json::Value>(raw).ok();
-    match (body.is_batch(), ids.as_slice(), &value) {
+    match (request.batch, ids.as_slice(), &value) {
         (_, [], v) => assert!(v["id"].is_null()),
         (false, [id], v) => assert_eq!(v["id"], readable(id).unwrap_or_default()),
         (_, ids, serde_json::Value::Array(errors)) => {

@@ -6,7 +6,7 @@
 //! answers the request's own `id`, and a batch gets an array with one error
 //! per call, each with its call's `id`.
 
-use crate::dedup::key::Body;
+use crate::jsonrpc::Request;
 
 /// A request stakegate answers itself instead of passing on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,22 +51,22 @@ impl Rejection {
     /// A body that is not JSON-RPC, or a batch of notifications only, keeps
     /// `id: null`.
     pub fn answering(mut self, request: &[u8]) -> Self {
-        let parsed = Body::parse(request).ok();
-        let Some((batch, calls)) = parsed.and_then(|b| Some((b.is_batch(), b.calls()?))) else {
+        let Some(read) = Request::read(request) else {
             return self;
         };
         // An id is quoted back only if any JSON reader can read it (`1e999`
         // is JSON's grammar, but many parsers refuse it); else `null`.
-        let ids: Vec<Option<&str>> = calls
+        let ids: Vec<Option<&str>> = read
+            .calls
             .iter()
-            .filter_map(|call| call.id)
+            .filter_map(|call| read.id(call))
             .map(|raw| {
                 serde_json::from_slice::<serde_json::Value>(raw)
                     .ok()
                     .and_then(|_| std::str::from_utf8(raw).ok())
             })
             .collect();
-        self.body = match (batch, ids.as_slice()) {
+        self.body = match (read.batch, ids.as_slice()) {
             (_, []) => return self,
             (false, [id]) => json_rpc_error_body(*id, self.code, self.message),
             _ => {

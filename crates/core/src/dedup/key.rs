@@ -1,18 +1,9 @@
 //! The request key: what makes two JSON-RPC requests the same request.
 //!
 //! A key is the first 16 bytes of
-//! `sha256("stakegate.dedup.v1" 0 scope 0 canonical(request without id))`.
-//!
-//! **Canonical form.** The body is parsed into a tree of raw tokens and
-//! written back with no whitespace and each object's members sorted by
-//! their raw key bytes (a stable sort, so repeated keys keep their order).
-//! Scalars are copied byte for byte: `1` and `1.0`, or `"A"` and
-//! `"\u0041"`, stay different. So canonicalising can only miss a duplicate,
-//! never merge two requests a node could answer differently: the canonical
-//! text is the same JSON value as the input, and from it the input's tree
-//! can be read back up to member order and whitespace. Only the top-level
-//! `id` member is left out (a retry usually takes a new id); an `id` inside
-//! `params` is kept.
+//! `sha256("stakegate.dedup.v1" 0 scope 0 canonical(request without id))`,
+//! the canonical form being `jsonrpc::canonical`'s: whitespace, member
+//! order and the calls' own ids do not matter, anything else does.
 //!
 //! **Batches** are keyed as a whole: the gateway forwards a batch as one
 //! upstream request, so it can only send or refuse all of it. Keying entry by
@@ -20,10 +11,8 @@
 //! answers. A batch is deduplicated only when every entry's method is, and
 //! takes `global` scope only when every entry's method does.
 
+use crate::jsonrpc::canonical::{Canonical, Unread};
 use sha2::{Digest, Sha256};
-
-/// Nesting deeper than this is not deduplicated (and not recursed into).
-pub const MAX_DEPTH: usize = 64;
 
 pub const KEY_LEN: usize = 16;
 
@@ -33,329 +22,29 @@ pub type Key = [u8; KEY_LEN];
 /// Why a body is not deduplicated; the request passes as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unkeyed {
-    /// Not JSON, or not a JSON-RPC request or batch.
+    /// Not JSON, or not a JSON-RPC request or batch every node reads the
+    /// same way (`jsonrpc::Request`), or a call's id key some node would
+    /// not read.
     NotJsonRpc,
-    /// Nested deeper than `MAX_DEPTH`.
+    /// Nested deeper than `jsonrpc::scan::MAX_DEPTH`.
     TooDeep,
 }
 
-/// A parsed request body, borrowing from the body bytes.
-#[derive(Debug)]
-pub struct Body<'a> {
-    root: Node<'a>,
-}
-
-/// One request of the body (the whole body, or one batch entry).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Call<'a> {
-    pub method: &'a str,
-    /// The `id` member as raw JSON, if there is one.
-    pub id: Option<&'a [u8]>,
-}
-
-#[derive(Debug)]
-enum Node<'a> {
-    /// A string (with its quotes), number, `true`, `false` or `null`,
-    /// exactly as written.
-    Scalar(&'a [u8]),
-    Array(Vec<Node<'a>>),
-    /// Members with their raw keys (quotes included), sorted.
-    Object(Vec<(&'a [u8], Node<'a>)>),
-}
-
-impl<'a> Body<'a> {
-    pub fn parse(bytes: &'a [u8]) -> Result<Self, Unkeyed> {
-        let mut parser = Parser { bytes, at: 0 };
-        let root = parser.value(0)?;
-        parser.space();
-        if parser.at != bytes.len() {
-            return Err(Unkeyed::NotJsonRpc);
-        }
-        let body = Self { root };
-        if body.calls().is_none() {
-            return Err(Unkeyed::NotJsonRpc);
-        }
-        Ok(body)
-    }
-
-    /// The requests in the body: one, or a batch's entries in order. `None`
-    /// if any is not an object with exactly one plain string `method`.
-    pub fn calls(&self) -> Option<Vec<Call<'a>>> {
-        match &self.root {
-            Node::Object(members) => Some(vec![call(members)?]),
-            Node::Array(entries) if !entries.is_empty() => entries
-                .iter()
-                .map(|entry| match entry {
-                    Node::Object(members) => call(members),
-                    _ => None,
-                })
-                .collect(),
-            _ => None,
-        }
-    }
-
-    pub fn is_batch(&self) -> bool {
-        matches!(self.root, Node::Array(_))
-    }
-
-    /// The key of this body under `scope` (`global`, or a client's name).
-    pub fn key(&self, scope: &str) -> Key {
-        let mut hash = Sha256::new();
-        hash.update(b"stakegate.dedup.v1\0");
-        hash.update(scope.as_bytes());
-        hash.update(b"\0");
-        match &self.root {
-            Node::Array(entries) => {
-                hash.update(b"[");
-                for (i, entry) in entries.iter().enumerate() {
-                    if i > 0 {
-                        hash.update(b",");
-                    }
-                    write_request(entry, &mut hash);
-                }
-                hash.update(b"]");
-            }
-            request => write_request(request, &mut hash),
-        }
-        let digest = hash.finalize();
-        let mut key = [0; KEY_LEN];
-        key.copy_from_slice(&digest[..KEY_LEN]);
-        key
-    }
-}
-
-const METHOD: &[u8] = b"\"method\"";
-const ID: &[u8] = b"\"id\"";
-
-fn call<'a>(members: &[(&'a [u8], Node<'a>)]) -> Option<Call<'a>> {
-    let mut methods = members.iter().filter(|(k, _)| *k == METHOD);
-    let method = match (methods.next(), methods.next()) {
-        (Some((_, Node::Scalar(raw))), None) => plain_string(raw)?,
-        _ => return None,
-    };
-    let id = members.iter().rev().find_map(|(k, v)| match v {
-        Node::Scalar(raw) if *k == ID => Some(*raw),
-        _ => None,
-    });
-    Some(Call { method, id })
-}
-
-/// The contents of a string token with no escapes, else `None`.
-fn plain_string(raw: &[u8]) -> Option<&str> {
-    let inner = raw.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
-    if inner.contains(&b'\\') {
-        return None;
-    }
-    std::str::from_utf8(inner).ok()
-}
-
-/// A request object without its top-level `id`, but marked by whether it
-/// had one: a notification (no `id`) gets no answer, so it is never the
-/// same request as a call.
-fn write_request(node: &Node<'_>, out: &mut Sha256) {
-    match node {
-        Node::Object(members) => {
-            let call = members.iter().any(|(k, _)| *k == ID);
-            out.update(if call { b"c" } else { b"n" });
-            write_members(members.iter().filter(|(k, _)| *k != ID), out)
-        }
-        other => write(other, out),
-    }
-}
-
-fn write_members<'n, 'a: 'n>(
-    members: impl Iterator<Item = &'n (&'a [u8], Node<'a>)>,
-    out: &mut Sha256,
-) {
-    out.update(b"{");
-    for (i, (key, value)) in members.enumerate() {
-        if i > 0 {
-            out.update(b",");
-        }
-        out.update(key);
-        out.update(b":");
-        write(value, out);
-    }
-    out.update(b"}");
-}
-
-fn write(node: &Node<'_>, out: &mut Sha256) {
-    match node {
-        Node::Scalar(raw) => out.update(raw),
-        Node::Array(items) => {
-            out.update(b"[");
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.update(b",");
-                }
-                write(item, out);
-            }
-            out.update(b"]");
-        }
-        Node::Object(members) => write_members(members.iter(), out),
-    }
-}
-
-/// A strict JSON reader that keeps raw tokens.
-struct Parser<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Parser<'a> {
-    fn space(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.bytes.get(self.at) {
-            self.at += 1;
-        }
-    }
-
-    fn peek(&mut self) -> Option<u8> {
-        self.space();
-        self.bytes.get(self.at).copied()
-    }
-
-    fn expect(&mut self, byte: u8) -> Result<(), Unkeyed> {
-        if self.peek() == Some(byte) {
-            self.at += 1;
-            Ok(())
-        } else {
-            Err(Unkeyed::NotJsonRpc)
-        }
-    }
-
-    fn value(&mut self, depth: usize) -> Result<Node<'a>, Unkeyed> {
-        if depth > MAX_DEPTH {
-            return Err(Unkeyed::TooDeep);
-        }
-        match self.peek().ok_or(Unkeyed::NotJsonRpc)? {
-            b'{' => {
-                self.at += 1;
-                let mut members = Vec::new();
-                if self.peek() == Some(b'}') {
-                    self.at += 1;
-                    return Ok(Node::Object(members));
-                }
-                loop {
-                    self.space();
-                    let key = self.string()?;
-                    self.expect(b':')?;
-                    members.push((key, self.value(depth + 1)?));
-                    if self.peek() == Some(b',') {
-                        self.at += 1;
-                    } else {
-                        self.expect(b'}')?;
-                        break;
-                    }
-                }
-                // Stable: members under one key keep their order.
-                members.sort_by(|a, b| a.0.cmp(b.0));
-                Ok(Node::Object(members))
-            }
-            b'[' => {
-                self.at += 1;
-                let mut items = Vec::new();
-                if self.peek() == Some(b']') {
-                    self.at += 1;
-                    return Ok(Node::Array(items));
-                }
-                loop {
-                    items.push(self.value(depth + 1)?);
-                    if self.peek() == Some(b',') {
-                        self.at += 1;
-                    } else {
-                        self.expect(b']')?;
-                        break;
-                    }
-                }
-                Ok(Node::Array(items))
-            }
-            b'"' => Ok(Node::Scalar(self.string()?)),
-            b't' => self.literal(b"true"),
-            b'f' => self.literal(b"false"),
-            b'n' => self.literal(b"null"),
-            b'-' | b'0'..=b'9' => self.number(),
-            _ => Err(Unkeyed::NotJsonRpc),
-        }
-    }
-
-    /// A string token, quotes included, escapes left as written (and
-    /// checked: only JSON's escapes, so a token echoed back stays JSON).
-    fn string(&mut self) -> Result<&'a [u8], Unkeyed> {
-        let start = self.at;
-        if self.bytes.get(start) != Some(&b'"') {
-            return Err(Unkeyed::NotJsonRpc);
-        }
-        let mut i = start + 1;
-        loop {
-            match self.bytes.get(i) {
-                None => return Err(Unkeyed::NotJsonRpc),
-                Some(b'"') => break,
-                Some(b'\\') => match self.bytes.get(i + 1) {
-                    Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 2,
-                    Some(b'u')
-                        if self
-                            .bytes
-                            .get(i + 2..i + 6)
-                            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit)) =>
-                    {
-                        i += 6
-                    }
-                    _ => return Err(Unkeyed::NotJsonRpc),
-                },
-                Some(&b) if b < 0x20 => return Err(Unkeyed::NotJsonRpc),
-                Some(_) => i += 1,
-            }
-        }
-        self.at = i + 1;
-        Ok(&self.bytes[start..self.at])
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Result<Node<'a>, Unkeyed> {
-        let start = self.at;
-        if self.bytes[start..].starts_with(word) {
-            self.at += word.len();
-            Ok(Node::Scalar(&self.bytes[start..self.at]))
-        } else {
-            Err(Unkeyed::NotJsonRpc)
-        }
-    }
-
-    /// `-? int frac? exp?`, as JSON has it.
-    fn number(&mut self) -> Result<Node<'a>, Unkeyed> {
-        let start = self.at;
-        let digits = |p: &mut Self| {
-            let from = p.at;
-            while p.bytes.get(p.at).is_some_and(u8::is_ascii_digit) {
-                p.at += 1;
-            }
-            if p.at == from {
-                Err(Unkeyed::NotJsonRpc)
-            } else {
-                Ok(())
-            }
-        };
-        if self.bytes.get(self.at) == Some(&b'-') {
-            self.at += 1;
-        }
-        // No leading zeros: `0`, or a digit 1-9 then any digits.
-        if self.bytes.get(self.at) == Some(&b'0') {
-            self.at += 1;
-        } else {
-            digits(self)?;
-        }
-        if self.bytes.get(self.at) == Some(&b'.') {
-            self.at += 1;
-            digits(self)?;
-        }
-        if let Some(b'e' | b'E') = self.bytes.get(self.at) {
-            self.at += 1;
-            if let Some(b'+' | b'-') = self.bytes.get(self.at) {
-                self.at += 1;
-            }
-            digits(self)?;
-        }
-        Ok(Node::Scalar(&self.bytes[start..self.at]))
-    }
+/// The key of request `body` under `scope` (`global`, or a client's name).
+pub fn key(body: &[u8], scope: &str) -> Result<Key, Unkeyed> {
+    let canonical = Canonical::parse(body).map_err(|e| match e {
+        Unread::NotJson => Unkeyed::NotJsonRpc,
+        Unread::TooDeep => Unkeyed::TooDeep,
+    })?;
+    let mut hash = Sha256::new();
+    hash.update(b"stakegate.dedup.v1\0");
+    hash.update(scope.as_bytes());
+    hash.update(b"\0");
+    canonical.write(&mut |bytes| hash.update(bytes));
+    let digest = hash.finalize();
+    let mut key = [0; KEY_LEN];
+    key.copy_from_slice(&digest[..KEY_LEN]);
+    Ok(key)
 }
 
 #[cfg(test)]
@@ -364,8 +53,20 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::{json, Value};
 
+    use crate::jsonrpc::scan::MAX_DEPTH;
+    use crate::jsonrpc::{Id, Request};
+
     fn key(body: &str) -> Key {
-        Body::parse(body.as_bytes()).unwrap().key("client")
+        super::key(body.as_bytes(), "client").unwrap()
+    }
+
+    /// Why `body` has no key, read as dedup reads it: its calls, then its
+    /// canonical form.
+    fn unkeyed(body: &str) -> Unkeyed {
+        match Request::read(body.as_bytes()) {
+            None => Unkeyed::NotJsonRpc,
+            Some(_) => super::key(body.as_bytes(), "c").unwrap_err(),
+        }
     }
 
     #[test]
@@ -393,8 +94,8 @@ mod tests {
         ] {
             assert_ne!(base, key(other), "{other}");
         }
-        let body = Body::parse(br#"{"method":"m","params":[]}"#).unwrap();
-        assert_ne!(body.key("global"), body.key("client"));
+        let body = br#"{"method":"m","params":[]}"#;
+        assert_ne!(super::key(body, "global"), super::key(body, "client"));
     }
 
     #[test]
@@ -414,11 +115,11 @@ mod tests {
             r#"{"id":-0222,"method":"m"}"#,
             r#"{"id":01,"method":"m"}"#,
         ] {
-            assert!(Body::parse(bad.as_bytes()).is_err(), "{bad}");
+            assert!(super::key(bad.as_bytes(), "c").is_err(), "{bad}");
         }
-        assert!(Body::parse(br#"{"id":"\u00e9\n\/","method":"m"}"#).is_ok());
-        assert!(Body::parse(br#"{"id":-0.5e-3,"method":"m"}"#).is_ok());
-        assert!(Body::parse(br#"{"id":0,"method":"m"}"#).is_ok());
+        assert!(super::key(br#"{"id":"\u00e9\n\/","method":"m"}"#, "c").is_ok());
+        assert!(super::key(br#"{"id":-0.5e-3,"method":"m"}"#, "c").is_ok());
+        assert!(super::key(br#"{"id":0,"method":"m"}"#, "c").is_ok());
     }
 
     #[test]
@@ -431,21 +132,22 @@ mod tests {
 
     #[test]
     fn calls_and_batches() {
-        let body = Body::parse(br#"[{"id":3,"method":"a"},{"method":"b","id":"x"}]"#).unwrap();
-        assert!(body.is_batch());
+        let body = br#"[{"id":3,"method":"a"},{"method":"b","id":"x"}]"#;
+        let request = Request::read(body).unwrap();
+        assert!(request.batch);
+        let calls: Vec<(&str, Option<&[u8]>)> = request
+            .calls
+            .iter()
+            .map(|c| (c.method, request.id(c)))
+            .collect();
         assert_eq!(
-            body.calls().unwrap(),
-            vec![
-                Call {
-                    method: "a",
-                    id: Some(b"3".as_slice())
-                },
-                Call {
-                    method: "b",
-                    id: Some(br#""x""#.as_slice())
-                }
+            calls,
+            [
+                ("a", Some(b"3".as_slice())),
+                ("b", Some(br#""x""#.as_slice()))
             ]
         );
+        assert!(request.calls.iter().all(|c| matches!(c.id, Id::Plain(_))));
         // A batch in another order is another batch (answers come in order).
         assert_ne!(
             key(r#"[{"method":"a"},{"method":"b"}]"#),
@@ -463,6 +165,8 @@ mod tests {
             (r#"{"method":7}"#, Unkeyed::NotJsonRpc),
             (r#"{"method":"m","method":"n"}"#, Unkeyed::NotJsonRpc),
             (r#"{"method":"e\u0074h_call"}"#, Unkeyed::NotJsonRpc),
+            (r#"{"method":"m","METHOD":"n"}"#, Unkeyed::NotJsonRpc),
+            (r#"{"Method":"m"}"#, Unkeyed::NotJsonRpc),
             ("[]", Unkeyed::NotJsonRpc),
             (r#"[{"method":"m"},3]"#, Unkeyed::NotJsonRpc),
             (r#"{"method":"m","params":[01x]}"#, Unkeyed::NotJsonRpc),
@@ -473,14 +177,17 @@ b"]}"#,
                 Unkeyed::NotJsonRpc,
             ),
         ] {
-            assert_eq!(Body::parse(body.as_bytes()).unwrap_err(), why, "{body:?}");
+            assert_eq!(unkeyed(body), why, "{body:?}");
         }
         let deep = format!(
             r#"{{"method":"m","params":{}{}}}"#,
             "[".repeat(MAX_DEPTH + 1),
             "]".repeat(MAX_DEPTH + 1)
         );
-        assert_eq!(Body::parse(deep.as_bytes()).unwrap_err(), Unkeyed::TooDeep);
+        assert_eq!(
+            super::key(deep.as_bytes(), "c").unwrap_err(),
+            Unkeyed::TooDeep
+        );
     }
 
     fn json_value() -> impl Strategy<Value = Value> {

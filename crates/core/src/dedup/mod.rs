@@ -62,12 +62,12 @@ pub mod table;
 
 use crate::gate::shards::ShardTable;
 use crate::gate::SHARED_KEY as SHARDS_KEY;
-use crate::jsonrpc::same_id;
+use crate::jsonrpc::{self, same_id, Request};
 use crate::rejection::{Rejection, LIMIT_EXCEEDED};
 use crate::request::{sha256_hex, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
 use answer::{Answer, Id};
-use key::{Body, Key, Unkeyed};
+use key::{Key, Unkeyed};
 use policy::{DedupPolicy, Scope, ALWAYS_REUSE};
 use std::sync::Arc;
 use table::{page_of, Entry, Page, State, ANSWER_SLOTS, ENTRIES_PER_PAGE};
@@ -316,13 +316,21 @@ impl Dedup {
     /// sender's name for `client` scope (`client_name`, read with the
     /// headers: Envoy serves no headers during the body phase).
     pub fn key(&self, body: &[u8], client: &str) -> Result<Keyed, Skip> {
-        let parsed = Body::parse(body).map_err(Skip::Body)?;
-        let calls = parsed.calls().ok_or(Skip::Body(Unkeyed::NotJsonRpc))?;
+        let request = Request::read(body).ok_or(Skip::Body(Unkeyed::NotJsonRpc))?;
+        let calls = &request.calls;
         let policy = &self.policy;
         if !calls.iter().all(|c| policy.methods.contains(c.method)) {
             return Err(Skip::Method);
         }
-        let ids: Vec<Id> = calls.iter().map(|c| c.id.map(<[u8]>::to_vec)).collect();
+        // An id key one node reads and another does not: their answers
+        // could carry different ids.
+        if calls.iter().any(|c| matches!(c.id, jsonrpc::Id::Unsure(_))) {
+            return Err(Skip::Body(Unkeyed::NotJsonRpc));
+        }
+        let ids: Vec<Id> = calls
+            .iter()
+            .map(|c| request.id(c).map(<[u8]>::to_vec))
+            .collect();
         let seen: Vec<&[u8]> = ids.iter().flatten().map(Vec::as_slice).collect();
         let repeated = (0..seen.len()).any(|i| (0..i).any(|j| same_id(seen[i], seen[j])));
         if repeated {
@@ -336,12 +344,12 @@ impl Dedup {
         let method = calls[0].method;
         let reuse = match policy.reuse_methods.contains(method) {
             false => Reuse::No,
-            _ if parsed.is_batch() => Reuse::No,
+            _ if request.batch => Reuse::No,
             true if ALWAYS_REUSE.contains(&method) => Reuse::Always,
             true => Reuse::OnceFinal,
         };
         Ok(Keyed {
-            key: parsed.key(scope),
+            key: key::key(body, scope).map_err(Skip::Body)?,
             ids,
             reuse,
         })

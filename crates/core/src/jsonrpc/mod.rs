@@ -1,7 +1,9 @@
 //! JSON-RPC as the filters read it: one streaming reader (`scan`) for HTTP
 //! bodies and WebSocket messages alike, and what follows from a summary:
-//! how many calls a body holds, which calls expect an answer, and where
-//! each call's `id` is.
+//! how many calls a body holds, which calls expect an answer, where each
+//! call's `id` is, and a request's calls (`Request`: what the gate's
+//! refusals answer and dedup keys). `canonical` writes a request in the one
+//! form dedup compares.
 //!
 //! **What a node answers.** A call whose object has an `id` member (any
 //! value, `null` included) is answered; one without is a notification,
@@ -12,6 +14,7 @@
 //! and no `method` is a response; Go nodes ignore one, others answer it
 //! with an error.
 
+pub mod canonical;
 pub mod scan;
 
 pub use scan::{Entry, Name, Shape, Summary};
@@ -78,6 +81,68 @@ impl Entry {
                 Some(last) => Id::Unsure(last.value.clone()),
                 None => Id::Absent,
             },
+        }
+    }
+}
+
+/// One call of a `Request`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call<'a> {
+    /// Its method, a string written without escapes.
+    pub method: &'a str,
+    pub id: Id,
+}
+
+/// A request body every node reads the same way: one call, or a batch of
+/// calls, each an object with exactly one `method` member, written plainly,
+/// whose value is a string without escapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request<'a> {
+    pub body: &'a [u8],
+    pub batch: bool,
+    pub calls: Vec<Call<'a>>,
+}
+
+impl<'a> Request<'a> {
+    /// Reads `body`; `None` if it is not such a request (not JSON, an empty
+    /// batch, an entry that is not such a call).
+    pub fn read(body: &'a [u8]) -> Option<Self> {
+        let summary = Summary::of(body);
+        let batch = match summary.shape {
+            _ if !summary.valid => return None,
+            Shape::Object => false,
+            Shape::Array if !summary.entries.is_empty() => true,
+            _ => return None,
+        };
+        let calls = summary
+            .entries
+            .iter()
+            .map(|entry| {
+                let mut methods = entry.named(Name::Method);
+                let method = match (methods.next(), methods.next()) {
+                    (Some(only), None) if only.plain && entry.object => only,
+                    _ => return None,
+                };
+                let raw = body.get(method.value.clone())?;
+                let inner = raw.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+                if inner.contains(&b'\\') {
+                    return None;
+                }
+                Some(Call {
+                    method: std::str::from_utf8(inner).ok()?,
+                    id: entry.id(),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(Self { body, batch, calls })
+    }
+
+    /// A call's id as written (the last one some node reads), if it has
+    /// one.
+    pub fn id(&self, call: &Call<'_>) -> Option<&'a [u8]> {
+        match &call.id {
+            Id::Plain(range) | Id::Unsure(range) => self.body.get(range.clone()),
+            Id::Absent => None,
         }
     }
 }

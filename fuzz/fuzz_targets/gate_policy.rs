@@ -6,7 +6,8 @@
 use libfuzzer_sys::fuzz_target;
 use stakegate_core::clock::Now;
 use stakegate_core::gate::policy::GatePolicy;
-use stakegate_core::gate::stream::{GateStream, GateWorker, Head, Upgrade};
+use stakegate_core::gate::stream::{GateStream, Head, Upgrade};
+use stakegate_core::gate::worker::GateWorker;
 use stakegate_core::gate::InflightGate;
 use stakegate_core::request::{MetadataScope, RequestFacts};
 use stakegate_core::shared::MemoryStore;

@@ -24,6 +24,7 @@ pub mod clock;
 pub mod dedup;
 pub mod gate;
 pub mod jsonrpc;
+pub mod metrics;
 pub mod qos;
 pub mod rejection;
 pub mod request;

@@ -30,6 +30,41 @@ pub trait Body {
     fn read(&mut self, start: usize, len: usize) -> Vec<u8>;
 }
 
+/// Requests and bodies for tests.
+#[cfg(test)]
+pub mod testing {
+    use super::{Body, MetadataScope, RequestFacts};
+    use std::net::IpAddr;
+
+    /// A body held whole.
+    pub struct Bytes(pub Vec<u8>);
+
+    impl Body for Bytes {
+        fn read(&mut self, start: usize, len: usize) -> Vec<u8> {
+            self.0.get(start..start + len).unwrap_or_default().to_vec()
+        }
+    }
+
+    /// A public client at 192.0.2.1, with no metadata, certificate or
+    /// headers.
+    pub struct Public;
+
+    impl RequestFacts for Public {
+        fn metadata_class(&mut self, _: MetadataScope) -> Option<String> {
+            None
+        }
+        fn source_ip(&mut self) -> Option<IpAddr> {
+            "192.0.2.1".parse().ok()
+        }
+        fn peer_uri_san(&mut self) -> Option<String> {
+            None
+        }
+        fn header(&mut self, _: &str) -> Option<String> {
+            None
+        }
+    }
+}
+
 /// `bytes` as policies name a secret they must not hold: its sha256, in
 /// lowercase hex (API keys in stake tables, dedup's key scope).
 pub fn sha256_hex(bytes: &[u8]) -> String {

@@ -255,6 +255,43 @@ pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool
     }
 }
 
+/// `send_response` with owned header values (a core `Reply`'s).
+pub fn send_reply(status: u32, headers: &[(&'static str, String)], body: &[u8]) -> bool {
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    send_response(status, &headers, body)
+}
+
+/// Sends an HTTP callout to `cluster`; it belongs to the context it is
+/// sent from (send it from a root context so that no stream's end cancels
+/// it). Returns its token, or the host's refusal.
+pub fn dispatch_call(
+    cluster: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+    timeout_ms: u64,
+) -> Result<u32, proxy_wasm::types::Status> {
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    proxy_wasm::hostcalls::dispatch_http_call(
+        cluster,
+        headers,
+        Some(body),
+        vec![],
+        std::time::Duration::from_millis(timeout_ms),
+    )
+}
+
+/// Sends the gate's `callout` (see `dispatch_call`); the error is the
+/// host's refusal, as it said it.
+pub fn send_callout(callout: &stakegate_core::gate::reply::Callout) -> Result<u32, String> {
+    dispatch_call(
+        &callout.cluster,
+        &callout.headers,
+        &callout.body,
+        callout.timeout_ms,
+    )
+    .map_err(|status| format!("{status:?}"))
+}
+
 /// The proxy-wasm map encoding: the pair count, each key and value length
 /// (u32 little-endian), then each key and value followed by a NUL.
 fn serialize(pairs: &[(&str, &str)]) -> Vec<u8> {

@@ -5,6 +5,7 @@
 pub mod facts;
 pub mod host;
 pub mod metrics;
+pub mod queues;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel, Status};

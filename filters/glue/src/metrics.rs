@@ -1,23 +1,74 @@
-//! Envoy stats from a filter: proxy-wasm metrics, which Envoy files under
-//! its `wasmcustom` namespace (`stakegate_*` at `/stats/prometheus`).
-//! Failures to record are ignored: a stat must never fail a request.
+//! Envoy stats from a filter's metric list (`stakegate_core::metrics`):
+//! proxy-wasm metrics, which Envoy files under its `wasmcustom` namespace
+//! (`stakegate_*` at `/stats/prometheus`). Requests only count in plain
+//! values; a flush hands a snapshot of them to Envoy, one host call per
+//! stat that changed. Failures to record are ignored: a stat must never
+//! fail a request.
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
+use stakegate_core::metrics::{Kind, Metric, Reading};
 
-/// Defines a metric; the error names it.
-pub fn define(kind: MetricType, name: &str) -> Result<u32, String> {
-    hostcalls::define_metric(kind, name).map_err(|s| format!("defining metric {name}: {s:?}"))
+/// A filter's stats, defined from its metric list.
+pub struct Stats<T: 'static> {
+    metrics: &'static [Metric<T>],
+    /// Each metric's stats, one per label (or one).
+    ids: Vec<Vec<u32>>,
 }
 
-/// Adds `n` to a counter (or gauge); 0 costs no hostcall.
-pub fn add(id: u32, n: u64) {
-    if n > 0 {
-        let _ = hostcalls::increment_metric(id, n.min(i64::MAX as u64) as i64);
+impl<T> Stats<T> {
+    /// Defines every metric of `metrics` as `prefix.name`, a stat per label
+    /// of `labels` where the name has a placeholder. The error names the
+    /// stat.
+    pub fn define(
+        prefix: &str,
+        metrics: &'static [Metric<T>],
+        labels: &[String],
+    ) -> Result<Self, String> {
+        let ids = metrics
+            .iter()
+            .map(|metric| {
+                let kind = match metric.kind {
+                    Kind::Counter => MetricType::Counter,
+                    Kind::Gauge => MetricType::Gauge,
+                    Kind::Histogram => MetricType::Histogram,
+                };
+                metric
+                    .names(labels)
+                    .iter()
+                    .map(|name| {
+                        let name = format!("{prefix}.{name}");
+                        hostcalls::define_metric(kind, &name)
+                            .map_err(|s| format!("defining metric {name}: {s:?}"))
+                    })
+                    .collect::<Result<Vec<u32>, String>>()
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self { metrics, ids })
     }
-}
 
-/// Sets a gauge, or records a histogram value.
-pub fn set(id: u32, value: u64) {
-    let _ = hostcalls::record_metric(id, value);
+    /// Hands `snapshot` to Envoy.
+    pub fn flush(&self, snapshot: &T) {
+        for (metric, ids) in self.metrics.iter().zip(&self.ids) {
+            for (label, id) in ids.iter().enumerate() {
+                match (metric.read)(snapshot, label) {
+                    Reading::Skip | Reading::Add(0) => {}
+                    Reading::Add(n) => {
+                        let _ = hostcalls::increment_metric(*id, n.min(i64::MAX as u64) as i64);
+                    }
+                    Reading::Change(change) => {
+                        let _ = hostcalls::increment_metric(*id, change);
+                    }
+                    Reading::Set(value) => {
+                        let _ = hostcalls::record_metric(*id, value);
+                    }
+                    Reading::Record(values) => {
+                        for value in values {
+                            let _ = hostcalls::record_metric(*id, *value);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

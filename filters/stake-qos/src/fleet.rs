@@ -3,8 +3,8 @@
 //! from the root context of the VM that ran the round, and its answer.
 
 use crate::log;
-use crate::metrics::QosMetrics;
 use proxy_wasm::types::LogLevel;
+use stakegate_core::qos::counts::Counts;
 use stakegate_core::qos::fleet::exchange::{Exchange, Heard};
 use stakegate_core::qos::fleet::{self, FleetPolicy, RoundFleet};
 use stakegate_core::qos::StakeQos;
@@ -47,13 +47,13 @@ impl FleetLink {
 
     /// At a tick: an exchange that has not answered in time has failed, and
     /// the round this VM just ran, if any, sends the next one when due.
-    pub fn tick(&mut self, qos: &StakeQos, round: Option<RoundFleet>, metrics: &mut QosMetrics) {
+    pub fn tick(&mut self, qos: &StakeQos, round: Option<RoundFleet>, counts: &mut Counts) {
         let now = now_ms();
         if let Some(heard) = self.exchange.expire(now) {
-            record(heard, metrics);
+            record(heard, counts);
         }
         let Some(mut round) = round else { return };
-        metrics.fleet_round(round.replicas, round.fallback);
+        counts.fleet_round = Some((round.replicas, round.fallback));
         let Some(body) = self.exchange.request(qos, &mut round) else {
             return;
         };
@@ -80,7 +80,7 @@ impl FleetLink {
                     "the callout to cluster {:?} was refused ({status:?}): check fleet.cluster",
                     self.cluster
                 );
-                record(self.exchange.refused(why), metrics);
+                record(self.exchange.refused(why), counts);
             }
         }
     }
@@ -96,7 +96,7 @@ impl FleetLink {
         qos: &StakeQos,
         num_headers: usize,
         body_size: usize,
-        metrics: &mut QosMetrics,
+        counts: &mut Counts,
     ) {
         let status = (num_headers > 0)
             .then(|| host::call_response_header(":status").and_then(|s| s.parse().ok()))
@@ -106,12 +106,12 @@ impl FleetLink {
             .exchange
             .answered(qos, &EnvoyStore, now_ms(), status, &body)
         {
-            record(heard, metrics);
+            record(heard, counts);
         }
     }
 }
 
-fn record(heard: Heard, metrics: &mut QosMetrics) {
+fn record(heard: Heard, counts: &mut Counts) {
     match heard {
         Heard::Exchanged {
             took_ms,
@@ -119,7 +119,7 @@ fn record(heard: Heard, metrics: &mut QosMetrics) {
             duplicate_names,
             warn,
         } => {
-            metrics.fleet_exchanged(took_ms, duplicate_names);
+            counts.fleet_exchanged(took_ms, duplicate_names);
             if let Some(line) = back {
                 log(LogLevel::Info, &line);
             }
@@ -128,7 +128,7 @@ fn record(heard: Heard, metrics: &mut QosMetrics) {
             }
         }
         Heard::Failed { log: line } => {
-            metrics.fleet_failed();
+            counts.fleet_failures += 1;
             if let Some(line) = line {
                 log(LogLevel::Warn, &line);
             }

@@ -26,19 +26,19 @@
 stakegate_glue::declare_filter!("stake-qos");
 
 mod fleet;
-mod metrics;
 
 use fleet::FleetLink;
-use metrics::QosMetrics;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::clock::Now;
+use stakegate_core::qos::counts::{Counts, Snapshot, METRICS};
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;
 use stakegate_core::qos::stream::{Decided, QosStream};
 use stakegate_core::qos::StakeQos;
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
+use stakegate_glue::metrics::Stats;
 use stakegate_glue::{now_ms, now_us, EnvoyQueue, EnvoyStore};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -57,8 +57,17 @@ proxy_wasm::main! {{
 
 struct Worker {
     qos: StakeQos,
-    metrics: QosMetrics,
+    counts: Counts,
+    stats: Stats<Snapshot>,
     queue: EnvoyQueue,
+}
+
+impl Worker {
+    /// Hands what was counted, and the gauges, to Envoy.
+    fn flush(&mut self) {
+        let snapshot = self.counts.snapshot(&mut self.qos);
+        self.stats.flush(&snapshot);
+    }
 }
 
 struct QosRoot {
@@ -75,14 +84,15 @@ fn log(level: LogLevel, message: &str) {
 impl QosRoot {
     fn configure(&mut self, config: &[u8]) -> Result<(), String> {
         let policy = QosPolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
-        let metrics = QosMetrics::define(&policy.tiers)?;
+        let stats = Stats::define("stakegate.qos", METRICS, &policy.tiers)?;
         let queue = EnvoyQueue::register(QUEUE)?;
         let fleet = policy.fleet.as_ref().map(FleetLink::new).transpose()?;
         self.set_tick_period(Duration::from_millis(policy.refill_interval_ms));
         let seed = now_us() ^ (u64::from(self.context_id) << 40);
         self.worker = Some(Rc::new(RefCell::new(Worker {
             qos: StakeQos::new(policy, seed),
-            metrics,
+            counts: Counts::default(),
+            stats,
             queue,
         })));
         self.fleet = fleet;
@@ -97,14 +107,12 @@ impl Context for QosRoot {
         if let Some(worker) = &self.worker {
             let mut worker = worker.borrow_mut();
             let Worker {
-                qos,
-                metrics,
-                queue,
+                qos, counts, queue, ..
             } = &mut *worker;
             if let Err(e) = qos.flush(queue) {
-                log(LogLevel::Warn, &metrics.store().failed("last report", &e));
+                log(LogLevel::Warn, &counts.store.failed("last report", &e));
             }
-            metrics.flush(qos);
+            worker.flush();
         }
         true
     }
@@ -121,8 +129,8 @@ impl Context for QosRoot {
         };
         if fleet.owns(token) {
             let mut worker = worker.borrow_mut();
-            let Worker { qos, metrics, .. } = &mut *worker;
-            fleet.answered(qos, num_headers, body_size, metrics);
+            let Worker { qos, counts, .. } = &mut *worker;
+            fleet.answered(qos, num_headers, body_size, counts);
         }
     }
 }
@@ -137,27 +145,25 @@ impl RootContext for QosRoot {
         let Some(worker) = &self.worker else { return };
         let mut worker = worker.borrow_mut();
         let Worker {
-            qos,
-            metrics,
-            queue,
+            qos, counts, queue, ..
         } = &mut *worker;
         let started = now_us();
         let mut fleet_round = None;
         match qos.tick(&EnvoyStore, queue, started / 1000) {
             Ok(tick) => {
                 if let Some(round) = tick.round {
-                    metrics.refill_took(now_us().saturating_sub(started));
-                    metrics.store().retried(round.cas_retries);
-                    metrics.evicted(round.evicted);
+                    counts.refill_took(now_us().saturating_sub(started));
+                    counts.store.retried(round.cas_retries);
+                    counts.evicted += round.evicted;
                     fleet_round = round.fleet;
                 }
             }
-            Err(e) => log(LogLevel::Warn, &metrics.store().failed("tick", &e)),
+            Err(e) => log(LogLevel::Warn, &counts.store.failed("tick", &e)),
         }
         if let Some(fleet) = &mut self.fleet {
-            fleet.tick(qos, fleet_round, metrics);
+            fleet.tick(qos, fleet_round, counts);
         }
-        metrics.flush(qos);
+        worker.flush();
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -194,22 +200,22 @@ impl Context for QosHttp {
     }
 }
 
-/// Records an admission and answers a throttled request.
-fn decided(metrics: &mut QosMetrics, decided: Decided) -> Action {
-    metrics.leased(decided.leased);
-    metrics.store().retried(decided.cas_retries);
-    metrics.evicted(u64::from(decided.evicted));
+/// Counts an admission and answers a throttled request.
+fn decided(counts: &mut Counts, decided: Decided) -> Action {
+    counts.leases += u64::from(decided.leased);
+    counts.store.retried(decided.cas_retries);
+    counts.evicted += u64::from(decided.evicted);
     if let Some(e) = &decided.store_error {
-        let line = metrics.store().failed("admitted without a token", e);
+        let line = counts.store.failed("admitted without a token", e);
         log(LogLevel::Warn, &line);
     }
     match decided.throttled {
         None => {
-            metrics.admitted(decided.tier);
+            counts.admitted(decided.tier);
             Action::Continue
         }
         Some(throttled) => {
-            metrics.throttled(decided.tier, throttled.reason);
+            counts.throttled(decided.tier, throttled.reason);
             stakegate_glue::reject(&throttled.rejection);
             Action::Pause
         }
@@ -219,7 +225,7 @@ fn decided(metrics: &mut QosMetrics, decided: Decided) -> Action {
 impl HttpContext for QosHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let mut worker = self.worker.borrow_mut();
-        let Worker { qos, metrics, .. } = &mut *worker;
+        let Worker { qos, counts, .. } = &mut *worker;
         match self.stream.headers(
             qos,
             &EnvoyStore,
@@ -227,7 +233,7 @@ impl HttpContext for QosHttp {
             &mut StreamFacts,
             end_of_stream,
         ) {
-            Some(admission) => decided(metrics, admission),
+            Some(admission) => decided(counts, admission),
             None => Action::Continue,
         }
     }
@@ -236,7 +242,7 @@ impl HttpContext for QosHttp {
         let Ok(mut worker) = self.worker.try_borrow_mut() else {
             return Action::Continue;
         };
-        let Worker { qos, metrics, .. } = &mut *worker;
+        let Worker { qos, counts, .. } = &mut *worker;
         let step = self.stream.body(
             qos,
             &EnvoyStore,
@@ -245,9 +251,9 @@ impl HttpContext for QosHttp {
             end_of_stream,
             &mut HostBody(BodyOf::Request),
         );
-        metrics.websocket_calls(step.websocket_calls);
+        counts.websocket_calls += u64::from(step.websocket_calls);
         match step.decided {
-            Some(admission) => decided(metrics, admission),
+            Some(admission) => decided(counts, admission),
             None if step.hold => Action::Pause,
             None => Action::Continue,
         }
@@ -257,12 +263,12 @@ impl HttpContext for QosHttp {
         let Ok(mut worker) = self.worker.try_borrow_mut() else {
             return Action::Continue;
         };
-        let Worker { qos, metrics, .. } = &mut *worker;
+        let Worker { qos, counts, .. } = &mut *worker;
         match self
             .stream
             .trailers(qos, &EnvoyStore, &mut Now::lazy(now_ms))
         {
-            Some(admission) => decided(metrics, admission),
+            Some(admission) => decided(counts, admission),
             None => Action::Continue,
         }
     }

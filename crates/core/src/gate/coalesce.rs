@@ -1,114 +1,25 @@
 //! Coalescing at the gate: what a VM does with the requests it holds for
 //! an answer (`dedup` has the shared table and the rules).
 //!
-//! A held request is `Waiting`. The glue keeps the list of this VM's held
-//! streams and hands it to the functions here whenever something can
-//! settle them: the leader's callout ended (`callout_ended`), a wake
-//! message came on this VM's queue (`woken`), or the heartbeat
-//! (`heartbeat`: deadlines, callouts that never ended, and a check of the
-//! table for waiters whose wake may have been lost). Each returns `Acts`:
-//! per stream, answer it, send its callout, or let it pass; and at most
-//! one wake message for the other gate VMs.
+//! A held request is `Waiting` in its stream's `Place` (`held`). The
+//! registry lends this VM's held places, oldest first, to the functions
+//! here whenever something can settle them: the leader's callout ended
+//! (`callout_ended`), the host refused it (`lead_refused`), a wake message
+//! came on this VM's queue (`woken`), or the heartbeat (`heartbeat`:
+//! deadlines, callouts that never ended, and a check of the table for
+//! waiters whose wake may have been lost). Each returns `Acts`: per
+//! stream, answer it, send its callout, or let it pass; and at most one
+//! wake message for the other gate VMs.
 
-use super::stream::{GateStream, GateWorker};
-use super::Ticket;
+use super::held::{Led, Place};
+use super::reply::Act;
+use super::worker::GateWorker;
 use crate::clock::Now;
-use crate::dedup::answer::{Answer, Id};
+use crate::dedup::answer::Answer;
 use crate::dedup::key::{Key, KEY_LEN};
 use crate::dedup::{Completed, Outcome, Pending, Reuse, Verdict};
-use crate::rejection::json_rpc_error_body;
 use crate::shared::SharedStore;
-
-/// Where the leader's request goes: the client's `:path` and `:authority`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Target {
-    pub path: String,
-    pub authority: String,
-}
-
-/// A request held for an answer.
-#[derive(Debug)]
-pub struct Waiting {
-    pub key: Key,
-    pub(super) ids: Vec<Id>,
-    /// Its body, sent if it comes to lead.
-    pub(super) body: Vec<u8>,
-    pub(super) target: Target,
-    pub(super) deadline_ms: u64,
-    /// Its VM sends it (it is the leader's own client).
-    pub(super) leads: bool,
-    /// Led, before the callout has its token.
-    pub(super) pending: Option<Pending>,
-    /// Whether its found answer is reused (`Keyed::reuse`).
-    pub(super) reuse: Reuse,
-    pub(super) checked_ms: u64,
-}
-
-/// An HTTP callout to make from the root context.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Callout {
-    pub cluster: String,
-    pub headers: Vec<(&'static str, String)>,
-    pub body: Vec<u8>,
-    pub timeout_ms: u64,
-}
-
-/// An answer for a held request: status, headers (the content type; the
-/// encoding of an encoded answer its own client is given; a refusal's
-/// `retry-after` and its own) and body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reply {
-    pub status: u32,
-    pub headers: Vec<(&'static str, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Reply {
-    /// A JSON body.
-    pub fn json(status: u32, body: Vec<u8>) -> Self {
-        Self {
-            status,
-            headers: vec![("content-type", "application/json".into())],
-            body,
-        }
-    }
-
-    /// A refusal, as a held request's answer: the same headers as any.
-    pub fn refusal(refusal: crate::rejection::Rejection) -> Self {
-        let mut reply = Self::json(refusal.status, refusal.body.into_bytes());
-        if refusal.retry_after_s > 0 {
-            reply
-                .headers
-                .push(("retry-after", refusal.retry_after_s.to_string()));
-        }
-        reply.headers.extend(refusal.headers);
-        reply
-    }
-
-    /// The node's answer, with the body given.
-    pub fn answer(answer: &Answer, body: Vec<u8>) -> Self {
-        let mut headers = vec![("content-type", answer.content_type.clone())];
-        if let Some(encoding) = &answer.content_encoding {
-            headers.push(("content-encoding", encoding.clone()));
-        }
-        Self {
-            status: answer.status,
-            headers,
-            body,
-        }
-    }
-}
-
-/// What to do with a held stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Act {
-    Answer(Reply),
-    /// Send this callout (from the root context); then `GateStream::led`
-    /// with its token, or `lead_refused` if the host refused it.
-    Dispatch(Callout),
-    /// Let it go on through the route, uncoalesced.
-    Resume,
-}
+use std::collections::HashMap;
 
 /// What the glue does after a step.
 #[derive(Debug, Default)]
@@ -128,16 +39,20 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
-/// A callout at the node: what its end completes.
-#[derive(Debug)]
-pub struct Led {
-    pub(super) pending: Pending,
-    pub(super) ids: Vec<Id>,
-    /// The leader's gate slot, held until the callout ends.
-    pub(super) ticket: Option<Ticket>,
-    pub(super) started_ms: u64,
-    pub(super) timeout_ms: u64,
-    pub(super) reuse: Reuse,
+impl Response {
+    /// The answer from its headers (`header`) and `body`; an answer with
+    /// no status is a 502, one with no content type JSON.
+    pub fn read(header: impl Fn(&str) -> Option<String>, body: Vec<u8>) -> Self {
+        Self {
+            status: header(":status")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(502),
+            content_type: header("content-type").unwrap_or_else(|| "application/json".into()),
+            content_encoding: header("content-encoding")
+                .filter(|e| !e.eq_ignore_ascii_case("identity")),
+            body,
+        }
+    }
 }
 
 /// A message on a gate VM's wake queue.
@@ -176,113 +91,97 @@ impl Wake {
     }
 }
 
-/// A held stream, as the glue lends it: its context id and the stream.
-pub type Held<'a> = (u32, &'a mut GateStream);
+/// A request held for an answer, as the registry lends it: its stream's
+/// context id and its place.
+pub type Held<'a> = (u32, &'a mut Place);
 
-/// The answer to a request that got none: 502, a JSON-RPC error with its
-/// own id(s).
-pub(super) fn no_answer(ids: &[Id], message: &str) -> Reply {
-    let errors: Vec<String> = ids
-        .iter()
-        .flatten()
-        .map(|id| json_rpc_error_body(std::str::from_utf8(id).ok(), -32603, message))
-        .collect();
-    let body = match errors.as_slice() {
-        [one] if ids.len() == 1 => one.clone(),
-        [] => json_rpc_error_body(None, -32603, message),
-        _ => format!("[{}]", errors.join(",")),
-    };
-    Reply::json(502, body.into_bytes())
+/// This VM's coalescing: its leaders' callouts at the node, by token.
+#[derive(Debug, Default)]
+pub struct Coalescer {
+    callouts: HashMap<u32, Led>,
 }
 
-impl GateWorker {
+impl Coalescer {
+    /// The callout of the request at `place` went out as `token` at
+    /// `now_ms`: it holds the key's lead and the slot until it ends.
+    pub fn sent(&mut self, w: &GateWorker, token: u32, place: &mut Place, now_ms: u64) {
+        if let Some(led) = place.led(w, now_ms) {
+            self.callouts.insert(token, led);
+        }
+    }
+
     /// Callout `token` ended, with the node's response or without one.
     pub fn callout_ended(
         &mut self,
+        w: &mut GateWorker,
         store: &impl SharedStore,
         now: &mut Now,
         token: u32,
         response: Option<Response>,
         held: &mut [Held<'_>],
     ) -> Acts {
-        let Some(led) = self.callouts.remove(&token) else {
-            return Acts::default();
-        };
-        if let Some(ticket) = led.ticket {
-            self.release(ticket);
-        }
-        let answer = response.map(|r| Answer {
-            key: led.pending.key,
-            status: r.status,
-            content_type: r.content_type,
-            content_encoding: r.content_encoding,
-            ids: led.ids,
-            body: r.body,
-        });
-        if answer.as_ref().is_none_or(|a| a.status >= 500) {
-            self.counts.dedup.callouts_failed += 1;
-        }
-        let mut acts = Acts::default();
-        let (pending, reuse) = (led.pending, led.reuse);
-        self.finish_lead(store, now, pending, answer, reuse, None, held, &mut acts);
-        acts
+        let mut step = Step::new(w, store, now, held);
+        step.callout_ended(self, token, response);
+        step.acts
     }
 
-    /// The host refused the callout of stream `id`: it goes through the
-    /// route as it is, and the key is led by someone else.
+    /// The host refused the callout of stream `id` (`status`, as the host
+    /// said it): it goes through the route as it is, and the key is led by
+    /// someone else.
     pub fn lead_refused(
         &mut self,
+        w: &mut GateWorker,
         store: &impl SharedStore,
         now: &mut Now,
         id: u32,
+        status: &str,
         held: &mut [Held<'_>],
     ) -> Acts {
-        self.counts.dedup.callouts_failed += 1;
-        let mut acts = Acts::default();
-        let Some((_, stream)) = held.iter_mut().find(|(i, _)| *i == id) else {
-            return acts;
+        w.counts.dedup.callouts_failed += 1;
+        let cluster = w
+            .dedup
+            .as_ref()
+            .map(|d| d.policy().upstream.cluster.clone())
+            .unwrap_or_default();
+        w.note_once(&format!(
+            "a dedup leader's callout to cluster {cluster:?} was refused ({status}): its request goes through the route uncoalesced; check dedup.upstream.cluster"
+        ));
+        let mut step = Step::new(w, store, now, held);
+        let Some((_, place)) = step.held.iter_mut().find(|(i, _)| *i == id) else {
+            return step.acts;
         };
-        let Some(pending) = stream.stop_leading() else {
-            return acts;
+        let Some(pending) = place.stop_leading() else {
+            return step.acts;
         };
-        acts.acts.push((id, Act::Resume));
-        self.finish_lead(
-            store,
-            now,
-            pending,
-            None,
-            Reuse::No,
-            Some(id),
-            held,
-            &mut acts,
-        );
-        acts
+        step.acts.acts.push((id, Act::Resume));
+        step.finish_lead(pending, None, Reuse::No, Some(id));
+        step.acts
     }
 
     /// A wake message from another VM (or this one).
     pub fn woken(
         &mut self,
+        w: &mut GateWorker,
         store: &impl SharedStore,
         now: &mut Now,
         message: &[u8],
         held: &mut [Held<'_>],
     ) -> Acts {
-        let mut acts = Acts::default();
+        let mut step = Step::new(w, store, now, held);
         match Wake::decode(message) {
-            Some(Wake::Answer(answer)) => self.answer_all(&answer, held, &mut acts),
+            Some(Wake::Answer(answer)) => step.answer_all(&answer),
             Some(Wake::Failed(key)) => {
-                if held
-                    .iter()
-                    .any(|(_, s)| s.held_for().is_some_and(|w| w.key == key))
-                {
-                    self.counts.dedup.woken_by_failure += 1;
-                    self.check_again(store, now, &key, held, &mut acts);
+                if step.waits_here(&key) {
+                    step.w.counts.dedup.woken_by_failure += 1;
+                    step.check_again(&key);
                 }
             }
-            Some(Wake::Pass(key)) => self.pass_all(store, now, &key, held, &mut acts),
-            None => self.note("a wake message this module cannot read was dropped"),
+            Some(Wake::Pass(key)) => step.pass_all(&key),
+            None => step
+                .w
+                .note("a wake message this module cannot read was dropped"),
         }
-        acts
+        step.acts
     }
 
     /// The heartbeat: held requests past their deadline get 504; callouts
@@ -292,11 +191,11 @@ impl GateWorker {
     /// in case its wake was lost.
     pub fn heartbeat(
         &mut self,
+        w: &mut GateWorker,
         store: &impl SharedStore,
         now: &mut Now,
         held: &mut [Held<'_>],
     ) -> Acts {
-        let mut acts = Acts::default();
         let now_ms = now.ms();
         let stuck: Vec<u32> = self
             .callouts
@@ -310,20 +209,95 @@ impl GateWorker {
             })
             .map(|(token, _)| *token)
             .collect();
+        // Each ended callout's step is its own; the first wake message of
+        // them is sent.
+        let mut acts = Acts::default();
         for token in stuck {
-            let ended = self.callout_ended(store, now, token, None, held);
-            acts.acts.extend(ended.acts);
-            acts.wake = acts.wake.or(ended.wake);
+            let mut step = Step::new(w, store, now, held);
+            step.callout_ended(self, token, None);
+            acts.acts.extend(step.acts.acts);
+            acts.wake = acts.wake.or(step.acts.wake);
         }
-        for (id, stream) in held.iter_mut() {
-            if let Some(reply) = stream.expire(self, store, now_ms) {
-                acts.acts.push((*id, Act::Answer(reply)));
+        let mut step = Step::new(w, store, now, held);
+        step.acts = acts;
+        step.expire(now_ms);
+        step.check_due(now_ms);
+        step.acts
+    }
+}
+
+/// One coalescing step: the worker, the store, the clock and the held
+/// places it may settle, and what it has decided so far.
+struct Step<'s, 'p, S: SharedStore> {
+    w: &'s mut GateWorker,
+    store: &'s S,
+    now: &'s mut Now,
+    held: &'s mut [Held<'p>],
+    acts: Acts,
+}
+
+impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
+    fn new(
+        w: &'s mut GateWorker,
+        store: &'s S,
+        now: &'s mut Now,
+        held: &'s mut [Held<'p>],
+    ) -> Self {
+        Self {
+            w,
+            store,
+            now,
+            held,
+            acts: Acts::default(),
+        }
+    }
+
+    /// Whether a request here waits on `key`.
+    fn waits_here(&self, key: &Key) -> bool {
+        self.held
+            .iter()
+            .any(|(_, p)| p.held_for().is_some_and(|w| w.key == *key))
+    }
+
+    /// Callout `token` of `coalescer` ended, with `response` or none.
+    fn callout_ended(&mut self, coalescer: &mut Coalescer, token: u32, response: Option<Response>) {
+        let Some(led) = coalescer.callouts.remove(&token) else {
+            return;
+        };
+        if let Some(ticket) = led.ticket {
+            self.w.release(ticket);
+        }
+        let answer = response.map(|r| Answer {
+            key: led.pending.key,
+            status: r.status,
+            content_type: r.content_type,
+            content_encoding: r.content_encoding,
+            ids: led.ids,
+            body: r.body,
+        });
+        if answer.as_ref().is_none_or(|a| a.status >= 500) {
+            self.w.counts.dedup.callouts_failed += 1;
+        }
+        self.finish_lead(led.pending, answer, led.reuse, None);
+    }
+
+    /// Held requests past their deadline get 504.
+    fn expire(&mut self, now_ms: u64) {
+        for (id, place) in self.held.iter_mut() {
+            if let Some(reply) = place.expire(self.w, self.store, now_ms) {
+                self.acts.acts.push((*id, Act::Answer(reply)));
             }
         }
-        let every_ms = self.gate.policy().heartbeat_ms;
-        let due: Vec<Key> = held
+    }
+
+    /// Each key waited for here, not checked for a heartbeat, is checked
+    /// again.
+    fn check_due(&mut self, now_ms: u64) {
+        let every_ms = self.w.gate.policy().heartbeat_ms;
+        let due: Vec<Key> = self
+            .held
             .iter()
-            .filter_map(|(_, s)| s.held_for())
+            .filter_map(|(_, p)| p.held_for())
             .filter(|w| !w.leads && now_ms.saturating_sub(w.checked_ms) >= every_ms)
             .map(|w| w.key)
             .collect();
@@ -331,233 +305,215 @@ impl GateWorker {
         for key in due {
             if !checked.contains(&key) {
                 checked.push(key);
-                self.check_again(store, now, &key, held, &mut acts);
+                self.check_again(&key);
             }
         }
-        acts
+    }
+
+    /// The requests here waiting on `key`, other than `resumed`.
+    fn waiting_on(&self, key: &Key, resumed: Option<u32>) -> u32 {
+        self.held
+            .iter()
+            .filter(|(i, p)| Some(*i) != resumed && p.held_for().is_some_and(|w| w.key == *key))
+            .count() as u32
     }
 
     /// A leader's call ended with `answer` (`None`: no answer); a found
     /// answer that `reuse` allows serves identical ones for `windowMs`.
     /// `resumed`: the leader's stream, which goes on through the route
     /// instead.
-    #[allow(clippy::too_many_arguments)]
     fn finish_lead(
         &mut self,
-        store: &impl SharedStore,
-        now: &mut Now,
         pending: Pending,
         answer: Option<Answer>,
         reuse: Reuse,
         resumed: Option<u32>,
-        held: &mut [Held<'_>],
-        acts: &mut Acts,
     ) {
-        let Some(dedup) = self.dedup.clone() else {
+        let Some(dedup) = self.w.dedup.clone() else {
             return;
         };
         let key = pending.key;
-        let max_answer = dedup.policy().max_answer_bytes;
-        let here = |held: &[Held<'_>]| {
-            held.iter()
-                .filter(|(i, s)| Some(*i) != resumed && s.held_for().is_some_and(|w| w.key == key))
-                .count() as u32
-        };
         let shared = answer.as_ref().is_some_and(Answer::shareable);
         let (outcome, settled, can_lead) = match &answer {
-            Some(a) if a.status < 500 && !shared => {
-                // Only its own client can read it with its ids: the others
-                // go to the node themselves.
-                self.counts.dedup.unshared += 1;
-                let n = here(held);
-                for (id, stream) in held.iter_mut() {
-                    if stream.held_for().is_some_and(|w| w.leads && w.key == key) {
-                        let reply = stream.answer(self, a);
-                        acts.acts.push((*id, Act::Answer(reply)));
-                    }
-                }
-                self.pass_all(store, now, &key, held, acts);
-                let keep = Outcome::Answered {
-                    keep: false,
-                    reuse: false,
-                };
-                (keep, n, 0)
-            }
+            Some(a) if a.status < 500 && !shared => self.unshared(a),
             Some(a) if a.status < 500 => {
-                let n = here(held);
-                self.answer_all(a, held, acts);
-                if a.body.len() as u64 <= max_answer {
-                    let finalized = match reuse {
-                        Reuse::OnceFinal if a.found() => self.finalized(store, now.ms()),
-                        _ => None,
-                    };
-                    let reuse = reuse.allows(a, finalized);
-                    (Outcome::Answered { keep: true, reuse }, n, 0)
-                } else {
-                    // Too large to share or keep: the other VMs' waiters
-                    // lead in turn.
-                    (Outcome::Failed, n, 0)
-                }
+                let n = self.waiting_on(&key, resumed);
+                self.answer_all(a);
+                (self.keeps(a, reuse, dedup.policy().max_answer_bytes), n, 0)
             }
             failed => {
-                let mut settled = u32::from(resumed.is_some());
-                for (id, stream) in held.iter_mut() {
-                    if Some(*id) != resumed
-                        && stream.held_for().is_some_and(|w| w.leads && w.key == key)
-                    {
-                        let reply = stream.failed(failed.as_ref());
-                        acts.acts.push((*id, Act::Answer(reply)));
-                        settled += 1;
-                    }
+                let settled = u32::from(resumed.is_some())
+                    + self.fail_leaders(failed.as_ref(), &key, resumed);
+                (Outcome::Failed, settled, self.waiting_on(&key, resumed))
+            }
+        };
+        let now_ms = self.now.ms();
+        let completed =
+            match dedup.complete(self.store, &pending, outcome, settled, can_lead, now_ms) {
+                Ok((completed, retries)) => {
+                    self.w.counts.store.retried(retries);
+                    completed
                 }
-                (Outcome::Failed, settled, here(held))
-            }
-        };
-        let completed = match dedup.complete(store, &pending, outcome, settled, can_lead, now.ms())
-        {
-            Ok((completed, retries)) => {
-                self.counts.store.retried(retries);
-                completed
-            }
-            Err(e) => {
-                self.note_store_error("dedup completion", &e);
-                // The waiters here check again on the heartbeat.
-                Completed::Done
-            }
-        };
+                Err(e) => {
+                    self.w.note_store_error("dedup completion", &e);
+                    // The waiters here check again on the heartbeat.
+                    Completed::Done
+                }
+            };
         match completed {
             Completed::Share { remote, keep } => {
                 if let (Some(slot), Some(a)) = (keep, &answer) {
-                    match dedup.keep(store, slot, a) {
-                        Ok(()) => self.counts.dedup.kept += 1,
-                        Err(e) => self.note_store_error("keeping an answer", &e),
+                    match dedup.keep(self.store, slot, a) {
+                        Ok(()) => self.w.counts.dedup.kept += 1,
+                        Err(e) => self.w.note_store_error("keeping an answer", &e),
                     }
                 }
                 if remote > 0 {
-                    acts.wake = match answer {
+                    self.acts.wake = match answer {
                         Some(a) if shared => Some(Wake::Answer(a).encode()),
                         _ => Some(Wake::Pass(key).encode()),
                     };
                 }
             }
-            Completed::LeadHere(pending) => self.lead_here(store, now, pending, held, acts),
-            Completed::Orphaned => acts.wake = Some(Wake::Failed(key).encode()),
+            Completed::LeadHere(pending) => self.lead_here(pending),
+            Completed::Orphaned => self.acts.wake = Some(Wake::Failed(key).encode()),
             Completed::Done => {}
         }
     }
 
+    /// An answer only its own client can read with its ids: the leader
+    /// here gets it, the others go to the node themselves.
+    fn unshared(&mut self, a: &Answer) -> (Outcome, u32, u32) {
+        self.w.counts.dedup.unshared += 1;
+        let n = self.waiting_on(&a.key, None);
+        for (id, place) in self.held.iter_mut() {
+            if place.held_for().is_some_and(|w| w.leads && w.key == a.key) {
+                let reply = place.answer(self.w, a);
+                self.acts.acts.push((*id, Act::Answer(reply)));
+            }
+        }
+        self.pass_all(&a.key);
+        let keep = Outcome::Answered {
+            keep: false,
+            reuse: false,
+        };
+        (keep, n, 0)
+    }
+
+    /// Whether a good answer is kept for retries, and served again.
+    fn keeps(&mut self, a: &Answer, reuse: Reuse, max_answer_bytes: u64) -> Outcome {
+        if a.body.len() as u64 > max_answer_bytes {
+            // Too large to share or keep: the other VMs' waiters lead in
+            // turn.
+            return Outcome::Failed;
+        }
+        let finalized = match reuse {
+            Reuse::OnceFinal if a.found() => self.w.finalized(self.store, self.now.ms()),
+            _ => None,
+        };
+        let reuse = reuse.allows(a, finalized);
+        Outcome::Answered { keep: true, reuse }
+    }
+
+    /// The leaders here of `key` (other than `resumed`) get the failure;
+    /// returns how many.
+    fn fail_leaders(&mut self, failed: Option<&Answer>, key: &Key, resumed: Option<u32>) -> u32 {
+        let mut n = 0;
+        for (id, place) in self.held.iter_mut() {
+            if Some(*id) != resumed && place.held_for().is_some_and(|w| w.leads && w.key == *key) {
+                let reply = place.failed(failed);
+                self.acts.acts.push((*id, Act::Answer(reply)));
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// Hands `pending` to the first request here that waits on its key.
-    fn lead_here(
-        &mut self,
-        store: &impl SharedStore,
-        now: &mut Now,
-        pending: Pending,
-        held: &mut [Held<'_>],
-        acts: &mut Acts,
-    ) {
+    fn lead_here(&mut self, pending: Pending) {
         let key = pending.key;
-        let Some(at) = held
-            .iter()
-            .position(|(_, s)| s.held_for().is_some_and(|w| !w.leads && w.key == key))
-        else {
+        let Some(at) = self.first_waiter(&key) else {
             return;
         };
-        self.lead_at(store, now, pending, at, held, acts);
+        self.lead_at(pending, at);
+    }
+
+    /// The first request here waiting (not leading) on `key`.
+    fn first_waiter(&self, key: &Key) -> Option<usize> {
+        self.held
+            .iter()
+            .position(|(_, p)| p.held_for().is_some_and(|w| !w.leads && w.key == *key))
     }
 
     /// The request at `held[at]` leads `pending` after a failed or lost
     /// leader.
-    fn lead_at(
-        &mut self,
-        store: &impl SharedStore,
-        now: &mut Now,
-        pending: Pending,
-        at: usize,
-        held: &mut [Held<'_>],
-        acts: &mut Acts,
-    ) {
-        self.counts.dedup.handed_over += 1;
-        let (id, stream) = &mut held[at];
+    fn lead_at(&mut self, pending: Pending, at: usize) {
+        self.w.counts.dedup.handed_over += 1;
+        let (id, place) = &mut self.held[at];
         let id = *id;
-        match stream.lead(self, store, now, pending) {
-            Ok(callout) => acts.acts.push((id, Act::Dispatch(callout))),
+        match place.lead(self.w, self.store, self.now, pending) {
+            Ok(callout) => self.acts.acts.push((id, Act::Dispatch(callout))),
             Err((reply, pending)) => {
                 // The gate is full: this one is refused, the next leads.
-                acts.acts.push((id, Act::Answer(reply)));
-                self.finish_lead(store, now, pending, None, Reuse::No, Some(id), held, acts);
+                self.acts.acts.push((id, Act::Answer(reply)));
+                self.finish_lead(pending, None, Reuse::No, Some(id));
             }
         }
     }
 
     /// Every request here waiting on the answer's key gets it.
-    fn answer_all(&mut self, answer: &Answer, held: &mut [Held<'_>], acts: &mut Acts) {
-        for (id, stream) in held.iter_mut() {
-            if stream.held_for().is_some_and(|w| w.key == answer.key) {
-                let reply = stream.answer(self, answer);
-                acts.acts.push((*id, Act::Answer(reply)));
+    fn answer_all(&mut self, answer: &Answer) {
+        for (id, place) in self.held.iter_mut() {
+            if place.held_for().is_some_and(|w| w.key == answer.key) {
+                let reply = place.answer(self.w, answer);
+                self.acts.acts.push((*id, Act::Answer(reply)));
             }
         }
     }
 
     /// Checks `key` in the table again for the requests here waiting on
     /// it: one of them may lead, or take a kept answer for all of them.
-    fn check_again(
-        &mut self,
-        store: &impl SharedStore,
-        now: &mut Now,
-        key: &Key,
-        held: &mut [Held<'_>],
-        acts: &mut Acts,
-    ) {
-        let (Some(dedup), Some(vm)) = (self.dedup.clone(), self.gate.vm()) else {
+    fn check_again(&mut self, key: &Key) {
+        let (Some(dedup), Some(vm)) = (self.w.dedup.clone(), self.w.gate.vm()) else {
             return;
         };
-        let Some(at) = held
-            .iter()
-            .position(|(_, s)| s.held_for().is_some_and(|w| !w.leads && w.key == *key))
-        else {
+        let Some(at) = self.first_waiter(key) else {
             return;
         };
-        let now_ms = now.ms();
-        for (_, stream) in held.iter_mut() {
-            stream.checked(key, now_ms);
+        let now_ms = self.now.ms();
+        for (_, place) in self.held.iter_mut() {
+            place.checked(key, now_ms);
         }
-        let checked = match dedup.check(store, key, vm, now_ms, true) {
+        let checked = match dedup.check(self.store, key, vm, now_ms, true) {
             Ok(checked) => checked,
             Err(e) => {
-                self.note_store_error("dedup check of a waiting request", &e);
+                self.w
+                    .note_store_error("dedup check of a waiting request", &e);
                 return;
             }
         };
-        self.counts.store.retried(checked.cas_retries);
-        self.counts.dedup.purged += checked.purged;
+        self.w.counts.store.retried(checked.cas_retries);
+        self.w.counts.dedup.purged += checked.purged;
         match checked.verdict {
             Verdict::Wait => {}
-            Verdict::Lead(pending) => self.lead_at(store, now, pending, at, held, acts),
-            Verdict::Take(slot) => match dedup.take(store, slot, key) {
+            Verdict::Lead(pending) => self.lead_at(pending, at),
+            Verdict::Take(slot) => match dedup.take(self.store, slot, key) {
                 Ok(Some(answer)) => {
-                    self.counts.dedup.taken += 1;
-                    self.answer_all(&answer, held, acts);
+                    self.w.counts.dedup.taken += 1;
+                    self.answer_all(&answer);
                 }
-                _ => self.pass_all(store, now, key, held, acts),
+                _ => self.pass_all(key),
             },
-            Verdict::Refuse(_) | Verdict::TableFull => self.pass_all(store, now, key, held, acts),
+            Verdict::Refuse(_) | Verdict::TableFull => self.pass_all(key),
         }
     }
 
     /// The requests here waiting on `key` go through the route as they are.
-    fn pass_all(
-        &mut self,
-        store: &impl SharedStore,
-        now: &mut Now,
-        key: &Key,
-        held: &mut [Held<'_>],
-        acts: &mut Acts,
-    ) {
-        for (id, stream) in held.iter_mut() {
-            if stream.held_for().is_some_and(|w| !w.leads && w.key == *key) {
-                let act = stream.pass(self, store, now);
-                acts.acts.push((*id, act));
+    fn pass_all(&mut self, key: &Key) {
+        for (id, place) in self.held.iter_mut() {
+            if place.held_for().is_some_and(|w| !w.leads && w.key == *key) {
+                let act = place.pass(self.w, self.store, self.now);
+                self.acts.acts.push((*id, act));
             }
         }
     }
@@ -586,19 +542,5 @@ mod tests {
         }
         assert_eq!(Wake::decode(&[2, 1, 2]), None);
         assert_eq!(Wake::decode(&[]), None);
-    }
-
-    #[test]
-    fn a_request_that_got_no_answer_gets_a_json_rpc_error_with_its_ids() {
-        let one = no_answer(&[Some(b"7".to_vec())], "x");
-        assert_eq!(one.status, 502);
-        let body: serde_json::Value = serde_json::from_slice(&one.body).unwrap();
-        assert_eq!(
-            (body["id"].clone(), body["error"]["code"].clone()),
-            (7.into(), (-32603).into())
-        );
-        let batch = no_answer(&[Some(b"1".to_vec()), None, Some(b"\"b\"".to_vec())], "x");
-        let body: serde_json::Value = serde_json::from_slice(&batch.body).unwrap();
-        assert_eq!(body.as_array().unwrap().len(), 2);
     }
 }

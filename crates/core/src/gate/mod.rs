@@ -1,14 +1,24 @@
 //! The RPC admission gate (docs/background.md part 5, the "outer gate"), as seen by
 //! one worker VM.
 //!
+//! One room per role; a file imports only those above it in this list:
+//!
 //! - `policy`: the policy document and its validation.
 //! - `class`: internal / priority / default, from facts a client cannot forge.
 //! - `shards`: the shared per-worker slot counts and the admission rule,
 //!   kept in shared data by compare-and-swap (`crate::shared`).
 //! - `drain`: the completion rate and the jittered `retry-after`.
+//! - `reply`: what the gate sends on its own: replies and callouts.
+//! - `counts`: what a VM counts, for the metrics.
+//! - `worker`: one VM's gate, dedup state, counts and log, which its
+//!   streams share.
+//! - `websocket`: a public WebSocket's messages, slots and ids.
+//! - `held`: a request's place while coalescing may hold it.
+//! - `coalesce`: what settles the requests held for an answer.
 //! - `stream`: one request's way through the gate (headers, body, response,
-//!   end), WebSocket messages included; the filter glue only makes the host
-//!   calls it asks for.
+//!   end).
+//! - `registry`: the VM's streams by context id, and the scheduling between
+//!   them; the filter glue only makes the host calls it returns.
 //!
 //! **Spare slots.** A released slot is not written back at once: the worker
 //! keeps it (`shards::Spare`) and its next request of the same kind reuses
@@ -27,11 +37,16 @@
 
 pub mod class;
 pub mod coalesce;
+pub mod counts;
 pub mod drain;
+pub mod held;
 pub mod policy;
+pub mod registry;
+pub mod reply;
 pub mod shards;
 pub mod stream;
 pub mod websocket;
+pub mod worker;
 
 use crate::clock::Now;
 use crate::dedup::engage::AtNode;

@@ -83,6 +83,7 @@
 //! gate protects the node) and the error is counted. Counts a worker could
 //! not report stay local and go with its next report.
 
+pub mod counts;
 pub mod fair;
 pub mod fleet;
 pub mod identity;

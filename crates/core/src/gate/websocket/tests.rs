@@ -2,19 +2,12 @@ use super::*;
 use crate::gate::class::RequestClass;
 use crate::gate::policy::GatePolicy;
 use crate::gate::Decision;
+use crate::request::testing::Bytes;
 use crate::shared::MemoryStore;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
 const MASK: [u8; 4] = [1, 2, 3, 4];
-
-struct Bytes(Vec<u8>);
-
-impl Body for Bytes {
-    fn read(&mut self, start: usize, len: usize) -> Vec<u8> {
-        self.0.get(start..start + len).unwrap_or_default().to_vec()
-    }
-}
 
 /// A gate, a store, and one public socket on it.
 struct Rig {

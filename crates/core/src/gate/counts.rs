@@ -1,0 +1,161 @@
+//! What a gate VM counts as things happen, and what its heartbeat finds:
+//! handed to Envoy as metrics by the glue once per heartbeat.
+
+use super::class::RequestClass;
+use super::shards::Totals;
+use super::websocket;
+use crate::metrics::{add, set, Kind, Metric, Reading};
+use crate::shared::StoreCounts;
+
+/// Retry-storm protection's counts (all zero while it is off).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DedupCounts {
+    /// Requests that led their key: sent to the node by callout.
+    pub led: u64,
+    /// Requests held for an identical request's answer.
+    pub coalesced: u64,
+    /// Held requests answered with another request's answer.
+    pub shared: u64,
+    /// Answers nobody stayed for, kept for a retry.
+    pub kept: u64,
+    /// Requests answered with a kept answer.
+    pub taken: u64,
+    /// Held requests that came to lead after their leader failed or
+    /// vanished.
+    pub handed_over: u64,
+    /// Wake messages saying a leader failed, to a VM holding its waiters.
+    pub woken_by_failure: u64,
+    /// Held requests answered 504 at `maxWaitMs`.
+    pub wait_timeouts: u64,
+    /// Held requests whose client went first.
+    pub left: u64,
+    /// Refused with 429: too many held for one answer.
+    pub refused: u64,
+    /// Answers only their own client could be given (encoded, or ids that
+    /// name no single call): the others went to the node.
+    pub unshared: u64,
+    /// Callouts the host refused or that got no answer.
+    pub callouts_failed: u64,
+    /// Passed unchecked: not JSON-RPC, a method not deduplicated, trailers.
+    pub skipped: u64,
+    /// Passed unchecked: body over `maxBodyBytes`.
+    pub too_large: u64,
+    /// Passed unrecorded: the key's page was full.
+    pub table_full: u64,
+    pub purged: u64,
+    /// Passed unchecked: coalescing stood by, the node being quick
+    /// (`dedup::engage`).
+    pub standing_by: u64,
+}
+
+/// What a gate VM reports as metrics, counted as things happen and handed
+/// to Envoy by the glue once per heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// By `RequestClass::index`.
+    pub admitted: [u64; 3],
+    pub rejected: [u64; 3],
+    /// Change of internal requests in flight (they hold no shared slot).
+    pub internal_inflight: i64,
+    /// Public WebSockets (`gate::websocket`).
+    pub websocket: websocket::Counts,
+    /// Requests whose body reached the gate in pieces (no buffer filter in
+    /// front of it).
+    pub bodies_streamed: u64,
+    pub store: StoreCounts,
+    pub expired_slots: u64,
+    pub dedup: DedupCounts,
+}
+
+/// What a heartbeat found, for the gauges.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ticked {
+    /// The shared slot counts (`None`: the store failed).
+    pub totals: Option<Totals>,
+    /// The dedup table's size.
+    pub dedup_entries: Option<u64>,
+    /// The node's finalized block, as dedup knows it (fresh).
+    pub finalized: Option<u64>,
+}
+
+/// What a flush hands to Envoy: the counts since the last one, and what
+/// the heartbeat or the engagement tick found (`None`: not this time).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub counts: Counts,
+    pub ticked: Option<Ticked>,
+    /// The change of the requests this VM holds for an answer.
+    pub waiting: Option<i64>,
+    pub engaged: Option<bool>,
+}
+
+impl Snapshot {
+    /// The labels of `<class>` metrics, in `RequestClass::index` order.
+    pub fn classes() -> Vec<String> {
+        RequestClass::ALL.iter().map(|c| c.name().into()).collect()
+    }
+
+    fn totals(&self) -> Option<&Totals> {
+        self.ticked.as_ref()?.totals.as_ref()
+    }
+
+    /// `inflight.<class>`: internal requests hold no shared slot, so each
+    /// VM adds its change; the others are the shared totals.
+    fn inflight(&self, class: usize) -> Reading<'_> {
+        match RequestClass::ALL[class] {
+            RequestClass::Internal => match self.counts.internal_inflight {
+                0 => Reading::Skip,
+                change => Reading::Change(change),
+            },
+            RequestClass::Priority => set(self.totals().map(|t| u64::from(t.priority))),
+            RequestClass::Default => set(self.totals().map(|t| u64::from(t.default))),
+        }
+    }
+
+    fn finalized(&self) -> Option<Option<u64>> {
+        self.ticked.as_ref().map(|t| t.finalized)
+    }
+}
+
+/// The gate's metrics (`stakegate.gate.*`), `policies/admission-gate.md`
+/// has what each means.
+#[rustfmt::skip]
+pub const METRICS: &[Metric<Snapshot>] = &[
+    Metric { name: "admitted.<class>", kind: Kind::Counter, read: |s, c| add(s.counts.admitted[c]) },
+    Metric { name: "rejected.<class>", kind: Kind::Counter, read: |s, c| add(s.counts.rejected[c]) },
+    Metric { name: "inflight.<class>", kind: Kind::Gauge, read: |s, c| s.inflight(c) },
+    Metric { name: "websocket.active", kind: Kind::Gauge, read: |s, _| set(s.totals().map(|t| u64::from(t.websocket))) },
+    Metric { name: "websocket.rejected", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.rejected) },
+    Metric { name: "websocket.messages", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.messages) },
+    Metric { name: "websocket.waits", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.waits) },
+    Metric { name: "websocket.closed", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.closed) },
+    Metric { name: "websocket.merged", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.merged) },
+    Metric { name: "websocket.rewritten", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.rewritten) },
+    Metric { name: "websocket.skipped", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.skipped) },
+    Metric { name: "bodies_streamed", kind: Kind::Counter, read: |s, _| add(s.counts.bodies_streamed) },
+    Metric { name: "cas_retries", kind: Kind::Counter, read: |s, _| add(s.counts.store.cas_retries) },
+    Metric { name: "store_errors", kind: Kind::Counter, read: |s, _| add(s.counts.store.store_errors) },
+    Metric { name: "expired_slots", kind: Kind::Counter, read: |s, _| add(s.counts.expired_slots) },
+    Metric { name: "dedup.led", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.led) },
+    Metric { name: "dedup.coalesced", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.coalesced) },
+    Metric { name: "dedup.shared", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.shared) },
+    Metric { name: "dedup.kept", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.kept) },
+    Metric { name: "dedup.taken", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.taken) },
+    Metric { name: "dedup.handed_over", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.handed_over) },
+    Metric { name: "dedup.woken_by_failure", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.woken_by_failure) },
+    Metric { name: "dedup.wait_timeouts", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.wait_timeouts) },
+    Metric { name: "dedup.left", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.left) },
+    Metric { name: "dedup.refused", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.refused) },
+    Metric { name: "dedup.unshared", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.unshared) },
+    Metric { name: "dedup.callouts_failed", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.callouts_failed) },
+    Metric { name: "dedup.skipped", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.skipped) },
+    Metric { name: "dedup.too_large", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.too_large) },
+    Metric { name: "dedup.table_full", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.table_full) },
+    Metric { name: "dedup.purged", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.purged) },
+    Metric { name: "dedup.standing_by", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.standing_by) },
+    Metric { name: "dedup.engaged", kind: Kind::Gauge, read: |s, _| set(s.engaged.map(u64::from)) },
+    Metric { name: "dedup.entries", kind: Kind::Gauge, read: |s, _| set(s.ticked.as_ref().and_then(|t| t.dedup_entries)) },
+    Metric { name: "dedup.waiting", kind: Kind::Gauge, read: |s, _| match s.waiting { Some(0) | None => Reading::Skip, Some(change) => Reading::Change(change) } },
+    Metric { name: "dedup.finalized", kind: Kind::Gauge, read: |s, _| set(s.finalized().map(|f| f.unwrap_or(0))) },
+    Metric { name: "dedup.finality_known", kind: Kind::Gauge, read: |s, _| set(s.finalized().map(|f| u64::from(f.is_some()))) },
+];

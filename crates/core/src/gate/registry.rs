@@ -1,0 +1,558 @@
+//! One VM's streams, by context id, and the scheduling between them.
+//!
+//! Envoy calls a filter per stream, but what the gate does in one stream's
+//! callback often settles another's: an answer that frees a slot lets a
+//! held WebSocket go on, a leader's answer answers every request waiting on
+//! its key. The registry keeps every stream's state (`GateStream`), the
+//! streams held for a slot and for an answer (oldest first), and the
+//! leaders' callouts still to be sent, and each of its methods returns what
+//! the glue must do for the stream it was called for; what it must do for
+//! the others it queues as `Do`s, which the glue takes (`take`) and carries
+//! out with host calls, in order.
+//!
+//! Callouts are sent from the root context (so that a stream's end cannot
+//! cancel them): a stream that comes to lead in its own callback asks the
+//! glue to `Poke` this VM's own queue, and the root context then sends what
+//! `next_callout` gives it and reports each with `sent`.
+
+use super::coalesce::{Acts, Coalescer, Held, Response};
+use super::counts::{Snapshot, Ticked};
+use super::policy::GatePolicy;
+use super::reply::{Act, Callout, Reply};
+use super::stream::{GateStream, Head, OnBody, OnHeaders, Settled};
+use super::worker::GateWorker;
+use super::InflightGate;
+use crate::clock::Now;
+use crate::rejection::Rejection;
+use crate::request::{Body, RequestFacts};
+use crate::shared::SharedStore;
+use std::collections::{HashMap, VecDeque};
+
+/// What the glue does for a stream other than the one it was called for
+/// (or from a root-context callback).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Do {
+    /// Answer stream `.0`'s request with this reply.
+    Answer(u32, Reply),
+    /// Resume stream `.0`'s request, its held data replaced by these bytes
+    /// if given.
+    Resume(u32, Option<Vec<u8>>),
+    /// Put this message on the wake queue of each of these gate VMs.
+    Wake(Vec<u32>, Vec<u8>),
+    /// Put a wake-up on this VM's own queue (unless one is on it), so that
+    /// its root context sends the callouts waiting (the heartbeat does, if
+    /// it cannot).
+    Poke,
+}
+
+/// What the glue does with the request body of the stream it was called
+/// for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Then {
+    Continue,
+    /// Continue, with the data held replaced by these bytes.
+    ContinueWith(Vec<u8>),
+    /// Hold it at the gateway (`Do::Resume` or `Do::Answer` comes later).
+    Pause,
+    /// Answer it with this reply.
+    Answer(Reply),
+    Refuse(Rejection),
+}
+
+/// One VM's gate and streams, over its shared data (`store`) and clock
+/// (milliseconds, read only when a decision needs it).
+#[derive(Debug)]
+pub struct Registry<S: SharedStore> {
+    pub worker: GateWorker,
+    store: S,
+    clock: fn() -> u64,
+    coalescer: Coalescer,
+    streams: HashMap<u32, GateStream>,
+    /// Streams whose WebSocket data waits for a slot, oldest first.
+    waiting: Vec<u32>,
+    /// Streams held for an answer, oldest first.
+    coalesced: Vec<u32>,
+    /// Leaders' callouts to send from the root context.
+    to_dispatch: VecDeque<(u32, Callout)>,
+    todo: Vec<Do>,
+    /// When the heartbeat's work last ran.
+    last_heartbeat_ms: u64,
+    /// The requests held for an answer, as the last snapshot gave them.
+    waiting_reported: i64,
+}
+
+impl<S: SharedStore> Registry<S> {
+    /// The registry of the VM of root context `root` under `policy`; it
+    /// takes its shard now.
+    pub fn new(policy: GatePolicy, root: u32, store: S, clock: fn() -> u64) -> Self {
+        let now_ms = clock();
+        let gate = InflightGate::new(policy, now_ms ^ (u64::from(root) << 32));
+        let mut worker = GateWorker::new(gate);
+        worker.join(&store, now_ms);
+        Self {
+            worker,
+            store,
+            clock,
+            coalescer: Coalescer::default(),
+            streams: HashMap::new(),
+            waiting: Vec::new(),
+            coalesced: Vec::new(),
+            to_dispatch: VecDeque::new(),
+            todo: Vec::new(),
+            last_heartbeat_ms: now_ms,
+            waiting_reported: 0,
+        }
+    }
+
+    /// What to do for the other streams, in order, and the lines for
+    /// Envoy's log; both are taken.
+    pub fn take(&mut self) -> (Vec<Do>, Vec<String>) {
+        (std::mem::take(&mut self.todo), self.worker.take_log())
+    }
+
+    /// How often the root context ticks: every `engage::TICK_MS` with
+    /// dedup (whether it engages), else every `heartbeatMs`.
+    pub fn tick_ms(&self) -> u64 {
+        let policy = self.worker.gate.policy();
+        match policy.dedup {
+            Some(_) => policy.heartbeat_ms.min(crate::dedup::engage::TICK_MS),
+            None => policy.heartbeat_ms,
+        }
+    }
+
+    /// Requests held for an answer on this VM.
+    pub fn coalesced(&self) -> usize {
+        self.coalesced.len()
+    }
+
+    /// What to hand Envoy now: the counts since the last snapshot (taken),
+    /// the change in requests held here, and what the heartbeat found.
+    pub fn snapshot(&mut self, ticked: Option<Ticked>) -> Snapshot {
+        let waiting = self.coalesced.len() as i64;
+        let change = waiting - std::mem::replace(&mut self.waiting_reported, waiting);
+        Snapshot {
+            counts: std::mem::take(&mut self.worker.counts),
+            ticked,
+            waiting: Some(change),
+            engaged: None,
+        }
+    }
+
+    /// Stream `id`'s request headers.
+    pub fn headers(&mut self, id: u32, facts: &mut impl RequestFacts, head: Head) -> OnHeaders {
+        let now = &mut Now::lazy(self.clock);
+        let stream = self.streams.entry(id).or_default();
+        stream.headers(&mut self.worker, &self.store, now, facts, head)
+    }
+
+    /// A piece of stream `id`'s request body (or WebSocket data): `size`
+    /// bytes so far.
+    pub fn request_body(
+        &mut self,
+        id: u32,
+        size: usize,
+        end_of_stream: bool,
+        body: &mut impl Body,
+    ) -> Then {
+        let now = &mut Now::lazy(self.clock);
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return Then::Continue;
+        };
+        let w = &mut self.worker;
+        let on = stream.request_body(w, &self.store, now, size, end_of_stream, body);
+        let (coalesced, waits) = (stream.coalesced(), stream.waiting());
+        match on {
+            OnBody::Continue => Then::Continue,
+            OnBody::ContinueWith(bytes) => Then::ContinueWith(bytes),
+            OnBody::Hold if coalesced => {
+                self.coalesced.push(id);
+                Then::Pause
+            }
+            OnBody::Hold => {
+                if waits && !self.waiting.contains(&id) {
+                    self.waiting.push(id);
+                }
+                Then::Pause
+            }
+            OnBody::Lead(callout) => {
+                self.coalesced.push(id);
+                self.to_dispatch.push_back((id, callout));
+                self.todo.push(Do::Poke);
+                Then::Pause
+            }
+            OnBody::Answer(reply) => Then::Answer(reply),
+            OnBody::Refuse(refusal) => Then::Refuse(refusal),
+        }
+    }
+
+    /// Stream `id`'s request trailers: a refusal, if its admission waited
+    /// for them and the gate is full.
+    pub fn request_trailers(&mut self, id: u32) -> Result<(), Rejection> {
+        let now = &mut Now::lazy(self.clock);
+        match self.streams.get_mut(&id) {
+            Some(stream) => stream.request_trailers(&mut self.worker, &self.store, now),
+            None => Ok(()),
+        }
+    }
+
+    /// Stream `id`'s response headers.
+    pub fn response_headers(&mut self, id: u32, end_of_stream: bool) {
+        let (w, store) = (&mut self.worker, &self.store);
+        let released = self
+            .streams
+            .get_mut(&id)
+            .is_some_and(|s| s.response_headers(w, store, end_of_stream));
+        if released {
+            self.retry_waiting();
+        }
+    }
+
+    /// A piece of stream `id`'s response body: what the client gets instead
+    /// of it, if the gate changed it.
+    pub fn response_body(
+        &mut self,
+        id: u32,
+        size: usize,
+        end_of_stream: bool,
+        body: &mut impl Body,
+    ) -> Option<Vec<u8>> {
+        let stream = self.streams.get_mut(&id)?;
+        let answered =
+            stream.response_body(&mut self.worker, &self.store, size, end_of_stream, body);
+        if answered.released {
+            self.retry_waiting();
+        }
+        answered.replace
+    }
+
+    /// Stream `id`'s response trailers.
+    pub fn response_trailers(&mut self, id: u32) {
+        let (w, store) = (&mut self.worker, &self.store);
+        let released = self
+            .streams
+            .get_mut(&id)
+            .is_some_and(|s| s.response_trailers(w, store));
+        if released {
+            self.retry_waiting();
+        }
+    }
+
+    /// Stream `id` is over (done, reset, or its context dropped): what it
+    /// holds goes back, and the streams waiting for a slot retry. Safe to
+    /// call more than once.
+    pub fn done(&mut self, id: u32) {
+        if let Some(mut stream) = self.streams.remove(&id) {
+            stream.done(&mut self.worker, &self.store);
+            self.retry_waiting();
+        }
+    }
+
+    /// Lets the streams waiting for a slot retry, oldest first: those that
+    /// get their slots resume (or are closed, if they never can).
+    pub fn retry_waiting(&mut self) {
+        let now = &mut Now::lazy(self.clock);
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let id = self.waiting[i];
+            let Some(stream) = self.streams.get_mut(&id) else {
+                self.waiting.remove(i);
+                continue;
+            };
+            match stream.settle(&mut self.worker, &self.store, now) {
+                Settled::ConnectionFull => i += 1,
+                Settled::GateFull => break,
+                Settled::Through(bytes) => {
+                    self.todo.push(Do::Resume(id, bytes));
+                    self.waiting.remove(i);
+                }
+            }
+        }
+    }
+
+    /// The next leader's callout to send from the root context, skipping
+    /// those whose stream ended first (it left its key to its waiters).
+    pub fn next_callout(&mut self) -> Option<(u32, Callout)> {
+        while let Some((id, callout)) = self.to_dispatch.pop_front() {
+            let leads = self
+                .streams
+                .get_mut(&id)
+                .and_then(GateStream::place)
+                .is_some_and(|p| p.awaits_callout());
+            if leads {
+                return Some((id, callout));
+            }
+        }
+        None
+    }
+
+    /// Stream `id`'s callout went out as `token`, or the host refused it
+    /// (`Err`, its status as the host said it).
+    pub fn sent(&mut self, id: u32, sent: Result<u32, String>) {
+        match sent {
+            Ok(token) => {
+                let now_ms = (self.clock)();
+                if let Some(place) = self.streams.get_mut(&id).and_then(GateStream::place) {
+                    self.coalescer.sent(&self.worker, token, place, now_ms);
+                }
+            }
+            Err(status) => self.coalesce(|c, w, store, now, held| {
+                c.lead_refused(w, store, now, id, &status, held)
+            }),
+        }
+    }
+
+    /// A callout ended (`None`: with no answer: reset, timeout, no
+    /// upstream): the finality poll's, or a leader's, whose answer goes to
+    /// every request waiting for it.
+    pub fn callout_ended(&mut self, token: u32, response: Option<Response>) {
+        let body = response.as_ref().map(|r| r.body.as_slice());
+        let now_ms = (self.clock)();
+        if self
+            .worker
+            .finality_answered(&self.store, now_ms, token, body)
+        {
+            return;
+        }
+        self.coalesce(|c, w, store, now, held| {
+            c.callout_ended(w, store, now, token, response, held)
+        });
+    }
+
+    /// A message came on this VM's wake queue (an empty one is a wake-up
+    /// to send callouts, which the root context does anyway).
+    pub fn woken(&mut self, message: &[u8]) {
+        if message.is_empty() {
+            return;
+        }
+        self.coalesce(|c, w, store, now, held| c.woken(w, store, now, message, held));
+    }
+
+    /// A tick every `engage::TICK_MS`: with dedup, whether coalescing is
+    /// engaged now, and the finality poll to send, if one is due.
+    pub fn engage(&mut self, now_ms: u64) -> Option<(bool, Option<Callout>)> {
+        self.worker.dedup.as_ref()?;
+        self.worker.engage(&self.store, now_ms);
+        let poll = self.worker.finality_poll(&self.store, now_ms);
+        Some((self.worker.dedup_engaged(), poll))
+    }
+
+    /// Whether the heartbeat's work is due at this tick (ticks come every
+    /// `engage::TICK_MS` with dedup, every `heartbeatMs` without): it runs
+    /// once per `heartbeatMs`, give or take half a tick.
+    pub fn heartbeat_due(&mut self, now_ms: u64) -> bool {
+        let heartbeat_ms = self.worker.gate.policy().heartbeat_ms;
+        if now_ms.saturating_sub(self.last_heartbeat_ms) + crate::dedup::engage::TICK_MS / 2
+            < heartbeat_ms
+        {
+            return false;
+        }
+        self.last_heartbeat_ms = now_ms;
+        true
+    }
+
+    /// The heartbeat: the worker's (shard, spares, dedup sweep) and
+    /// coalescing's (deadlines, lost wakes, stuck callouts). Returns what
+    /// it found for the gauges.
+    pub fn heartbeat(&mut self) -> Ticked {
+        let ticked = self.worker.tick(&self.store, (self.clock)());
+        self.coalesce(|c, w, store, now, held| c.heartbeat(w, store, now, held));
+        ticked
+    }
+
+    /// Runs a coalescing step over the streams held for an answer, oldest
+    /// first, and queues what it decided.
+    fn coalesce(
+        &mut self,
+        step: impl FnOnce(&mut Coalescer, &mut GateWorker, &S, &mut Now, &mut [Held<'_>]) -> Acts,
+    ) {
+        let now = &mut Now::lazy(self.clock);
+        let coalesced = &self.coalesced;
+        let mut by_id: HashMap<u32, &mut GateStream> = self
+            .streams
+            .iter_mut()
+            .filter(|(id, _)| coalesced.contains(id))
+            .map(|(id, s)| (*id, s))
+            .collect();
+        let mut held: Vec<Held<'_>> = coalesced
+            .iter()
+            .filter_map(|id| Some((*id, by_id.remove(id)?.place()?)))
+            .collect();
+        let acts = step(
+            &mut self.coalescer,
+            &mut self.worker,
+            &self.store,
+            now,
+            &mut held,
+        );
+        drop(held);
+        if let Some(message) = acts.wake {
+            self.wake_peers(now.ms(), message);
+        }
+        for (id, act) in acts.acts {
+            match act {
+                Act::Answer(reply) => self.todo.push(Do::Answer(id, reply)),
+                Act::Resume => self.todo.push(Do::Resume(id, None)),
+                Act::Dispatch(callout) => self.to_dispatch.push_back((id, callout)),
+            }
+        }
+        let streams = &self.streams;
+        self.coalesced
+            .retain(|id| streams.get(id).is_some_and(GateStream::coalesced));
+    }
+
+    /// Queues `message` for every other live gate VM.
+    fn wake_peers(&mut self, now_ms: u64, message: Vec<u8>) {
+        let (Some(dedup), Some(me)) = (self.worker.dedup.as_ref(), self.worker.gate.vm()) else {
+            return;
+        };
+        let peers = dedup.peers(&self.store, me, now_ms);
+        self.todo.push(Do::Wake(peers, message));
+    }
+
+    /// This VM's wake queue's name, once dedup is on and its VM number
+    /// known.
+    pub fn wake_queue(&self) -> Option<String> {
+        self.worker.dedup.as_ref()?;
+        self.worker.gate.vm().map(crate::dedup::wake_queue)
+    }
+
+    /// The plugin is being deleted: spare slots go back at once.
+    pub fn leave(&mut self) {
+        self.worker.leave(&self.store, (self.clock)());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::stream::Upgrade;
+    use crate::request::testing::{Bytes, Public};
+    use crate::shared::MemoryStore;
+
+    const CALL: &[u8] = br#"{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[{}]}"#;
+
+    type Rig = Registry<MemoryStore>;
+
+    fn registry(policy: &str) -> Rig {
+        let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
+        Registry::new(policy, 7, MemoryStore::default(), || 0)
+    }
+
+    fn post() -> Head {
+        Head {
+            end_of_stream: false,
+            upgrade: Upgrade::None,
+            content_length: None,
+            target: Some(Default::default()),
+        }
+    }
+
+    /// Stream `id` sends `body` whole.
+    fn send(r: &mut Rig, id: u32, body: &[u8]) -> Then {
+        assert_eq!(r.headers(id, &mut Public, post()), OnHeaders::Continue);
+        r.request_body(id, body.len(), true, &mut Bytes(body.to_vec()))
+    }
+
+    fn answered(body: &[u8]) -> Response {
+        Response {
+            status: 200,
+            content_type: "application/json".into(),
+            content_encoding: None,
+            body: body.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_leaders_answer_goes_to_every_request_waiting_with_its_own_id() {
+        let mut r = registry(r#"{"maxInflight": 8, "dedup": {}}"#);
+        // The first leads: held, and a wake-up asked for to send its callout.
+        assert_eq!(send(&mut r, 1, CALL), Then::Pause);
+        assert_eq!(r.take().0, [Do::Poke]);
+        // The same call with another id waits for its answer.
+        let again = br#"{"jsonrpc":"2.0","id":"b","method":"eth_call","params":[{}]}"#;
+        assert_eq!(send(&mut r, 2, again), Then::Pause);
+        assert_eq!(r.coalesced(), 2);
+        let (id, callout) = r.next_callout().expect("the leader's callout");
+        assert_eq!((id, callout.body.as_slice()), (1, CALL));
+        assert_eq!(r.next_callout(), None);
+        r.sent(1, Ok(40));
+        let node = br#"{"jsonrpc":"2.0","id":1,"result":"0x2a"}"#;
+        r.callout_ended(40, Some(answered(node)));
+        let (dos, _) = r.take();
+        let bodies: Vec<(u32, String)> = dos
+            .iter()
+            .map(|d| match d {
+                Do::Answer(id, reply) => (*id, String::from_utf8_lossy(&reply.body).into()),
+                other => panic!("not an answer: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            bodies,
+            [
+                (1, r#"{"jsonrpc":"2.0","id":1,"result":"0x2a"}"#.into()),
+                (2, r#"{"jsonrpc":"2.0","id":"b","result":"0x2a"}"#.into()),
+            ]
+        );
+        assert_eq!(r.coalesced(), 0);
+    }
+
+    #[test]
+    fn a_leader_whose_stream_ended_sends_nothing_and_a_refused_callout_passes_its_request() {
+        let mut r = registry(r#"{"maxInflight": 8, "dedup": {}}"#);
+        assert_eq!(send(&mut r, 1, CALL), Then::Pause);
+        r.done(1);
+        assert_eq!(r.next_callout(), None, "its client went before the callout");
+        assert_eq!(r.take().0, [Do::Poke]);
+        // A new leader whose callout the host refuses goes through the route.
+        assert_eq!(send(&mut r, 2, CALL), Then::Pause);
+        let (id, _) = r.next_callout().unwrap();
+        r.sent(id, Err("BadArgument".into()));
+        let (dos, log) = r.take();
+        assert_eq!(dos, [Do::Poke, Do::Resume(2, None)]);
+        assert!(log[0].contains("was refused (BadArgument)"), "{log:?}");
+        assert_eq!(r.worker.counts.dedup.callouts_failed, 1);
+    }
+
+    /// Stream `id` opens a public WebSocket.
+    fn open(r: &mut Rig, id: u32) {
+        let head = Head {
+            end_of_stream: false,
+            upgrade: Upgrade::Websocket,
+            content_length: None,
+            target: None,
+        };
+        assert_eq!(
+            r.headers(id, &mut Public, head),
+            OnHeaders::ContinueWebsocket
+        );
+    }
+
+    /// A text frame holding `text` (masked: the client's).
+    fn frame(text: &str, mask: Option<[u8; 4]>) -> Vec<u8> {
+        crate::websocket::encode(crate::websocket::OPCODE_TEXT, text.as_bytes(), mask)
+    }
+
+    #[test]
+    fn sockets_waiting_for_a_slot_go_on_oldest_first_as_answers_free_slots() {
+        let mut r = registry(r#"{"maxInflight": 1, "heartbeatMs": 100}"#);
+        let data = |r: &mut Rig, id: u32| {
+            let call = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_call"}}"#);
+            let bytes = frame(&call, Some([1, 2, 3, 4]));
+            r.request_body(id, bytes.len(), false, &mut Bytes(bytes))
+        };
+        for id in 1..=3 {
+            open(&mut r, id);
+        }
+        assert_eq!(data(&mut r, 1), Then::Continue, "the one slot");
+        assert_eq!(data(&mut r, 2), Then::Pause);
+        assert_eq!(data(&mut r, 3), Then::Pause);
+        // The node answers socket 1: its slot goes to socket 2, not 3.
+        let answer = frame(r#"{"jsonrpc":"2.0","id":1,"result":"0x1"}"#, None);
+        let replaced = r.response_body(1, answer.len(), false, &mut Bytes(answer));
+        assert_eq!(replaced, None);
+        assert_eq!(r.take().0, [Do::Resume(2, None)]);
+        // Socket 2 closes with its call at the node: socket 3 goes on.
+        r.done(2);
+        assert_eq!(r.take().0, [Do::Resume(3, None)]);
+    }
+}

@@ -1,0 +1,164 @@
+//! What the gate sends on its own rather than through the route: a reply to
+//! a request it answers itself, and a callout to the node (a coalescing
+//! leader's request, or the finality poll). The glue makes them with host
+//! calls as they are.
+
+use crate::dedup::answer::{Answer, Id};
+use crate::rejection::{json_rpc_error_body, Rejection};
+
+/// Where a callout goes: the client's `:path` and `:authority`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    pub path: String,
+    pub authority: String,
+}
+
+/// An HTTP callout to make from the root context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Callout {
+    pub cluster: String,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+    pub timeout_ms: u64,
+}
+
+impl Callout {
+    /// A JSON-RPC POST of `body` to `cluster`, where `target` says (the
+    /// client's `:path` and `:authority`: a node may check its host name),
+    /// asking for no encoding, so that every waiter can read the answer and
+    /// have its ids put back.
+    pub fn post(cluster: &str, target: &Target, body: Vec<u8>, timeout_ms: u64) -> Self {
+        let authority = match target.authority.as_str() {
+            "" => "localhost".to_string(),
+            authority => authority.to_string(),
+        };
+        let path = match target.path.as_str() {
+            "" => "/".to_string(),
+            path => path.to_string(),
+        };
+        Self {
+            cluster: cluster.to_string(),
+            headers: vec![
+                (":method", "POST".into()),
+                (":path", path),
+                (":authority", authority),
+                ("content-type", "application/json".into()),
+                ("accept-encoding", "identity".into()),
+            ],
+            body,
+            timeout_ms,
+        }
+    }
+}
+
+/// An answer the gate gives a request itself: status, headers (the content
+/// type; the encoding of an encoded answer its own client is given; a
+/// refusal's `retry-after` and its own) and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u32,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// A JSON body.
+    pub fn json(status: u32, body: Vec<u8>) -> Self {
+        Self {
+            status,
+            headers: vec![("content-type", "application/json".into())],
+            body,
+        }
+    }
+
+    /// A refusal, as a held request's answer: the same headers as any.
+    pub fn refusal(refusal: Rejection) -> Self {
+        let mut reply = Self::json(refusal.status, refusal.body.into_bytes());
+        if refusal.retry_after_s > 0 {
+            reply
+                .headers
+                .push(("retry-after", refusal.retry_after_s.to_string()));
+        }
+        reply.headers.extend(refusal.headers);
+        reply
+    }
+
+    /// The node's `answer`, for the request with these `ids`.
+    pub fn answer(answer: &Answer, ids: &[Id]) -> Self {
+        let mut headers = vec![("content-type", answer.content_type.clone())];
+        if let Some(encoding) = &answer.content_encoding {
+            headers.push(("content-encoding", encoding.clone()));
+        }
+        Self {
+            status: answer.status,
+            headers,
+            body: answer.body_for(ids),
+        }
+    }
+
+    /// The answer to a request that got none: 502, a JSON-RPC error with
+    /// its own id(s).
+    pub fn none(ids: &[Id], message: &str) -> Self {
+        let errors: Vec<String> = ids
+            .iter()
+            .flatten()
+            .map(|id| json_rpc_error_body(std::str::from_utf8(id).ok(), -32603, message))
+            .collect();
+        let body = match errors.as_slice() {
+            [one] if ids.len() == 1 => one.clone(),
+            [] => json_rpc_error_body(None, -32603, message),
+            _ => format!("[{}]", errors.join(",")),
+        };
+        Self::json(502, body.into_bytes())
+    }
+}
+
+/// What to do with a request the gate holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Act {
+    Answer(Reply),
+    /// Send this callout (from the root context) for it: it leads its key.
+    Dispatch(Callout),
+    /// Let it go on through the route, uncoalesced.
+    Resume,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_that_got_no_answer_gets_a_json_rpc_error_with_its_ids() {
+        let one = Reply::none(&[Some(b"7".to_vec())], "x");
+        assert_eq!(one.status, 502);
+        let body: serde_json::Value = serde_json::from_slice(&one.body).unwrap();
+        assert_eq!(
+            (body["id"].clone(), body["error"]["code"].clone()),
+            (7.into(), (-32603).into())
+        );
+        let batch = Reply::none(&[Some(b"1".to_vec()), None, Some(b"\"b\"".to_vec())], "x");
+        let body: serde_json::Value = serde_json::from_slice(&batch.body).unwrap();
+        assert_eq!(body.as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_callout_goes_where_the_client_sent_its_request_in_no_encoding() {
+        let target = Target {
+            path: "/rpc".into(),
+            authority: "node.example".into(),
+        };
+        let callout = Callout::post("node", &target, b"{}".to_vec(), 100);
+        assert!(callout.headers.contains(&(":path", "/rpc".into())));
+        assert!(callout
+            .headers
+            .contains(&(":authority", "node.example".into())));
+        assert!(callout
+            .headers
+            .contains(&("accept-encoding", "identity".into())));
+        let callout = Callout::post("node", &Target::default(), Vec::new(), 100);
+        assert!(callout.headers.contains(&(":path", "/".into())));
+        assert!(callout
+            .headers
+            .contains(&(":authority", "localhost".into())));
+    }
+}

@@ -1,0 +1,288 @@
+//! One VM's gate: the in-flight gate, dedup's table and engagement, the
+//! counts and the log lines its streams share. Everything a stream or
+//! coalescing does to shared state goes through here.
+
+use super::counts::{Counts, Ticked};
+use super::reply::{Callout, Target};
+use super::{Admission, Decision, Heartbeat, InflightGate, Taken, Ticket};
+use crate::clock::Now;
+use crate::dedup::engage::Engagement;
+use crate::dedup::{finality, Dedup};
+use crate::gate::class::RequestClass;
+use crate::rejection::Rejection;
+use crate::shared::{SharedStore, StoreError};
+
+/// One VM's gate: what its streams share.
+#[derive(Debug)]
+pub struct GateWorker {
+    pub gate: InflightGate,
+    /// Retry-storm protection, when the policy has it.
+    pub dedup: Option<Dedup>,
+    /// Whether it is engaged (with `dedup`).
+    engagement: Option<Engagement>,
+    pub counts: Counts,
+    /// Lines for Envoy's log, taken by the glue after each call.
+    log: Vec<String>,
+    /// Lines logged once per VM (`note_once`), already logged.
+    told: Vec<String>,
+    /// The finality poll's callout at the node (`dedup::finality`).
+    finality_poll: Option<u32>,
+    /// An answer tied to a block found the finalized number out of date.
+    wants_finality: bool,
+    /// Where requests go (their `:path` and `:authority`), for the poll.
+    target: Option<Target>,
+}
+
+impl GateWorker {
+    pub fn new(gate: InflightGate) -> Self {
+        let policy = gate.policy();
+        let dedup = policy
+            .dedup
+            .clone()
+            .map(|d| Dedup::new(d, policy.heartbeat_ms));
+        let engagement = policy
+            .dedup
+            .as_ref()
+            .map(|d| Engagement::new(d.engage_after_ms, d.standby_after_ms));
+        Self {
+            gate,
+            dedup,
+            engagement,
+            counts: Counts::default(),
+            log: Vec::new(),
+            told: Vec::new(),
+            finality_poll: None,
+            wants_finality: false,
+            target: None,
+        }
+    }
+
+    /// The node's finalized block, for an answer tied to a block; one out
+    /// of date is asked for again at the next tick (`finality_poll`).
+    pub(super) fn finalized(&mut self, store: &impl SharedStore, now_ms: u64) -> Option<u64> {
+        match finality::finalized(store, now_ms) {
+            Ok(known) => {
+                self.wants_finality |= known.due;
+                known.number
+            }
+            Err(e) => {
+                self.note_store_error("finality read", &e);
+                None
+            }
+        }
+    }
+
+    /// At an engagement tick, when an answer tied to a block asked for it
+    /// and no VM asked in the last `finality::POLL_MS`: the callout that
+    /// asks the node for its finalized block.
+    pub fn finality_poll(&mut self, store: &impl SharedStore, now_ms: u64) -> Option<Callout> {
+        let upstream = self.dedup.as_ref()?.policy().upstream.clone();
+        if !std::mem::take(&mut self.wants_finality) || self.finality_poll.is_some() {
+            return None;
+        }
+        match finality::claim(store, now_ms) {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                self.note_store_error("finality poll", &e);
+                return None;
+            }
+        }
+        let target = self.target.clone().unwrap_or_default();
+        Some(Callout::post(
+            &upstream.cluster,
+            &target,
+            finality::REQUEST.to_vec(),
+            upstream.timeout_ms.min(finality::STALE_MS),
+        ))
+    }
+
+    /// The finality poll went out as `token` (`None`: the host refused).
+    pub fn finality_sent(&mut self, token: Option<u32>) {
+        self.finality_poll = token;
+    }
+
+    /// Callout `token` ended with `body` (`None`: no answer). Returns
+    /// whether it was the finality poll.
+    pub fn finality_answered(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+        token: u32,
+        body: Option<&[u8]>,
+    ) -> bool {
+        if self.finality_poll != Some(token) {
+            return false;
+        }
+        self.finality_poll = None;
+        if let Err(e) = finality::answered(store, now_ms, body) {
+            self.note_store_error("finality answer", &e);
+        }
+        true
+    }
+
+    /// Where requests go, for the finality poll: the first seen is kept.
+    pub(super) fn saw_target(&mut self, target: &Target) {
+        if self.target.is_none() {
+            self.target = Some(target.clone());
+        }
+    }
+
+    /// Whether requests are checked for duplicates now (dedup is on and
+    /// engaged).
+    pub fn dedup_engaged(&self) -> bool {
+        self.engagement.as_ref().is_some_and(Engagement::engaged)
+    }
+
+    /// Every `engage::TICK_MS`: whether dedup engages or stands by.
+    pub fn engage(&mut self, store: &impl SharedStore, now_ms: u64) {
+        if let Some(engagement) = &mut self.engagement {
+            if let Err(e) = engagement.tick(store, now_ms) {
+                self.note_store_error("dedup engagement", &e);
+            }
+        }
+    }
+
+    /// What to write to Envoy's log (warnings), once each.
+    pub fn take_log(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.log)
+    }
+
+    /// A line for Envoy's log.
+    pub(super) fn note(&mut self, line: &str) {
+        self.log.push(line.to_string());
+    }
+
+    /// A line for Envoy's log, once in this VM's life.
+    pub(super) fn note_once(&mut self, line: &str) {
+        if !self.told.iter().any(|t| t == line) {
+            self.told.push(line.to_string());
+            self.note(line);
+        }
+    }
+
+    pub(super) fn note_store_error(&mut self, what: &str, e: &StoreError) {
+        let line = self.counts.store.failed(what, e);
+        self.log.push(line);
+    }
+
+    pub(super) fn taken(&mut self, taken: &Taken) {
+        self.counts.store.retried(taken.cas_retries);
+        if let Some(e) = &taken.store_error {
+            self.note_store_error("admission failed closed", e);
+        }
+    }
+
+    pub(super) fn admit(
+        &mut self,
+        store: &impl SharedStore,
+        now: &mut Now,
+        class: RequestClass,
+        upgrade: bool,
+    ) -> Result<Ticket, Rejection> {
+        let Admission {
+            decision,
+            cas_retries,
+            store_error,
+            ..
+        } = self.gate.admit(store, now, class, upgrade);
+        self.counts.store.retried(cas_retries);
+        if let Some(e) = store_error {
+            self.note_store_error("admission failed closed", &e);
+        }
+        match decision {
+            Decision::Admit(mut ticket) => {
+                if !upgrade && class != RequestClass::Internal {
+                    ticket.at_node = self.engagement.as_mut().map(Engagement::started);
+                }
+                self.counts.admitted[class.index()] += 1;
+                if ticket.slot.is_none() {
+                    self.counts.internal_inflight += 1;
+                }
+                Ok(ticket)
+            }
+            Decision::Reject(rejection) => {
+                self.counts.rejected[class.index()] += 1;
+                self.counts.websocket.rejected += u64::from(upgrade);
+                Err(rejection)
+            }
+        }
+    }
+
+    pub(super) fn release(&mut self, mut ticket: Ticket) {
+        if let (Some(at), Some(engagement)) = (ticket.at_node.take(), &mut self.engagement) {
+            engagement.ended(at);
+        }
+        if ticket.slot.is_none() {
+            self.counts.internal_inflight -= 1;
+        }
+        self.gate.release(ticket);
+    }
+
+    /// The heartbeat (every `heartbeatMs`): sweeps the dedup table, gives
+    /// spare slots back, expires vanished workers' shards. Returns the slot
+    /// totals for the gauges, and the dedup table's size.
+    pub fn tick(&mut self, store: &impl SharedStore, now_ms: u64) -> Ticked {
+        let mut entries = None;
+        if let (Some(dedup), Some(vm)) = (self.dedup.as_ref(), self.gate.vm()) {
+            match dedup.sweep(store, vm, now_ms) {
+                Ok(sweep) => {
+                    self.counts.dedup.purged += sweep.purged;
+                    self.counts.store.retried(sweep.cas_retries);
+                    entries = Some(sweep.entries);
+                }
+                Err(e) => self.note_store_error("dedup sweep", &e),
+            }
+        }
+        let totals = match self.gate.heartbeat(store, now_ms) {
+            Ok(Heartbeat {
+                totals,
+                expired_slots,
+                cas_retries,
+            }) => {
+                self.counts.store.retried(cas_retries);
+                self.counts.expired_slots += expired_slots;
+                if expired_slots > 0 {
+                    self.log.push(format!(
+                        "reclaimed {expired_slots} slots held by a worker that stopped heartbeating"
+                    ));
+                }
+                Some(totals)
+            }
+            Err(e) => {
+                self.note_store_error("heartbeat", &e);
+                None
+            }
+        };
+        let finalized = match self.dedup {
+            Some(_) => finality::finalized(store, now_ms)
+                .ok()
+                .and_then(|k| k.number),
+            None => None,
+        };
+        Ticked {
+            totals,
+            dedup_entries: entries,
+            finalized,
+        }
+    }
+
+    /// Takes this worker's shard before traffic arrives; if the store is
+    /// unavailable, the first request joins instead.
+    pub fn join(&mut self, store: &impl SharedStore, now_ms: u64) {
+        if let Err(e) = self.gate.join(store, now_ms) {
+            self.note_store_error("joining the shared slot table", &e);
+        }
+    }
+
+    /// The plugin is being deleted: spare slots go back at once.
+    pub fn leave(&mut self, store: &impl SharedStore, now_ms: u64) {
+        match self.gate.leave(store, now_ms) {
+            Ok(0) => {}
+            Ok(held) => self.log.push(format!(
+                "leaving with {held} slots still held; they expire with the stale-slot TTL"
+            )),
+            Err(e) => self.note_store_error("leaving the slot table", &e),
+        }
+    }
+}

@@ -608,7 +608,7 @@ fn a_header_value_that_is_not_utf8_crashes_no_filter() {
 /// within their own timeouts (docs/clients.md).
 #[test]
 fn a_503_never_tells_a_client_to_wait_longer_than_the_libraries_handle() {
-    let (_node, envoy) = node_behind_gate(
+    let (node, envoy) = node_behind_gate(
         r#"{"maxInflight": 1, "heartbeatMs": 100, "staleSlotTtlMs": 10000}"#,
         &["--cost", "test_hold=60s"],
     );
@@ -622,17 +622,22 @@ fn a_503_never_tells_a_client_to_wait_longer_than_the_libraries_handle() {
         served >= 20
     }));
     let public = envoy.listener("public").unwrap();
-    let mut held = TcpStream::connect(public).unwrap();
     let hold = r#"{"jsonrpc":"2.0","id":1,"method":"test_hold","params":[]}"#;
-    write!(
-        held,
-        "POST / HTTP/1.1\r\nHost: rpc\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{hold}",
-        hold.len()
-    )
-    .unwrap();
-    assert!(eventually(Duration::from_secs(5), || {
-        http::post(&url, &[], quick).unwrap().status == 503
-    }));
+    let at_node = || node.metrics().unwrap()["inflight"].as_u64() == Some(1);
+    // The long call takes the slot (sent again if it was refused: the two
+    // workers pass the one slot between them at their heartbeats).
+    let held = (0..50)
+        .find_map(|_| {
+            let mut held = TcpStream::connect(public).unwrap();
+            write!(
+                held,
+                "POST / HTTP/1.1\r\nHost: rpc\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{hold}",
+                hold.len()
+            )
+            .unwrap();
+            eventually(Duration::from_secs(1), at_node).then_some(held)
+        })
+        .expect("the long call reached the node");
     // Refusals over 40 heartbeats, as the measured rate decays (the old
     // rule reached its 30 s cap within them).
     let mut waits = Vec::new();

@@ -112,6 +112,8 @@ fleet-images: setup
 lint:
 	$(PYTHON) scripts/check-references.py
 	$(PYTHON) scripts/check-layering.py
+	$(PYTHON) scripts/check-size.py
+	cargo run --quiet --profile tools -p stakegate-cli -- docs --check
 	cargo fmt --all -- --check
 	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 	cargo check --quiet --manifest-path fuzz/Cargo.toml --bins

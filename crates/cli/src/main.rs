@@ -4,6 +4,7 @@ mod bench;
 mod check;
 mod demo;
 mod deploy;
+mod docs;
 mod init;
 mod scenario;
 mod sim;
@@ -38,6 +39,8 @@ enum Command {
     /// Measurements against a real Envoy.
     #[command(subcommand)]
     Bench(Bench),
+    /// The policy fields and metrics the code declares; with --check, whether policies/*.md say the same.
+    Docs(docs::DocsArgs),
     /// Exit 0 when URL answers 200 (the compose stack's healthcheck).
     Probe { url: String },
 }
@@ -81,6 +84,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Deploy(args) => deploy::deploy(&args),
         Command::Rollback(args) => deploy::rollback(&args),
         Command::Sim(args) => sim::run(&args),
+        Command::Docs(args) => docs::run(&args),
         Command::Scenario(ScenarioCommand::Run(args)) => scenario::run::run(&args),
         Command::Scenario(ScenarioCommand::Stack(args)) => scenario::stack::write(&args),
         Command::Probe { url } => scenario::stack::probe(&url),

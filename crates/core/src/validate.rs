@@ -150,6 +150,102 @@ fn no_stray_lists(
     Ok(())
 }
 
+/// A field of a policy document as the docs' tables list it: its name
+/// (a path: `dedup.windowMs`) and its default, as JSON or as words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldDoc {
+    pub name: String,
+    pub default: String,
+}
+
+/// Reads a policy's fields: each field's default and its check are given
+/// in the one call that reads it, and while describing (`Fields::listing`)
+/// every field read is listed with its default, which is how the docs
+/// check (`stakegate docs --check`) knows the fields without a second list.
+#[derive(Debug, Default)]
+pub struct Fields {
+    listed: Option<Vec<FieldDoc>>,
+}
+
+impl Fields {
+    /// Fields that list what they read.
+    pub fn listing() -> Self {
+        Self {
+            listed: Some(Vec::new()),
+        }
+    }
+
+    /// What was read, in order (empty unless `listing`).
+    pub fn listed(self) -> Vec<FieldDoc> {
+        self.listed.unwrap_or_default()
+    }
+
+    fn list(&mut self, name: &str, default: impl FnOnce() -> String) {
+        if let Some(listed) = &mut self.listed {
+            if !listed.iter().any(|f| f.name == name) {
+                listed.push(FieldDoc {
+                    name: name.to_string(),
+                    default: default(),
+                });
+            }
+        }
+    }
+
+    /// A field with no default (serde has already required it).
+    pub fn required<T>(&mut self, name: &str, value: T) -> T {
+        self.list(name, || "required".into());
+        value
+    }
+
+    /// `value`, or `default` when the document leaves it out.
+    pub fn or<T: serde::Serialize>(&mut self, name: &str, value: Option<T>, default: T) -> T {
+        self.list(name, || serde_json::to_string(&default).unwrap_or_default());
+        value.unwrap_or(default)
+    }
+
+    /// `value`, or a default computed from other fields, which the docs
+    /// give as `said`.
+    pub fn or_else<T>(
+        &mut self,
+        name: &str,
+        value: Option<T>,
+        said: &str,
+        default: impl FnOnce() -> T,
+    ) -> T {
+        self.list(name, || said.to_string());
+        value.unwrap_or_else(default)
+    }
+
+    /// A number, `default` when left out, within `[min, max]`.
+    pub fn range<T>(
+        &mut self,
+        name: &str,
+        value: Option<T>,
+        default: T,
+        min: T,
+        max: T,
+    ) -> Result<T, PolicyError>
+    where
+        T: serde::Serialize + PartialOrd + fmt::Display + Copy,
+    {
+        let value = self.or(name, value, default);
+        range(name, value, min, max)
+    }
+
+    /// A finite number, `default` when left out, within `[min, max]`.
+    pub fn finite(
+        &mut self,
+        name: &str,
+        value: Option<f64>,
+        default: f64,
+        min: f64,
+        max: f64,
+    ) -> Result<f64, PolicyError> {
+        let value = self.or(name, value, default);
+        finite_range(name, value, min, max)
+    }
+}
+
 /// `Ok(())` when `ok`, else the error for `field`.
 pub fn ensure(ok: bool, field: &str, reason: impl FnOnce() -> String) -> Result<(), PolicyError> {
     if ok {

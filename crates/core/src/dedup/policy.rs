@@ -1,8 +1,8 @@
 //! The `dedup` section of the admission gate's policy (documented in
 //! `policies/admission-gate.md`). Present means enabled.
 
-use crate::validate::{ensure, header_name, range, PolicyError, Warning, Warnings};
-use serde::Deserialize;
+use crate::validate::{ensure, header_name, Fields, PolicyError, Warning, Warnings};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
 use super::table::ENTRIES_PER_PAGE;
@@ -10,91 +10,35 @@ use super::table::ENTRIES_PER_PAGE;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct DedupDoc {
-    #[serde(default = "default_window_ms")]
-    window_ms: u64,
-    #[serde(default = "default_max_body_bytes")]
-    max_body_bytes: u64,
-    #[serde(default = "default_max_entries")]
-    max_entries: u64,
-    #[serde(default)]
-    scope: Scope,
-    #[serde(default = "default_api_key_header")]
-    api_key_header: String,
+    window_ms: Option<u64>,
+    max_body_bytes: Option<u64>,
+    max_entries: Option<u64>,
+    scope: Option<Scope>,
+    api_key_header: Option<String>,
     methods: Option<Vec<String>>,
-    #[serde(default)]
-    exclude: Vec<String>,
+    exclude: Option<Vec<String>>,
     global_methods: Option<Vec<String>>,
     reuse_methods: Option<Vec<String>>,
-    #[serde(default = "default_max_wait_ms")]
-    max_wait_ms: u64,
-    #[serde(default = "default_max_waiters")]
-    max_waiters: u64,
-    #[serde(default = "default_max_answer_bytes")]
-    max_answer_bytes: u64,
+    max_wait_ms: Option<u64>,
+    max_waiters: Option<u64>,
+    max_answer_bytes: Option<u64>,
     #[serde(default)]
     upstream: UpstreamDoc,
-    #[serde(default = "default_engage_after_ms")]
-    engage_after_ms: u64,
-    #[serde(default = "default_standby_after_ms")]
-    standby_after_ms: u64,
+    engage_after_ms: Option<u64>,
+    standby_after_ms: Option<u64>,
 }
 
 /// Where a coalesced request's leader is sent: the cluster of Envoy's
 /// config that the route sends to, and how long it may take.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub(crate) struct UpstreamDoc {
-    #[serde(default = "default_cluster")]
-    cluster: String,
-    #[serde(default = "default_upstream_timeout_ms")]
-    timeout_ms: u64,
-}
-
-impl Default for UpstreamDoc {
-    fn default() -> Self {
-        Self {
-            cluster: default_cluster(),
-            timeout_ms: default_upstream_timeout_ms(),
-        }
-    }
-}
-
-fn default_window_ms() -> u64 {
-    1000
-}
-fn default_max_body_bytes() -> u64 {
-    64 * 1024
-}
-fn default_max_entries() -> u64 {
-    4096
-}
-fn default_api_key_header() -> String {
-    "x-api-key".into()
-}
-fn default_max_wait_ms() -> u64 {
-    20_000
-}
-fn default_max_waiters() -> u64 {
-    256
-}
-fn default_max_answer_bytes() -> u64 {
-    128 * 1024
-}
-fn default_engage_after_ms() -> u64 {
-    100
-}
-fn default_standby_after_ms() -> u64 {
-    5000
-}
-fn default_cluster() -> String {
-    "rpc_node".into()
-}
-fn default_upstream_timeout_ms() -> u64 {
-    60_000
+    cluster: Option<String>,
+    timeout_ms: Option<u64>,
 }
 
 /// Whose requests can be duplicates of each other.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Scope {
     /// Only the same client's: by API key (hashed) if it sends one, else
@@ -192,50 +136,66 @@ pub struct Upstream {
     pub timeout_ms: u64,
 }
 
+/// Where a leader's callout goes.
+fn upstream(doc: UpstreamDoc, f: &mut Fields) -> Result<Upstream, PolicyError> {
+    let cluster = f.or("dedup.upstream.cluster", doc.cluster, "rpc_node".into());
+    ensure(
+        !cluster.is_empty()
+            && cluster.len() <= 256
+            && cluster.bytes().all(|b| b.is_ascii_graphic()),
+        "dedup.upstream.cluster",
+        || format!("must be the name of a cluster in Envoy's config; got {cluster:?}"),
+    )?;
+    let timeout_ms = f.range(
+        "dedup.upstream.timeoutMs",
+        doc.timeout_ms,
+        60_000,
+        1,
+        MAX_WINDOW_MS,
+    )?;
+    Ok(Upstream {
+        cluster,
+        timeout_ms,
+    })
+}
+
 impl DedupPolicy {
-    pub(crate) fn compile(doc: DedupDoc) -> Result<Self, PolicyError> {
-        let window_ms = range("dedup.windowMs", doc.window_ms, 1, MAX_WINDOW_MS)?;
-        let max_body_bytes = range(
-            "dedup.maxBodyBytes",
-            doc.max_body_bytes,
-            2,
-            MAX_BODY_BYTES_LIMIT,
+    pub(crate) fn compile(doc: DedupDoc, f: &mut Fields) -> Result<Self, PolicyError> {
+        let window_ms = f.range("dedup.windowMs", doc.window_ms, 1000, 1, MAX_WINDOW_MS)?;
+        let max_wait_ms = f.range("dedup.maxWaitMs", doc.max_wait_ms, 20_000, 1, MAX_WINDOW_MS)?;
+        let max_waiters = f.range(
+            "dedup.maxWaiters",
+            doc.max_waiters,
+            256,
+            1,
+            MAX_WAITERS_LIMIT,
         )?;
-        let max_entries = range(
-            "dedup.maxEntries",
-            doc.max_entries,
-            ENTRIES_PER_PAGE as u64,
-            MAX_ENTRIES_LIMIT,
-        )?;
-        let api_key_header = header_name("dedup.apiKeyHeader", doc.api_key_header)?;
-        let max_wait_ms = range("dedup.maxWaitMs", doc.max_wait_ms, 1, MAX_WINDOW_MS)?;
-        let max_waiters = range("dedup.maxWaiters", doc.max_waiters, 1, MAX_WAITERS_LIMIT)?;
-        let max_answer_bytes = range(
+        let max_answer_bytes = f.range(
             "dedup.maxAnswerBytes",
             doc.max_answer_bytes,
+            128 * 1024,
             0,
             MAX_ANSWER_BYTES_LIMIT,
         )?;
-        let cluster = doc.upstream.cluster;
-        ensure(
-            !cluster.is_empty()
-                && cluster.len() <= 256
-                && cluster.bytes().all(|b| b.is_ascii_graphic()),
-            "dedup.upstream.cluster",
-            || format!("must be the name of a cluster in Envoy's config; got {cluster:?}"),
+        let upstream = upstream(doc.upstream, f)?;
+        let max_body_bytes = f.range(
+            "dedup.maxBodyBytes",
+            doc.max_body_bytes,
+            64 * 1024,
+            2,
+            MAX_BODY_BYTES_LIMIT,
         )?;
-        let timeout_ms = range(
-            "dedup.upstream.timeoutMs",
-            doc.upstream.timeout_ms,
-            1,
-            MAX_WINDOW_MS,
+        let max_entries = f.range(
+            "dedup.maxEntries",
+            doc.max_entries,
+            4096,
+            ENTRIES_PER_PAGE as u64,
+            MAX_ENTRIES_LIMIT,
         )?;
-        let engage_after_ms = range("dedup.engageAfterMs", doc.engage_after_ms, 0, 60_000)?;
-        let standby_after_ms = range(
-            "dedup.standbyAfterMs",
-            doc.standby_after_ms,
-            engage_after_ms.max(super::engage::TICK_MS),
-            MAX_WINDOW_MS,
+        let scope = f.or("dedup.scope", doc.scope, Scope::Client);
+        let api_key_header = header_name(
+            "dedup.apiKeyHeader",
+            f.or("dedup.apiKeyHeader", doc.api_key_header, "x-api-key".into()),
         )?;
         let names = |field: &str, list: Vec<String>| -> Result<BTreeSet<String>, PolicyError> {
             ensure(list.len() <= MAX_METHODS, &format!("dedup.{field}"), || {
@@ -256,36 +216,61 @@ impl DedupPolicy {
                 .collect()
         };
         let defaults = |list: &[&str]| list.iter().map(|m| m.to_string()).collect();
-        let global_methods = names(
-            "globalMethods",
-            doc.global_methods
-                .unwrap_or_else(|| defaults(GLOBAL_METHODS)),
-        )?;
-        let reuse_methods = names(
-            "reuseMethods",
-            doc.reuse_methods.unwrap_or_else(|| defaults(REUSE_METHODS)),
-        )?;
         let mut methods = names(
             "methods",
-            doc.methods.unwrap_or_else(|| {
-                READ_ONLY_METHODS
-                    .iter()
-                    .chain(GLOBAL_METHODS)
-                    .map(|m| m.to_string())
-                    .collect()
-            }),
+            f.or_else(
+                "dedup.methods",
+                doc.methods,
+                "read-only methods + `eth_sendRawTransaction`",
+                || {
+                    READ_ONLY_METHODS
+                        .iter()
+                        .chain(GLOBAL_METHODS)
+                        .map(|m| m.to_string())
+                        .collect()
+                },
+            ),
         )?;
-        for m in names("exclude", doc.exclude)? {
+        for m in names(
+            "exclude",
+            f.or_else("dedup.exclude", doc.exclude, "[]", Vec::new),
+        )? {
             methods.remove(&m);
         }
         ensure(!methods.is_empty(), "dedup.methods", || {
             "no method is left to deduplicate; remove the dedup section to turn it off".into()
         })?;
+        let global_methods = names(
+            "globalMethods",
+            f.or(
+                "dedup.globalMethods",
+                doc.global_methods,
+                defaults(GLOBAL_METHODS),
+            ),
+        )?;
+        let reuse_methods = names(
+            "reuseMethods",
+            f.or_else(
+                "dedup.reuseMethods",
+                doc.reuse_methods,
+                "by-hash reads and `eth_sendRawTransaction` (below)",
+                || defaults(REUSE_METHODS),
+            ),
+        )?;
+        let engage_after_ms =
+            f.range("dedup.engageAfterMs", doc.engage_after_ms, 100, 0, 60_000)?;
+        let standby_after_ms = f.range(
+            "dedup.standbyAfterMs",
+            doc.standby_after_ms,
+            5000,
+            engage_after_ms.max(super::engage::TICK_MS),
+            MAX_WINDOW_MS,
+        )?;
         Ok(Self {
             window_ms,
             max_body_bytes,
             pages: max_entries.div_ceil(ENTRIES_PER_PAGE as u64) as u32,
-            scope: doc.scope,
+            scope,
             api_key_header,
             methods,
             global_methods,
@@ -293,10 +278,7 @@ impl DedupPolicy {
             max_wait_ms,
             max_waiters: max_waiters as u32,
             max_answer_bytes,
-            upstream: Upstream {
-                cluster,
-                timeout_ms,
-            },
+            upstream,
             engage_after_ms,
             standby_after_ms,
         })

@@ -7,7 +7,8 @@ use crate::gate::class::Matcher;
 use crate::gate::shards::Limits;
 use crate::request::{Cidr, MetadataScope};
 use crate::validate::{
-    ensure, header_name, max_len, non_empty, parse_json, range, PolicyError, Warning, Warnings,
+    ensure, header_name, max_len, non_empty, parse_json, range, FieldDoc, Fields, PolicyError,
+    Warning, Warnings,
 };
 use serde::Deserialize;
 
@@ -16,21 +17,21 @@ use serde::Deserialize;
 struct Document {
     max_inflight: i64,
     #[serde(default)]
-    reserved: u32,
-    #[serde(default = "default_max_websocket_connections")]
-    max_websocket_connections: i64,
-    #[serde(default = "default_max_inflight_per_websocket")]
-    max_inflight_per_websocket: u32,
-    #[serde(default = "default_max_websocket_message_bytes")]
-    max_websocket_message_bytes: u64,
-    #[serde(default = "default_heartbeat_ms")]
-    heartbeat_ms: u64,
-    #[serde(default = "default_stale_slot_ttl_ms")]
-    stale_slot_ttl_ms: u64,
-    #[serde(default = "default_retry_after_max_s")]
-    retry_after_max_s: u32,
+    reserved: Option<u32>,
     #[serde(default)]
-    decide_on_body: bool,
+    max_websocket_connections: Option<i64>,
+    #[serde(default)]
+    max_inflight_per_websocket: Option<u32>,
+    #[serde(default)]
+    max_websocket_message_bytes: Option<u64>,
+    #[serde(default)]
+    heartbeat_ms: Option<u64>,
+    #[serde(default)]
+    stale_slot_ttl_ms: Option<u64>,
+    #[serde(default)]
+    retry_after_max_s: Option<u32>,
+    #[serde(default)]
+    decide_on_body: Option<bool>,
     #[serde(default)]
     classes: Classes,
     /// Retry-storm protection; absent means off.
@@ -51,9 +52,9 @@ const LISTS: &[&str] = &[
 #[serde(deny_unknown_fields)]
 struct Classes {
     #[serde(default)]
-    internal: Vec<MatcherDoc>,
+    internal: Option<Vec<MatcherDoc>>,
     #[serde(default)]
-    priority: Vec<MatcherDoc>,
+    priority: Option<Vec<MatcherDoc>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -72,33 +73,6 @@ enum MatcherDoc {
 struct HeaderDoc {
     name: String,
     value: String,
-}
-
-fn default_max_websocket_connections() -> i64 {
-    DEFAULT_MAX_WEBSOCKET_CONNECTIONS.into()
-}
-
-fn default_max_inflight_per_websocket() -> u32 {
-    8
-}
-
-fn default_max_websocket_message_bytes() -> u64 {
-    DEFAULT_MAX_WEBSOCKET_MESSAGE_BYTES
-}
-
-fn default_heartbeat_ms() -> u64 {
-    1000
-}
-
-fn default_stale_slot_ttl_ms() -> u64 {
-    10_000
-}
-
-/// Client libraries that honour `retry-after` retry a few times (viem:
-/// three) and give up: a few seconds each keeps their whole wait within
-/// their own timeout (docs/clients.md).
-fn default_retry_after_max_s() -> u32 {
-    3
 }
 
 pub const DEFAULT_MAX_WEBSOCKET_CONNECTIONS: u32 = 1024;
@@ -137,105 +111,71 @@ pub struct GatePolicy {
 impl GatePolicy {
     /// Parses and validates a policy document. Errors name the field.
     pub fn parse(json: &[u8]) -> Result<Self, PolicyError> {
+        Self::read(json, &mut Fields::default())
+    }
+
+    /// Every field, with its default, as the docs' tables list them.
+    pub fn fields() -> Vec<FieldDoc> {
+        let mut fields = Fields::listing();
+        let all = br#"{"maxInflight": 8, "dedup": {}}"#;
+        Self::read(all, &mut fields).map_or_else(|_| Vec::new(), |_| fields.listed())
+    }
+
+    fn read(json: &[u8], f: &mut Fields) -> Result<Self, PolicyError> {
         let doc: Document = parse_json(json, LISTS)?;
-        let max_inflight = match doc.max_inflight {
-            -1 => None,
-            n => Some(
-                u32::try_from(n)
-                    .ok()
-                    .filter(|n| (1..=MAX_LIMIT).contains(n))
-                    .ok_or_else(|| {
-                        PolicyError::new(
-                            "maxInflight",
-                            format!("must be between 1 and {MAX_LIMIT}, or -1 for pass-through; got {n}"),
-                        )
-                    })?,
-            ),
-        };
-        match max_inflight {
-            Some(max) => ensure(doc.reserved < max, "reserved", || {
-                format!(
-                    "must be less than maxInflight ({max}); got {}",
-                    doc.reserved
-                )
-            })?,
-            None => ensure(doc.reserved == 0, "reserved", || {
-                format!(
-                    "has no effect while maxInflight is -1 (pass-through): nothing is limited, so nothing is reserved; got {}",
-                    doc.reserved
-                )
-            })?,
-        }
-        let max_websocket = match doc.max_websocket_connections {
-            -1 => None,
-            n => Some(
-                u32::try_from(n)
-                    .ok()
-                    .filter(|n| *n <= MAX_LIMIT)
-                    .ok_or_else(|| {
-                        PolicyError::new(
-                            "maxWebsocketConnections",
-                            format!(
-                                "must be between 0 and {MAX_LIMIT}, or -1 for unlimited; got {n}"
-                            ),
-                        )
-                    })?,
-            ),
-        };
-        let per_websocket = range(
-            "maxInflightPerWebsocket",
-            doc.max_inflight_per_websocket,
-            1,
-            1000,
-        )?;
-        let max_websocket_message_bytes = range(
+        let limits = limits(&doc, f)?;
+        let max_websocket_message_bytes = f.range(
             "maxWebsocketMessageBytes",
             doc.max_websocket_message_bytes,
+            DEFAULT_MAX_WEBSOCKET_MESSAGE_BYTES,
             1024,
             MAX_WEBSOCKET_MESSAGE_BYTES,
         )?;
-        let heartbeat_ms = range(
+        let heartbeat_ms = f.range(
             "heartbeatMs",
             doc.heartbeat_ms,
+            1000,
             MIN_HEARTBEAT_MS,
             MAX_HEARTBEAT_MS,
         )?;
         // heartbeat_ms is bounded, so three of them cannot overflow.
         let min_ttl = 3 * heartbeat_ms;
-        ensure(doc.stale_slot_ttl_ms >= min_ttl, "staleSlotTtlMs", || {
+        let stale_slot_ttl_ms = f.or("staleSlotTtlMs", doc.stale_slot_ttl_ms, 10_000);
+        ensure(stale_slot_ttl_ms >= min_ttl, "staleSlotTtlMs", || {
             format!(
-                "must be at least 3 heartbeats ({min_ttl} ms), or live workers would lose their slots; got {}",
-                doc.stale_slot_ttl_ms
+                "must be at least 3 heartbeats ({min_ttl} ms), or live workers would lose their slots; got {stale_slot_ttl_ms}"
             )
         })?;
         let stale_slot_ttl_ms = range(
             "staleSlotTtlMs",
-            doc.stale_slot_ttl_ms,
+            stale_slot_ttl_ms,
             min_ttl,
             MAX_STALE_SLOT_TTL_MS,
         )?;
-        let retry_after_max_s = range(
+        // Client libraries that honour `retry-after` retry a few times
+        // (viem: three) and give up: a few seconds each keeps their whole
+        // wait within their own timeout (docs/clients.md).
+        let retry_after_max_s = f.range(
             "retryAfterMaxS",
             doc.retry_after_max_s,
+            3,
             1,
             MAX_RETRY_AFTER_S,
         )?;
+        let decide_on_body = f.or("decideOnBody", doc.decide_on_body, false);
+        let internal = f.or_else("classes.internal", doc.classes.internal, "[]", Vec::new);
+        let priority = f.or_else("classes.priority", doc.classes.priority, "[]", Vec::new);
         Ok(Self {
-            limits: Limits {
-                max_inflight,
-                reserved: doc.reserved,
-                max_websocket,
-                per_websocket,
-            },
+            limits,
             heartbeat_ms,
             stale_slot_ttl_ms,
             retry_after_max_s,
             max_websocket_message_bytes: usize::try_from(max_websocket_message_bytes)
                 .unwrap_or(usize::MAX),
-            decide_on_body: doc.decide_on_body,
-            internal: compile_matchers("classes.internal", doc.classes.internal)?,
-            priority: compile_matchers("classes.priority", doc.classes.priority)?,
-            dedup: doc.dedup.map(DedupPolicy::compile).transpose()?,
+            decide_on_body,
+            internal: compile_matchers("classes.internal", internal)?,
+            priority: compile_matchers("classes.priority", priority)?,
+            dedup: doc.dedup.map(|d| DedupPolicy::compile(d, f)).transpose()?,
         })
     }
 
@@ -276,6 +216,68 @@ impl GatePolicy {
         }
         w.0
     }
+}
+
+/// The in-flight and WebSocket limits: `-1` turns a limit off.
+fn limits(doc: &Document, f: &mut Fields) -> Result<Limits, PolicyError> {
+    let max_inflight = match f.required("maxInflight", doc.max_inflight) {
+        -1 => None,
+        n => Some(
+            u32::try_from(n)
+                .ok()
+                .filter(|n| (1..=MAX_LIMIT).contains(n))
+                .ok_or_else(|| {
+                    PolicyError::new(
+                        "maxInflight",
+                        format!(
+                            "must be between 1 and {MAX_LIMIT}, or -1 for pass-through; got {n}"
+                        ),
+                    )
+                })?,
+        ),
+    };
+    let reserved = f.or("reserved", doc.reserved, 0);
+    match max_inflight {
+        Some(max) => ensure(reserved < max, "reserved", || {
+            format!("must be less than maxInflight ({max}); got {reserved}")
+        })?,
+        None => ensure(reserved == 0, "reserved", || {
+            format!(
+                "has no effect while maxInflight is -1 (pass-through): nothing is limited, so nothing is reserved; got {reserved}"
+            )
+        })?,
+    }
+    let max_websocket = match f.or(
+        "maxWebsocketConnections",
+        doc.max_websocket_connections,
+        DEFAULT_MAX_WEBSOCKET_CONNECTIONS.into(),
+    ) {
+        -1 => None,
+        n => Some(
+            u32::try_from(n)
+                .ok()
+                .filter(|n| *n <= MAX_LIMIT)
+                .ok_or_else(|| {
+                    PolicyError::new(
+                        "maxWebsocketConnections",
+                        format!("must be between 0 and {MAX_LIMIT}, or -1 for unlimited; got {n}"),
+                    )
+                })?,
+        ),
+    };
+    let per_websocket = f.range(
+        "maxInflightPerWebsocket",
+        doc.max_inflight_per_websocket,
+        8,
+        1,
+        1000,
+    )?;
+    Ok(Limits {
+        max_inflight,
+        reserved,
+        max_websocket,
+        per_websocket,
+    })
 }
 
 fn compile_matchers(path: &str, docs: Vec<MatcherDoc>) -> Result<Vec<Matcher>, PolicyError> {

@@ -102,33 +102,20 @@ use fleet::{FleetShare, FleetView, RoundFleet, FLEET_KEY};
 use identity::Identity;
 use light::{LightState, LIGHT_KEY};
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};
-use policy::{Mode, QosPolicy};
+use policy::QosPolicy;
 use report::{Delta, ReportQueue, WorkerReport};
 use state::QosState;
 use std::collections::HashMap;
 
 pub use round::RoundReport;
 
-pub const STATE_KEY: &str = "stakegate.stake_qos.v3.state";
-/// A bitmap of the pages that hold an active identity, written by the round.
-pub const ACTIVE_KEY: &str = "stakegate.stake_qos.v3.active";
-/// The active identities' demand after the last round (`round::DemandSum`).
-pub const DEMAND_KEY: &str = "stakegate.stake_qos.v3.demand";
-const PAGE_KEY_PREFIX: &str = "stakegate.stake_qos.v3.page.";
-/// Weight of the newest round in the demand prediction.
-pub const DEMAND_SMOOTHING: f64 = 0.2;
-/// Demand (calls per interval) under which an identity with no calls is idle.
-pub const IDLE_DEMAND: f64 = 0.01;
-/// What a satisfied identity is granted beyond its predicted demand.
-pub const HEADROOM: f64 = 0.5;
+pub use page::page_key;
+pub use round::{DEMAND_SMOOTHING, HEADROOM, IDLE_DEMAND};
+pub use state::{ACTIVE_KEY, DEMAND_KEY, STATE_KEY};
 /// A lease is this fraction of the identity's grant per round.
 const LEASE_DIVISOR: u64 = 4;
 /// How often a worker drops local identities long idle.
 const SWEEP_EVERY_MS: u64 = 1000;
-
-pub fn page_key(page: u32) -> String {
-    format!("{PAGE_KEY_PREFIX}{page}")
-}
 
 /// What an admitted request carries until it ends. Not `Copy`: it is given
 /// back once, by moving it into `StakeQos::finish`.
@@ -249,7 +236,7 @@ impl StakeQos {
     pub fn new(policy: QosPolicy, seed: u64) -> Self {
         let pages = policy.max_identities.div_ceil(ENTRIES_PER_PAGE as u32);
         let mut state = QosState::default();
-        settle_capacity(&mut state, &policy);
+        state.settle_capacity(&policy);
         Self {
             policy,
             pages,
@@ -625,7 +612,7 @@ impl StakeQos {
             self.sweep(now_ms);
         }
         let (mut state, cas) = read::<QosState>(store, STATE_KEY)?;
-        settle_capacity(&mut state, &self.policy);
+        state.settle_capacity(&self.policy);
         self.state = state.clone();
         self.counting =
             self.policy.identify_above > 0.0 && read::<LightState>(store, LIGHT_KEY)?.0.counting;
@@ -798,22 +785,6 @@ impl StakeQos {
     /// Identities this worker keeps locally.
     pub fn local_identities(&self) -> usize {
         self.locals.len()
-    }
-}
-
-/// The capacity shares are cut from: the policy's in proactive mode (so a
-/// new policy takes effect at once), and in reactive mode the discovered
-/// one, starting from the policy's.
-fn settle_capacity(state: &mut QosState, policy: &QosPolicy) {
-    if let Some(fleet) = &policy.fleet {
-        // The round sets it from the fleet's allocation.
-        if state.capacity_rps <= 0.0 {
-            state.capacity_rps = policy.capacity_rps / f64::from(fleet.assume_replicas);
-        }
-        return;
-    }
-    if state.capacity_rps <= 0.0 || policy.mode == Mode::Proactive {
-        state.capacity_rps = policy.capacity_rps;
     }
 }
 

@@ -40,6 +40,13 @@
 
 use crate::shared::{PageLayout, Record};
 
+const PAGE_KEY_PREFIX: &str = "stakegate.stake_qos.v3.page.";
+
+/// The shared-data key of page `page` of the identity table.
+pub fn page_key(page: u32) -> String {
+    format!("{PAGE_KEY_PREFIX}{page}")
+}
+
 pub const LAYOUT_VERSION: u8 = 3;
 pub const ENTRIES_PER_PAGE: usize = 128;
 pub const ENTRY_LEN: usize = 48;

@@ -5,52 +5,38 @@
 use super::fleet::{FleetDoc, FleetPolicy};
 use crate::request::Cidr;
 use crate::validate::{
-    ensure, finite_range, header_name, max_len, non_empty, parse_json, range, PolicyError, Warning,
-    Warnings,
+    ensure, finite_range, header_name, max_len, non_empty, parse_json, range, FieldDoc, Fields,
+    PolicyError, Warning, Warnings,
 };
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct Document {
-    #[serde(default)]
-    mode: Mode,
+    mode: Option<Mode>,
     capacity_rps: f64,
-    #[serde(default = "default_threshold")]
-    throttle_threshold: f64,
-    #[serde(default = "default_refill_interval_ms")]
-    refill_interval_ms: u64,
-    #[serde(default = "default_load_smoothing")]
-    load_smoothing: u32,
-    /// `None`: the mode's default (0.5 proactive, 0 reactive).
-    #[serde(default)]
+    throttle_threshold: Option<f64>,
+    refill_interval_ms: Option<u64>,
+    load_smoothing: Option<u32>,
     identify_above: Option<f64>,
     #[serde(default)]
     identity: IdentityDoc,
-    #[serde(default)]
-    stakes: Vec<StakeDoc>,
+    stakes: Option<Vec<StakeDoc>>,
     #[serde(default)]
     concurrency: ConcurrencyDoc,
-    #[serde(default = "default_idle_ttl_ms")]
-    idle_ttl_ms: u64,
-    #[serde(default = "default_max_identities")]
-    max_identities: u32,
-    #[serde(default = "default_initial_tokens")]
-    initial_tokens: u32,
-    #[serde(default = "default_retry_after_max_s")]
-    retry_after_max_s: u32,
-    #[serde(default)]
-    decide_on_body: bool,
-    #[serde(default = "default_websockets_per_identity")]
-    websockets_per_identity: u32,
+    idle_ttl_ms: Option<u64>,
+    max_identities: Option<u32>,
+    initial_tokens: Option<u32>,
+    retry_after_max_s: Option<u32>,
+    decide_on_body: Option<bool>,
+    websockets_per_identity: Option<u32>,
     #[serde(default)]
     reactive: ReactiveDoc,
-    #[serde(default)]
     fleet: Option<FleetDoc>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// A configured capacity; throttle above `throttleThreshold` of it.
@@ -60,7 +46,7 @@ pub enum Mode {
     Reactive,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Source {
     ApiKey,
@@ -68,34 +54,15 @@ pub enum Source {
     Address,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct IdentityDoc {
-    #[serde(default = "default_order")]
-    order: Vec<Source>,
-    #[serde(default = "default_api_key_header")]
-    api_key_header: String,
-    #[serde(default)]
-    trusted_proxies: Vec<String>,
-    #[serde(default = "default_unstaked_stake")]
-    unstaked_stake: u64,
-    #[serde(default = "default_ipv4_prefix")]
-    group_ipv4_prefix: u8,
-    #[serde(default = "default_ipv6_prefix")]
-    group_ipv6_prefix: u8,
-}
-
-impl Default for IdentityDoc {
-    fn default() -> Self {
-        Self {
-            order: default_order(),
-            api_key_header: default_api_key_header(),
-            trusted_proxies: Vec::new(),
-            unstaked_stake: default_unstaked_stake(),
-            group_ipv4_prefix: default_ipv4_prefix(),
-            group_ipv6_prefix: default_ipv6_prefix(),
-        }
-    }
+    order: Option<Vec<Source>>,
+    api_key_header: Option<String>,
+    trusted_proxies: Option<Vec<String>>,
+    unstaked_stake: Option<u64>,
+    group_ipv4_prefix: Option<u8>,
+    group_ipv6_prefix: Option<u8>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -111,116 +78,23 @@ struct StakeDoc {
     tier: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct ConcurrencyDoc {
-    #[serde(default = "default_concurrency_floor")]
-    floor: u32,
-    #[serde(default = "default_headroom")]
-    headroom: f64,
-    #[serde(default = "default_latency_smoothing")]
-    latency_smoothing: f64,
+    floor: Option<u32>,
+    headroom: Option<f64>,
+    latency_smoothing: Option<f64>,
 }
 
-impl Default for ConcurrencyDoc {
-    fn default() -> Self {
-        Self {
-            floor: default_concurrency_floor(),
-            headroom: default_headroom(),
-            latency_smoothing: default_latency_smoothing(),
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct ReactiveDoc {
-    #[serde(default)]
     min_capacity_rps: Option<f64>,
-    #[serde(default)]
     max_capacity_rps: Option<f64>,
-    #[serde(default = "default_latency_tolerance")]
-    latency_tolerance: f64,
-    #[serde(default = "default_decrease")]
-    decrease: f64,
-    #[serde(default = "default_increase")]
-    increase_per_second: f64,
-    #[serde(default = "default_adjust_interval_ms")]
-    adjust_interval_ms: u64,
-}
-
-impl Default for ReactiveDoc {
-    fn default() -> Self {
-        Self {
-            min_capacity_rps: None,
-            max_capacity_rps: None,
-            latency_tolerance: default_latency_tolerance(),
-            decrease: default_decrease(),
-            increase_per_second: default_increase(),
-            adjust_interval_ms: default_adjust_interval_ms(),
-        }
-    }
-}
-
-fn default_threshold() -> f64 {
-    0.95
-}
-fn default_refill_interval_ms() -> u64 {
-    20
-}
-fn default_load_smoothing() -> u32 {
-    40
-}
-fn default_order() -> Vec<Source> {
-    vec![Source::ApiKey, Source::PeerCertificate, Source::Address]
-}
-fn default_api_key_header() -> String {
-    "x-api-key".into()
-}
-fn default_unstaked_stake() -> u64 {
-    1000
-}
-fn default_ipv4_prefix() -> u8 {
-    32
-}
-fn default_ipv6_prefix() -> u8 {
-    64
-}
-fn default_concurrency_floor() -> u32 {
-    4
-}
-fn default_headroom() -> f64 {
-    0.5
-}
-fn default_latency_smoothing() -> f64 {
-    0.2
-}
-fn default_idle_ttl_ms() -> u64 {
-    60_000
-}
-fn default_max_identities() -> u32 {
-    10_000
-}
-fn default_websockets_per_identity() -> u32 {
-    16
-}
-fn default_initial_tokens() -> u32 {
-    8
-}
-fn default_retry_after_max_s() -> u32 {
-    30
-}
-fn default_latency_tolerance() -> f64 {
-    2.0
-}
-fn default_decrease() -> f64 {
-    0.9
-}
-fn default_increase() -> f64 {
-    0.1
-}
-fn default_adjust_interval_ms() -> u64 {
-    200
+    latency_tolerance: Option<f64>,
+    decrease: Option<f64>,
+    increase_per_second: Option<f64>,
+    adjust_interval_ms: Option<u64>,
 }
 
 /// Who an identity is and what it weighs.
@@ -314,227 +188,59 @@ const LISTS: &[&str] = &["stakes", "identity.order", "identity.trustedProxies"];
 impl QosPolicy {
     /// Parses and validates a policy document. Errors name the field.
     pub fn parse(json: &[u8]) -> Result<Self, PolicyError> {
+        Self::read(json, &mut Fields::default())
+    }
+
+    /// Every field, with its default, as the docs' tables list them.
+    pub fn fields() -> Vec<FieldDoc> {
+        let mut fields = Fields::listing();
+        let all = br#"{"capacityRps": 100, "fleet": {}}"#;
+        Self::read(all, &mut fields).map_or_else(|_| Vec::new(), |_| fields.listed())
+    }
+
+    fn read(json: &[u8], f: &mut Fields) -> Result<Self, PolicyError> {
         let doc: Document = parse_json(json, LISTS)?;
-        let capacity_rps = finite_range("capacityRps", doc.capacity_rps, 1.0, MAX_CAPACITY_RPS)?;
-        let throttle_threshold =
-            finite_range("throttleThreshold", doc.throttle_threshold, 0.01, 1.0)?;
-        let refill_interval_ms = range("refillIntervalMs", doc.refill_interval_ms, 5, 1000)?;
-        let load_smoothing = range("loadSmoothing", doc.load_smoothing, 1, 1000)?;
-        let identify_above = match (doc.mode, doc.identify_above) {
-            (Mode::Reactive, Some(above)) if above != 0.0 => {
-                return Err(PolicyError::new(
-                    "identifyAbove",
-                    "reactive mode identifies every request (its capacity follows their latency): leave it out or set 0",
-                ))
-            }
-            (Mode::Reactive, _) => 0.0,
-            (Mode::Proactive, above) => finite_range(
-                "identifyAbove",
-                above.unwrap_or(DEFAULT_IDENTIFY_ABOVE),
-                0.0,
-                throttle_threshold,
-            )?,
-        };
-        // refill_interval_ms is at most 1000, so this cannot overflow.
-        let min_idle = 10 * refill_interval_ms;
-        ensure(doc.idle_ttl_ms >= min_idle, "idleTtlMs", || {
-            format!(
-                "must be at least 10 refill intervals ({min_idle} ms); got {}",
-                doc.idle_ttl_ms
-            )
-        })?;
-        let idle_ttl_ms = range("idleTtlMs", doc.idle_ttl_ms, min_idle, 86_400_000)?;
-        let max_identities = range("maxIdentities", doc.max_identities, 1, MAX_IDENTITIES)?;
-        let websockets_per_identity = range(
-            "websocketsPerIdentity",
-            doc.websockets_per_identity,
-            1,
-            MAX_IDENTITIES,
-        )?;
-        let visits = u64::from(max_identities) * 1000 / refill_interval_ms;
-        ensure(visits <= MAX_REFILL_VISITS_PER_S, "maxIdentities", || {
-            format!(
-                "{max_identities} identities refilled every {refill_interval_ms} ms \
-                 is {visits} identity visits a second, over the budget of {MAX_REFILL_VISITS_PER_S} \
-                 (about a fifth of a core): lower maxIdentities or raise refillIntervalMs"
-            )
-        })?;
-        let initial_tokens = range("initialTokens", doc.initial_tokens, 0, 65_535)?;
-        let retry_after_max_s = range("retryAfterMaxS", doc.retry_after_max_s, 1, 3600)?;
-
-        let id = doc.identity;
-        ensure(!id.order.is_empty(), "identity.order", || {
-            "must name at least one source".into()
-        })?;
-        for (i, source) in id.order.iter().enumerate() {
-            ensure(
-                !id.order[..i].contains(source),
-                &format!("identity.order[{i}]"),
-                || format!("{source:?} is listed twice"),
-            )?;
-        }
-        let api_key_header = header_name("identity.apiKeyHeader", id.api_key_header)?;
-        let unstaked_stake = range("identity.unstakedStake", id.unstaked_stake, 1, MAX_STAKE)?;
-        let group_ipv4_prefix = range("identity.groupIpv4Prefix", id.group_ipv4_prefix, 1, 32)?;
-        let group_ipv6_prefix = range("identity.groupIpv6Prefix", id.group_ipv6_prefix, 1, 128)?;
-        max_len("identity.trustedProxies", &id.trusted_proxies, 1024)?;
-        let trusted_proxies = id
-            .trusted_proxies
-            .iter()
-            .enumerate()
-            .map(|(i, text)| {
-                Cidr::parse(text)
-                    .map_err(|e| PolicyError::new(&format!("identity.trustedProxies[{i}]"), e))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-
-        max_len("stakes", &doc.stakes, MAX_STAKE_ENTRIES)?;
-        let mut tiers = vec!["unstaked".to_string(), "staked".to_string()];
-        let mut by_api_key = HashMap::new();
-        let mut by_peer = HashMap::new();
-        for (i, s) in doc.stakes.into_iter().enumerate() {
-            let field = |name: &str| format!("stakes[{i}].{name}");
-            let tier = match &s.tier {
-                None => TIER_STAKED,
-                Some(t) => {
-                    ensure(is_label(t), &field("tier"), || {
-                        format!("must be 1-32 characters of a-z, 0-9, _ or -; got {t:?}")
-                    })?;
-                    match tiers.iter().position(|known| known == t) {
-                        Some(index) => index,
-                        None => {
-                            ensure(tiers.len() < MAX_TIERS, &field("tier"), || {
-                                format!("at most {} distinct tiers", MAX_TIERS - 2)
-                            })?;
-                            tiers.push(t.clone());
-                            tiers.len() - 1
-                        }
-                    }
-                }
-            };
-            let entry = StakeEntry {
-                name: non_empty(&field("name"), s.name)?,
-                stake: range(&field("stake"), s.stake, 0, MAX_STAKE)?,
-                tier,
-            };
-            match (s.api_key_sha256, s.peer) {
-                (Some(hash), None) => {
-                    let hash = hash.to_ascii_lowercase();
-                    ensure(
-                        hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
-                        &field("apiKeySha256"),
-                        || "must be 64 hex digits: the sha256 of the key, never the key".into(),
-                    )?;
-                    ensure(
-                        by_api_key.insert(hash, entry).is_none(),
-                        &field("apiKeySha256"),
-                        || "is listed twice".into(),
-                    )?;
-                }
-                (None, Some(peer)) => {
-                    let peer = non_empty(&field("peer"), peer)?;
-                    ensure(
-                        by_peer.insert(peer, entry).is_none(),
-                        &field("peer"),
-                        || "is listed twice".into(),
-                    )?;
-                }
-                _ => {
-                    return Err(PolicyError::new(
-                        &format!("stakes[{i}]"),
-                        "needs exactly one of apiKeySha256 and peer",
-                    ))
-                }
-            }
-        }
-
-        let c = &doc.concurrency;
-        let concurrency_floor = range("concurrency.floor", c.floor, 1, 100_000)?;
-        let headroom = finite_range("concurrency.headroom", c.headroom, 0.0, 10.0)?;
-        let latency_smoothing = finite_range(
-            "concurrency.latencySmoothing",
-            c.latency_smoothing,
-            0.001,
-            1.0,
-        )?;
-
-        let r = &doc.reactive;
-        let min_capacity_rps = finite_range(
-            "reactive.minCapacityRps",
-            r.min_capacity_rps.unwrap_or((capacity_rps / 20.0).max(1.0)),
-            1.0,
-            capacity_rps,
-        )?;
-        let max_capacity_rps = finite_range(
-            "reactive.maxCapacityRps",
-            r.max_capacity_rps
-                .unwrap_or((capacity_rps * 4.0).min(MAX_CAPACITY_RPS)),
-            capacity_rps,
-            MAX_CAPACITY_RPS,
-        )?;
-        let latency_tolerance = finite_range(
-            "reactive.latencyTolerance",
-            r.latency_tolerance,
-            1.01,
-            100.0,
-        )?;
-        let decrease = finite_range("reactive.decrease", r.decrease, 0.01, 0.99)?;
-        let increase_per_second = finite_range(
-            "reactive.increasePerSecond",
-            r.increase_per_second,
-            0.001,
-            10.0,
-        )?;
-        let adjust_interval_ms = range(
-            "reactive.adjustIntervalMs",
-            r.adjust_interval_ms,
-            refill_interval_ms,
-            60_000,
-        )?;
-
+        let mode = f.or("mode", doc.mode, Mode::Proactive);
+        let rates = rates(&doc, mode, f)?;
+        let table = table(&doc, rates.refill_interval_ms, f)?;
+        let identity = identity(doc.identity, f)?;
+        let stakes = stakes(doc.stakes, f)?;
+        let concurrency = concurrency(&doc.concurrency, f)?;
+        let reactive = reactive(&doc.reactive, &rates, f)?;
         let fleet = doc
             .fleet
-            .map(|f| FleetPolicy::compile(f, refill_interval_ms))
+            .map(|doc| FleetPolicy::compile(doc, rates.refill_interval_ms, f))
             .transpose()?;
-        ensure(
-            fleet.is_none() || doc.mode == Mode::Proactive,
-            "fleet",
-            || "needs mode \"proactive\": the fleet shares one configured capacity".into(),
-        )?;
-
+        ensure(fleet.is_none() || mode == Mode::Proactive, "fleet", || {
+            "needs mode \"proactive\": the fleet shares one configured capacity".into()
+        })?;
+        f.or_else("fleet", None, "off", || ());
         Ok(Self {
-            mode: doc.mode,
-            capacity_rps,
-            throttle_threshold,
-            refill_interval_ms,
-            load_smoothing,
-            identify_above,
-            order: id.order,
-            api_key_header,
-            trusted_proxies,
-            unstaked_stake,
-            group_ipv4_prefix,
-            group_ipv6_prefix,
-            by_api_key,
-            by_peer,
-            tiers,
-            concurrency_floor,
-            headroom,
-            latency_smoothing,
-            idle_ttl_ms,
-            max_identities,
-            initial_tokens,
-            retry_after_max_s,
-            decide_on_body: doc.decide_on_body,
-            websockets_per_identity,
-            reactive: Reactive {
-                min_capacity_rps,
-                max_capacity_rps,
-                latency_tolerance,
-                decrease,
-                increase_per_second,
-                adjust_interval_ms,
-            },
+            mode,
+            capacity_rps: rates.capacity_rps,
+            throttle_threshold: rates.throttle_threshold,
+            refill_interval_ms: rates.refill_interval_ms,
+            load_smoothing: rates.load_smoothing,
+            identify_above: rates.identify_above,
+            order: identity.order,
+            api_key_header: identity.api_key_header,
+            trusted_proxies: identity.trusted_proxies,
+            unstaked_stake: identity.unstaked_stake,
+            group_ipv4_prefix: identity.group_ipv4_prefix,
+            group_ipv6_prefix: identity.group_ipv6_prefix,
+            by_api_key: stakes.by_api_key,
+            by_peer: stakes.by_peer,
+            tiers: stakes.tiers,
+            concurrency_floor: concurrency.0,
+            headroom: concurrency.1,
+            latency_smoothing: concurrency.2,
+            idle_ttl_ms: table.idle_ttl_ms,
+            max_identities: table.max_identities,
+            initial_tokens: table.initial_tokens,
+            retry_after_max_s: table.retry_after_max_s,
+            decide_on_body: f.or("decideOnBody", doc.decide_on_body, false),
+            websockets_per_identity: table.websockets_per_identity,
+            reactive,
             fleet,
         })
     }
@@ -570,6 +276,301 @@ impl QosPolicy {
         });
         w.0
     }
+}
+
+/// The rate fields: what is shared, how often, and when.
+struct Rates {
+    capacity_rps: f64,
+    throttle_threshold: f64,
+    refill_interval_ms: u64,
+    load_smoothing: u32,
+    identify_above: f64,
+}
+
+fn rates(doc: &Document, mode: Mode, f: &mut Fields) -> Result<Rates, PolicyError> {
+    let capacity_rps = f.required("capacityRps", doc.capacity_rps);
+    let capacity_rps = finite_range("capacityRps", capacity_rps, 1.0, MAX_CAPACITY_RPS)?;
+    let throttle_threshold =
+        f.finite("throttleThreshold", doc.throttle_threshold, 0.95, 0.01, 1.0)?;
+    let refill_interval_ms = f.range("refillIntervalMs", doc.refill_interval_ms, 20, 5, 1000)?;
+    let load_smoothing = f.range("loadSmoothing", doc.load_smoothing, 40, 1, 1000)?;
+    let identify_above = match (mode, doc.identify_above) {
+        (Mode::Reactive, Some(above)) if above != 0.0 => {
+            return Err(PolicyError::new(
+                "identifyAbove",
+                "reactive mode identifies every request (its capacity follows their latency): leave it out or set 0",
+            ))
+        }
+        (Mode::Reactive, _) => 0.0,
+        (Mode::Proactive, above) => f.finite(
+            "identifyAbove",
+            above,
+            DEFAULT_IDENTIFY_ABOVE,
+            0.0,
+            throttle_threshold,
+        )?,
+    };
+    Ok(Rates {
+        capacity_rps,
+        throttle_threshold,
+        refill_interval_ms,
+        load_smoothing,
+        identify_above,
+    })
+}
+
+/// The identity table's fields, and the new identity's and the refused
+/// one's.
+struct Table {
+    idle_ttl_ms: u64,
+    max_identities: u32,
+    initial_tokens: u32,
+    retry_after_max_s: u32,
+    websockets_per_identity: u32,
+}
+
+fn table(doc: &Document, refill_interval_ms: u64, f: &mut Fields) -> Result<Table, PolicyError> {
+    // refill_interval_ms is at most 1000, so this cannot overflow.
+    let min_idle = 10 * refill_interval_ms;
+    let idle_ttl_ms = f.or("idleTtlMs", doc.idle_ttl_ms, 60_000);
+    ensure(idle_ttl_ms >= min_idle, "idleTtlMs", || {
+        format!("must be at least 10 refill intervals ({min_idle} ms); got {idle_ttl_ms}")
+    })?;
+    let idle_ttl_ms = range("idleTtlMs", idle_ttl_ms, min_idle, 86_400_000)?;
+    let max_identities = f.range(
+        "maxIdentities",
+        doc.max_identities,
+        10_000,
+        1,
+        MAX_IDENTITIES,
+    )?;
+    let visits = u64::from(max_identities) * 1000 / refill_interval_ms;
+    ensure(visits <= MAX_REFILL_VISITS_PER_S, "maxIdentities", || {
+        format!(
+            "{max_identities} identities refilled every {refill_interval_ms} ms \
+             is {visits} identity visits a second, over the budget of {MAX_REFILL_VISITS_PER_S} \
+             (about a fifth of a core): lower maxIdentities or raise refillIntervalMs"
+        )
+    })?;
+    Ok(Table {
+        idle_ttl_ms,
+        max_identities,
+        initial_tokens: f.range("initialTokens", doc.initial_tokens, 8, 0, 65_535)?,
+        retry_after_max_s: f.range("retryAfterMaxS", doc.retry_after_max_s, 30, 1, 3600)?,
+        websockets_per_identity: f.range(
+            "websocketsPerIdentity",
+            doc.websockets_per_identity,
+            16,
+            1,
+            MAX_IDENTITIES,
+        )?,
+    })
+}
+
+/// How a client is told apart.
+struct Identity {
+    order: Vec<Source>,
+    api_key_header: String,
+    trusted_proxies: Vec<Cidr>,
+    unstaked_stake: u64,
+    group_ipv4_prefix: u8,
+    group_ipv6_prefix: u8,
+}
+
+fn identity(id: IdentityDoc, f: &mut Fields) -> Result<Identity, PolicyError> {
+    let order = f.or(
+        "identity.order",
+        id.order,
+        vec![Source::ApiKey, Source::PeerCertificate, Source::Address],
+    );
+    ensure(!order.is_empty(), "identity.order", || {
+        "must name at least one source".into()
+    })?;
+    for (i, source) in order.iter().enumerate() {
+        ensure(
+            !order[..i].contains(source),
+            &format!("identity.order[{i}]"),
+            || format!("{source:?} is listed twice"),
+        )?;
+    }
+    let api_key_header = f.or(
+        "identity.apiKeyHeader",
+        id.api_key_header,
+        "x-api-key".into(),
+    );
+    let api_key_header = header_name("identity.apiKeyHeader", api_key_header)?;
+    let trusted = f.or_else(
+        "identity.trustedProxies",
+        id.trusted_proxies,
+        "[]",
+        Vec::new,
+    );
+    max_len("identity.trustedProxies", &trusted, 1024)?;
+    let trusted_proxies = trusted
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            Cidr::parse(text)
+                .map_err(|e| PolicyError::new(&format!("identity.trustedProxies[{i}]"), e))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Identity {
+        order,
+        api_key_header,
+        trusted_proxies,
+        unstaked_stake: f.range(
+            "identity.unstakedStake",
+            id.unstaked_stake,
+            1000,
+            1,
+            MAX_STAKE,
+        )?,
+        group_ipv4_prefix: f.range("identity.groupIpv4Prefix", id.group_ipv4_prefix, 32, 1, 32)?,
+        group_ipv6_prefix: f.range("identity.groupIpv6Prefix", id.group_ipv6_prefix, 64, 1, 128)?,
+    })
+}
+
+/// The stake table, by key hash and by peer, and the tiers it names.
+struct Stakes {
+    by_api_key: HashMap<String, StakeEntry>,
+    by_peer: HashMap<String, StakeEntry>,
+    tiers: Vec<String>,
+}
+
+fn stakes(docs: Option<Vec<StakeDoc>>, f: &mut Fields) -> Result<Stakes, PolicyError> {
+    let docs = f.or_else("stakes", docs, "[]", Vec::new);
+    max_len("stakes", &docs, MAX_STAKE_ENTRIES)?;
+    let mut stakes = Stakes {
+        by_api_key: HashMap::new(),
+        by_peer: HashMap::new(),
+        tiers: vec!["unstaked".to_string(), "staked".to_string()],
+    };
+    for (i, s) in docs.into_iter().enumerate() {
+        let field = |name: &str| format!("stakes[{i}].{name}");
+        let entry = StakeEntry {
+            name: non_empty(&field("name"), s.name)?,
+            stake: range(&field("stake"), s.stake, 0, MAX_STAKE)?,
+            tier: match &s.tier {
+                None => TIER_STAKED,
+                Some(tier) => stakes.tier(&field("tier"), tier)?,
+            },
+        };
+        match (s.api_key_sha256, s.peer) {
+            (Some(hash), None) => {
+                let hash = hash.to_ascii_lowercase();
+                ensure(
+                    hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+                    &field("apiKeySha256"),
+                    || "must be 64 hex digits: the sha256 of the key, never the key".into(),
+                )?;
+                ensure(
+                    stakes.by_api_key.insert(hash, entry).is_none(),
+                    &field("apiKeySha256"),
+                    || "is listed twice".into(),
+                )?;
+            }
+            (None, Some(peer)) => {
+                let peer = non_empty(&field("peer"), peer)?;
+                ensure(
+                    stakes.by_peer.insert(peer, entry).is_none(),
+                    &field("peer"),
+                    || "is listed twice".into(),
+                )?;
+            }
+            _ => {
+                return Err(PolicyError::new(
+                    &format!("stakes[{i}]"),
+                    "needs exactly one of apiKeySha256 and peer",
+                ))
+            }
+        }
+    }
+    Ok(stakes)
+}
+
+impl Stakes {
+    /// The index of tier `name`, a new one if it is not known yet.
+    fn tier(&mut self, field: &str, name: &str) -> Result<usize, PolicyError> {
+        ensure(is_label(name), field, || {
+            format!("must be 1-32 characters of a-z, 0-9, _ or -; got {name:?}")
+        })?;
+        if let Some(index) = self.tiers.iter().position(|known| known == name) {
+            return Ok(index);
+        }
+        ensure(self.tiers.len() < MAX_TIERS, field, || {
+            format!("at most {} distinct tiers", MAX_TIERS - 2)
+        })?;
+        self.tiers.push(name.to_string());
+        Ok(self.tiers.len() - 1)
+    }
+}
+
+/// The concurrency allowance: floor, headroom, latency smoothing.
+fn concurrency(c: &ConcurrencyDoc, f: &mut Fields) -> Result<(u32, f64, f64), PolicyError> {
+    Ok((
+        f.range("concurrency.floor", c.floor, 4, 1, 100_000)?,
+        f.finite("concurrency.headroom", c.headroom, 0.5, 0.0, 10.0)?,
+        f.finite(
+            "concurrency.latencySmoothing",
+            c.latency_smoothing,
+            0.2,
+            0.001,
+            1.0,
+        )?,
+    ))
+}
+
+/// Reactive mode's constants (read in either mode).
+fn reactive(r: &ReactiveDoc, rates: &Rates, f: &mut Fields) -> Result<Reactive, PolicyError> {
+    let capacity_rps = rates.capacity_rps;
+    let min_capacity_rps = f.or_else(
+        "reactive.minCapacityRps",
+        r.min_capacity_rps,
+        "capacityRps ÷ 20",
+        || (capacity_rps / 20.0).max(1.0),
+    );
+    let max_capacity_rps = f.or_else(
+        "reactive.maxCapacityRps",
+        r.max_capacity_rps,
+        "capacityRps × 4",
+        || (capacity_rps * 4.0).min(MAX_CAPACITY_RPS),
+    );
+    Ok(Reactive {
+        min_capacity_rps: finite_range(
+            "reactive.minCapacityRps",
+            min_capacity_rps,
+            1.0,
+            capacity_rps,
+        )?,
+        max_capacity_rps: finite_range(
+            "reactive.maxCapacityRps",
+            max_capacity_rps,
+            capacity_rps,
+            MAX_CAPACITY_RPS,
+        )?,
+        latency_tolerance: f.finite(
+            "reactive.latencyTolerance",
+            r.latency_tolerance,
+            2.0,
+            1.01,
+            100.0,
+        )?,
+        decrease: f.finite("reactive.decrease", r.decrease, 0.9, 0.01, 0.99)?,
+        increase_per_second: f.finite(
+            "reactive.increasePerSecond",
+            r.increase_per_second,
+            0.1,
+            0.001,
+            10.0,
+        )?,
+        adjust_interval_ms: f.range(
+            "reactive.adjustIntervalMs",
+            r.adjust_interval_ms,
+            200,
+            rates.refill_interval_ms,
+            60_000,
+        )?,
+    })
 }
 
 fn is_label(text: &str) -> bool {

@@ -5,18 +5,20 @@
 use super::fair::{self, Claim};
 use super::fleet::{Demand, FleetShare, Report, RoundFleet};
 use super::light::{LightState, LIGHT_KEY};
-use super::page::{Entry, Page, ENTRIES_PER_PAGE, IDLE, MILLI, STAKED};
+use super::page::{page_key, Entry, Page, ENTRIES_PER_PAGE, IDLE, MILLI, STAKED};
 use super::policy::{Mode, QosPolicy};
 use super::reactive::{self, Finished};
 use super::report::{self, Delta, ReportQueue};
-use super::state::{step_load, QosState};
-use super::{
-    page_key, settle_capacity, ACTIVE_KEY, DEMAND_KEY, DEMAND_SMOOTHING, HEADROOM, IDLE_DEMAND,
-    STATE_KEY,
-};
+use super::state::{step_load, QosState, ACTIVE_KEY, DEMAND_KEY, STATE_KEY};
 use crate::shared::{read, update, update_from, Change, Record, SharedStore, StoreError, Write};
 use std::collections::{BTreeMap, HashMap};
 
+/// Weight of the newest round in the demand prediction.
+pub const DEMAND_SMOOTHING: f64 = 0.2;
+/// Demand (calls per interval) under which an identity with no calls is idle.
+pub const IDLE_DEMAND: f64 = 0.01;
+/// What a satisfied identity is granted beyond its predicted demand.
+pub const HEADROOM: f64 = 0.5;
 /// An identity's first calls are taken as spread over this long.
 pub const FIRST_SAMPLE_MS: u64 = 1000;
 /// A late round makes up for at most this many intervals.
@@ -386,7 +388,7 @@ pub(super) fn run(
         s.level = plan.level;
         match fleet {
             Some(f) => s.capacity_rps = f.capacity_rps,
-            None => settle_capacity(s, policy),
+            None => s.settle_capacity(policy),
         }
         let load_rps = s.load_rps(policy.refill_interval_ms);
         if policy.mode == Mode::Reactive {

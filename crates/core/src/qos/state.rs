@@ -7,7 +7,14 @@
 //! Layout (version 2): version `u8`, `throttling` `u8`, then 11 eight-byte
 //! little-endian fields in the order of the struct below.
 
+use super::policy::{Mode, QosPolicy};
 use crate::shared::{Reader, Record};
+
+pub const STATE_KEY: &str = "stakegate.stake_qos.v3.state";
+/// A bitmap of the pages that hold an active identity, written by the round.
+pub const ACTIVE_KEY: &str = "stakegate.stake_qos.v3.active";
+/// The active identities' demand after the last round (`round::DemandSum`).
+pub const DEMAND_KEY: &str = "stakegate.stake_qos.v3.demand";
 
 pub const LAYOUT_VERSION: u8 = 2;
 const LEN: usize = 2 + 8 * 11;
@@ -40,6 +47,22 @@ pub struct QosState {
 }
 
 impl QosState {
+    /// The capacity shares are cut from: the policy's in proactive mode (so
+    /// a new policy takes effect at once), and in reactive mode the
+    /// discovered one, starting from the policy's.
+    pub fn settle_capacity(&mut self, policy: &QosPolicy) {
+        if let Some(fleet) = &policy.fleet {
+            // The round sets it from the fleet's allocation.
+            if self.capacity_rps <= 0.0 {
+                self.capacity_rps = policy.capacity_rps / f64::from(fleet.assume_replicas);
+            }
+            return;
+        }
+        if self.capacity_rps <= 0.0 || policy.mode == Mode::Proactive {
+            self.capacity_rps = policy.capacity_rps;
+        }
+    }
+
     /// The load estimate in requests per second.
     pub fn load_rps(&self, refill_interval_ms: u64) -> f64 {
         self.load_ema * 1000.0 / refill_interval_ms as f64

@@ -15,6 +15,7 @@
 //! fleet size only, unless it is the second in a row (every live replica
 //! reports once per `syncMs`, so by then each has).
 
+use super::policy::is_name;
 use super::{member_name, FleetPolicy, RoundFleet};
 use crate::qos::StakeQos;
 use crate::shared::SharedStore;
@@ -34,14 +35,6 @@ pub enum Heard {
     },
     /// The exchange failed. `log`: the first failure of a spell, to log.
     Failed { log: Option<String> },
-}
-
-/// A replica name Redis keys and Webdis paths carry as they are.
-pub fn is_name(text: &str) -> bool {
-    (1..=64).contains(&text.len())
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// One VM's link to the fleet.

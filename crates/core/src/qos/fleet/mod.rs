@@ -72,12 +72,12 @@
 //! fleet after `memberTtlMs`, and the others' shares grow to cover it.
 
 pub mod exchange;
+pub mod policy;
 
 use super::fair::{self, Claim};
 use crate::shared::{update, Change, Reader, Record, SharedStore, StoreError};
-use crate::validate::{ensure, range, PolicyError};
-use exchange::is_name;
-use serde::Deserialize;
+pub(crate) use policy::FleetDoc;
+pub use policy::{is_name, FleetPolicy};
 use std::collections::{BTreeMap, HashMap};
 
 /// The allocation this replica last received, in shared data: written by
@@ -112,122 +112,7 @@ for _, name in ipairs(redis.call('ZRANGE', members, 0, -1)) do \
 end \
 return out";
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-pub(crate) struct FleetDoc {
-    #[serde(default = "default_cluster")]
-    cluster: String,
-    #[serde(default)]
-    replica: Option<String>,
-    #[serde(default = "default_name")]
-    name: String,
-    #[serde(default = "default_sync_ms")]
-    sync_ms: u64,
-    #[serde(default = "default_timeout_ms")]
-    timeout_ms: u64,
-    #[serde(default)]
-    stale_ms: Option<u64>,
-    #[serde(default)]
-    member_ttl_ms: Option<u64>,
-    #[serde(default = "default_assume_replicas")]
-    assume_replicas: u32,
-    #[serde(default = "default_max_identities")]
-    max_identities: u32,
-    #[serde(default = "default_max_replicas")]
-    max_replicas: u32,
-}
-
-fn default_cluster() -> String {
-    "stakegate_fleet".into()
-}
-fn default_name() -> String {
-    "stakegate".into()
-}
-fn default_sync_ms() -> u64 {
-    100
-}
-fn default_timeout_ms() -> u64 {
-    250
-}
-fn default_assume_replicas() -> u32 {
-    1
-}
-fn default_max_identities() -> u32 {
-    2048
-}
-fn default_max_replicas() -> u32 {
-    16
-}
-
-/// Fleet mode's settings (policy `fleet`, see `policies/stake-qos.md`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FleetPolicy {
-    /// Envoy's cluster for Webdis.
-    pub cluster: String,
-    /// This replica's name in the fleet; `None`: Envoy's node id.
-    pub replica: Option<String>,
-    /// The fleet's key prefix in Redis: fleets with other names share
-    /// nothing.
-    pub name: String,
-    pub sync_ms: u64,
-    pub timeout_ms: u64,
-    pub stale_ms: u64,
-    pub member_ttl_ms: u64,
-    pub assume_replicas: u32,
-    pub max_identities: u32,
-    /// An answer listing more members than this is not trusted.
-    pub max_replicas: u32,
-}
-
 impl FleetPolicy {
-    pub(crate) fn compile(doc: FleetDoc, refill_interval_ms: u64) -> Result<Self, PolicyError> {
-        let cluster = doc.cluster;
-        ensure(
-            !cluster.is_empty()
-                && cluster.len() <= 256
-                && cluster.bytes().all(|b| b.is_ascii_graphic()),
-            "fleet.cluster",
-            || format!("must be the name of a cluster in Envoy's config; got {cluster:?}"),
-        )?;
-        if let Some(replica) = &doc.replica {
-            ensure(is_name(replica), "fleet.replica", || {
-                format!("must be 1-64 characters of A-Z, a-z, 0-9, _ or -; got {replica:?}")
-            })?;
-        }
-        ensure(is_name(&doc.name), "fleet.name", || {
-            format!(
-                "must be 1-64 characters of A-Z, a-z, 0-9, _ or -; got {:?}",
-                doc.name
-            )
-        })?;
-        let sync_ms = range("fleet.syncMs", doc.sync_ms, refill_interval_ms, 10_000)?;
-        let timeout_ms = range("fleet.timeoutMs", doc.timeout_ms, 10, 10_000)?;
-        let stale_ms = range(
-            "fleet.staleMs",
-            doc.stale_ms.unwrap_or(5 * sync_ms + timeout_ms),
-            sync_ms + timeout_ms,
-            600_000,
-        )?;
-        let member_ttl_ms = range(
-            "fleet.memberTtlMs",
-            doc.member_ttl_ms.unwrap_or(10 * sync_ms),
-            2 * sync_ms,
-            600_000,
-        )?;
-        Ok(Self {
-            cluster,
-            replica: doc.replica,
-            name: doc.name,
-            sync_ms,
-            timeout_ms,
-            stale_ms,
-            member_ttl_ms,
-            assume_replicas: range("fleet.assumeReplicas", doc.assume_replicas, 1, 1000)?,
-            max_identities: range("fleet.maxIdentities", doc.max_identities, 1, 100_000)?,
-            max_replicas: range("fleet.maxReplicas", doc.max_replicas, 2, 1000)?,
-        })
-    }
-
     /// Whether round `round` sends an exchange: every `syncMs`, on the
     /// grid of refill intervals.
     pub fn due(&self, round: u64, refill_interval_ms: u64) -> bool {
@@ -666,9 +551,9 @@ mod tests {
         )
     }
 
-    fn policy(json: &str) -> Result<FleetPolicy, PolicyError> {
+    fn policy(json: &str) -> Result<FleetPolicy, crate::validate::PolicyError> {
         let doc: FleetDoc = serde_json::from_str(json).unwrap();
-        FleetPolicy::compile(doc, 20)
+        FleetPolicy::compile(doc, 20, &mut crate::validate::Fields::default())
     }
 
     #[test]

@@ -95,7 +95,7 @@ def imports(path):
     paths = []
     for m in re.finditer(r"^\s*(?:pub(?:\([^)]*\))?\s+)?use\s+([^;]+);", text, re.M):
         paths.extend(expand(m.group(1)))
-    paths.extend(re.findall(r"\b((?:crate|super)(?:::\w+)+)", text))
+    paths.extend(re.findall(r"(?<![\w:])(\w+(?:::\w+)+)", text))
     found = set()
     for p in paths:
         segs = [s for s in p.split("::") if s]
@@ -107,6 +107,8 @@ def imports(path):
                 base, segs = base[:-1], segs[1:]
             if segs and segs[0] == "self":
                 segs = segs[1:]
+        elif module_file(module + segs[:1]):
+            base = list(module)  # a child module, named from its parent
         else:
             continue
         for k in range(len(segs), -1, -1):

@@ -136,6 +136,66 @@ pub struct Upstream {
     pub timeout_ms: u64,
 }
 
+/// A list of method names, checked.
+fn names(field: &str, list: Vec<String>) -> Result<BTreeSet<String>, PolicyError> {
+    ensure(list.len() <= MAX_METHODS, &format!("dedup.{field}"), || {
+        format!("at most {MAX_METHODS} methods; got {}", list.len())
+    })?;
+    list.into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let method_name = !m.is_empty()
+                && m.len() <= 128
+                && m.bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
+            ensure(method_name, &format!("dedup.{field}[{i}]"), || {
+                format!("must be a method name; got {m:?}")
+            })?;
+            Ok(m)
+        })
+        .collect()
+}
+
+/// The methods deduplicated, those in `global` scope, and those whose
+/// answers are reused.
+fn methods(doc: &DedupDoc, f: &mut Fields) -> Result<Methods, PolicyError> {
+    let defaults = |list: &[&str]| list.iter().map(|m| m.to_string()).collect();
+    let mut methods = names(
+        "methods",
+        f.or_else(
+            "dedup.methods",
+            doc.methods.clone(),
+            "read-only methods + `eth_sendRawTransaction`",
+            || defaults(&[READ_ONLY_METHODS, GLOBAL_METHODS].concat()),
+        ),
+    )?;
+    let exclude = f.or_else("dedup.exclude", doc.exclude.clone(), "[]", Vec::new);
+    for m in names("exclude", exclude)? {
+        methods.remove(&m);
+    }
+    ensure(!methods.is_empty(), "dedup.methods", || {
+        "no method is left to deduplicate; remove the dedup section to turn it off".into()
+    })?;
+    let global = f.or(
+        "dedup.globalMethods",
+        doc.global_methods.clone(),
+        defaults(GLOBAL_METHODS),
+    );
+    let reuse = f.or_else(
+        "dedup.reuseMethods",
+        doc.reuse_methods.clone(),
+        "by-hash reads and `eth_sendRawTransaction` (below)",
+        || defaults(REUSE_METHODS),
+    );
+    Ok((
+        methods,
+        names("globalMethods", global)?,
+        names("reuseMethods", reuse)?,
+    ))
+}
+
+type Methods = (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>);
+
 /// Where a leader's callout goes.
 fn upstream(doc: UpstreamDoc, f: &mut Fields) -> Result<Upstream, PolicyError> {
     let cluster = f.or("dedup.upstream.cluster", doc.cluster, "rpc_node".into());
@@ -161,6 +221,7 @@ fn upstream(doc: UpstreamDoc, f: &mut Fields) -> Result<Upstream, PolicyError> {
 
 impl DedupPolicy {
     pub(crate) fn compile(doc: DedupDoc, f: &mut Fields) -> Result<Self, PolicyError> {
+        let (methods, global_methods, reuse_methods) = methods(&doc, f)?;
         let window_ms = f.range("dedup.windowMs", doc.window_ms, 1000, 1, MAX_WINDOW_MS)?;
         let max_wait_ms = f.range("dedup.maxWaitMs", doc.max_wait_ms, 20_000, 1, MAX_WINDOW_MS)?;
         let max_waiters = f.range(
@@ -196,66 +257,6 @@ impl DedupPolicy {
         let api_key_header = header_name(
             "dedup.apiKeyHeader",
             f.or("dedup.apiKeyHeader", doc.api_key_header, "x-api-key".into()),
-        )?;
-        let names = |field: &str, list: Vec<String>| -> Result<BTreeSet<String>, PolicyError> {
-            ensure(list.len() <= MAX_METHODS, &format!("dedup.{field}"), || {
-                format!("at most {MAX_METHODS} methods; got {}", list.len())
-            })?;
-            list.into_iter()
-                .enumerate()
-                .map(|(i, m)| {
-                    let method_name = !m.is_empty()
-                        && m.len() <= 128
-                        && m.bytes()
-                            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
-                    ensure(method_name, &format!("dedup.{field}[{i}]"), || {
-                        format!("must be a method name; got {m:?}")
-                    })?;
-                    Ok(m)
-                })
-                .collect()
-        };
-        let defaults = |list: &[&str]| list.iter().map(|m| m.to_string()).collect();
-        let mut methods = names(
-            "methods",
-            f.or_else(
-                "dedup.methods",
-                doc.methods,
-                "read-only methods + `eth_sendRawTransaction`",
-                || {
-                    READ_ONLY_METHODS
-                        .iter()
-                        .chain(GLOBAL_METHODS)
-                        .map(|m| m.to_string())
-                        .collect()
-                },
-            ),
-        )?;
-        for m in names(
-            "exclude",
-            f.or_else("dedup.exclude", doc.exclude, "[]", Vec::new),
-        )? {
-            methods.remove(&m);
-        }
-        ensure(!methods.is_empty(), "dedup.methods", || {
-            "no method is left to deduplicate; remove the dedup section to turn it off".into()
-        })?;
-        let global_methods = names(
-            "globalMethods",
-            f.or(
-                "dedup.globalMethods",
-                doc.global_methods,
-                defaults(GLOBAL_METHODS),
-            ),
-        )?;
-        let reuse_methods = names(
-            "reuseMethods",
-            f.or_else(
-                "dedup.reuseMethods",
-                doc.reuse_methods,
-                "by-hash reads and `eth_sendRawTransaction` (below)",
-                || defaults(REUSE_METHODS),
-            ),
         )?;
         let engage_after_ms =
             f.range("dedup.engageAfterMs", doc.engage_after_ms, 100, 0, 60_000)?;

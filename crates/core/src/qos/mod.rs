@@ -97,8 +97,8 @@ pub mod state;
 pub mod stream;
 
 use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
-use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
-use fleet::{FleetShare, FleetView, RoundFleet, FLEET_KEY};
+use crate::shared::{read, update, SharedStore, StoreError, Write};
+use fleet::{FleetShare, FleetView, FLEET_KEY};
 use identity::Identity;
 use light::{LightState, LIGHT_KEY};
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};
@@ -664,65 +664,6 @@ impl StakeQos {
             round: Some(report),
             reported,
         })
-    }
-
-    /// Fleet mode: the Webdis request body for the exchange that round
-    /// `fleet` (this VM's, just run) sends as `replica`, if one is due.
-    pub fn fleet_exchange(&self, fleet: &mut RoundFleet, replica: &str) -> Option<Vec<u8>> {
-        let policy = self.policy.fleet.as_ref()?;
-        if !policy.due(self.state.round, self.policy.refill_interval_ms) {
-            return None;
-        }
-        fleet.report.keep_busiest(policy.max_identities as usize);
-        Some(policy.request(replica, &fleet.report))
-    }
-
-    /// Fleet mode: takes the engine's answer to an exchange sent at
-    /// `asked_ms` as `member`, and keeps the allocation it gives for the
-    /// next rounds (unless an answer to a later exchange is already kept).
-    /// An answer `trust` refuses, given how many replicas it lists, gives
-    /// only the fleet's size (`fleet::exchange` says when). Returns the
-    /// view kept and the replica names more than one member reports under.
-    pub fn fleet_answer(
-        &self,
-        store: &impl SharedStore,
-        member: &str,
-        asked_ms: u64,
-        now_ms: u64,
-        body: &[u8],
-        trust: impl FnOnce(usize) -> bool,
-    ) -> Result<(FleetView, Vec<String>), String> {
-        let Some(policy) = &self.policy.fleet else {
-            return Err("fleet mode is off".into());
-        };
-        let reports = fleet::parse_answer(body)?;
-        if reports.len() > policy.max_replicas as usize {
-            return Err(format!(
-                "the engine lists {} replicas, more than fleet.maxReplicas ({}): reports no gateway sent? (keep Webdis reachable by the gateways only)",
-                reports.len(),
-                policy.max_replicas
-            ));
-        }
-        if !reports.iter().any(|(name, _)| name == member) {
-            return Err(format!(
-                "the answer has no report of this replica ({member:?}): something else writes to the fleet's keys"
-            ));
-        }
-        let trusted = trust(reports.len());
-        let view = fleet::allocate(self.policy.capacity_rps, &reports, member, asked_ms, now_ms);
-        let kept = update(store, FLEET_KEY, |kept: &mut FleetView| {
-            if kept.asked_ms > asked_ms {
-                Change::Keep(kept.clone())
-            } else if trusted {
-                *kept = view.clone();
-                Change::Write(view.clone())
-            } else {
-                kept.replicas = view.replicas;
-                Change::Write(kept.clone())
-            }
-        })
-        .map_err(|(e, _)| format!("shared data: {e}"))?;
-        Ok((kept.value, fleet::duplicate_names(&reports)))
     }
 
     /// Puts this worker's counts since its last report on the queue (the

@@ -16,9 +16,10 @@
 //! reports once per `syncMs`, so by then each has).
 
 use super::policy::is_name;
-use super::{member_name, FleetPolicy, RoundFleet};
+use super::{member_name, FleetPolicy, FleetView, RoundFleet, FLEET_KEY};
 use crate::qos::StakeQos;
 use crate::shared::SharedStore;
+use crate::shared::{update, Change};
 
 /// What the filter should record (and log) after an event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,5 +211,68 @@ impl Exchange {
         });
         self.failing = Some(why);
         Heard::Failed { log }
+    }
+}
+
+/// Fleet mode's side of a VM's QoS: the report to send, and the answer
+/// taken.
+impl StakeQos {
+    /// Fleet mode: the Webdis request body for the exchange that round
+    /// `fleet` (this VM's, just run) sends as `replica`, if one is due.
+    pub fn fleet_exchange(&self, fleet: &mut RoundFleet, replica: &str) -> Option<Vec<u8>> {
+        let policy = self.policy.fleet.as_ref()?;
+        if !policy.due(self.state.round, self.policy.refill_interval_ms) {
+            return None;
+        }
+        fleet.report.keep_busiest(policy.max_identities as usize);
+        Some(policy.request(replica, &fleet.report))
+    }
+
+    /// Fleet mode: takes the engine's answer to an exchange sent at
+    /// `asked_ms` as `member`, and keeps the allocation it gives for the
+    /// next rounds (unless an answer to a later exchange is already kept).
+    /// An answer `trust` refuses, given how many replicas it lists, gives
+    /// only the fleet's size (`fleet::exchange` says when). Returns the
+    /// view kept and the replica names more than one member reports under.
+    pub fn fleet_answer(
+        &self,
+        store: &impl SharedStore,
+        member: &str,
+        asked_ms: u64,
+        now_ms: u64,
+        body: &[u8],
+        trust: impl FnOnce(usize) -> bool,
+    ) -> Result<(FleetView, Vec<String>), String> {
+        let Some(policy) = &self.policy.fleet else {
+            return Err("fleet mode is off".into());
+        };
+        let reports = super::parse_answer(body)?;
+        if reports.len() > policy.max_replicas as usize {
+            return Err(format!(
+                "the engine lists {} replicas, more than fleet.maxReplicas ({}): reports no gateway sent? (keep Webdis reachable by the gateways only)",
+                reports.len(),
+                policy.max_replicas
+            ));
+        }
+        if !reports.iter().any(|(name, _)| name == member) {
+            return Err(format!(
+                "the answer has no report of this replica ({member:?}): something else writes to the fleet's keys"
+            ));
+        }
+        let trusted = trust(reports.len());
+        let view = super::allocate(self.policy.capacity_rps, &reports, member, asked_ms, now_ms);
+        let kept = update(store, FLEET_KEY, |kept: &mut FleetView| {
+            if kept.asked_ms > asked_ms {
+                Change::Keep(kept.clone())
+            } else if trusted {
+                *kept = view.clone();
+                Change::Write(view.clone())
+            } else {
+                kept.replicas = view.replicas;
+                Change::Write(kept.clone())
+            }
+        })
+        .map_err(|(e, _)| format!("shared data: {e}"))?;
+        Ok((kept.value, super::duplicate_names(&reports)))
     }
 }

@@ -227,7 +227,9 @@ struct Applied {
     report: Vec<Demand>,
 }
 
-/// Runs one round over the policy's pages, as the VM that claimed it.
+/// Runs one round over the policy's pages, as the VM that claimed it:
+/// take the workers' reports, find the pages to visit, set the level (pass
+/// one), grant (pass two), and write the round's state.
 pub(super) fn run(
     policy: &QosPolicy,
     store: &impl SharedStore,
@@ -239,58 +241,9 @@ pub(super) fn run(
 ) -> Result<(QosState, RoundReport), StoreError> {
     let pages = policy.max_identities.div_ceil(ENTRIES_PER_PAGE as u32);
     let mut report = RoundReport::default();
-    let mut deltas: HashMap<u64, Delta> = HashMap::new();
-    let mut finished = Finished::default();
-    let mut arrivals = 0u64;
-    // The calls' bound (`light`): of the counted requests and the
-    // identified ones.
-    let mut bound = 0u64;
-    while (report.reports as usize) < MAX_REPORTS {
-        let Some(bytes) = queue.pop()? else { break };
-        report.reports += 1;
-        // A report this module cannot read (a swap's other layout) is
-        // dropped: its counts are a round's worth of demand at most.
-        let Ok(worker) = report::decode(&bytes) else {
-            continue;
-        };
-        arrivals += u64::from(worker.counted);
-        bound += u64::from(worker.counted) + u64::from(worker.bound);
-        for d in worker.deltas {
-            arrivals += u64::from(d.arrivals);
-            finished.completions += u64::from(d.completions);
-            finished.latency_ms += u64::from(d.latency_sum_ms);
-            finished.overloads += u64::from(d.overloads);
-            deltas
-                .entry(d.key)
-                .or_insert(Delta {
-                    key: d.key,
-                    ..Delta::default()
-                })
-                .add(&d);
-        }
-    }
-
-    // The pages to visit: those the last round left active, and those of
-    // identities with new counts.
+    let taken = take_reports(queue, &mut report)?;
     let (active_before, active_cas) = read_active(store)?;
-    let mut visit: BTreeMap<u32, Vec<&Delta>> = BTreeMap::new();
-    for page in 0..pages {
-        if bit(&active_before, page) {
-            visit.entry(page).or_default();
-        }
-    }
-    for d in deltas.values() {
-        visit
-            .entry((d.key % u64::from(pages.max(1))) as u32)
-            .or_default()
-            .push(d);
-    }
-    // In key order, so that a round's outcome does not depend on the
-    // map's (a new identity's place in its page, the order of the sums).
-    for page_deltas in visit.values_mut() {
-        page_deltas.sort_unstable_by_key(|d| d.key);
-    }
-
+    let visit = pages_to_visit(pages, &active_before, &taken.deltas);
     let intervals = intervals.clamp(1, MAX_CATCH_UP) as f64;
     let mut plan = Plan {
         intervals,
@@ -302,50 +255,196 @@ pub(super) fn run(
         initial_tokens: i64::from(policy.initial_tokens) * MILLI,
         fleet,
     };
-    // Pass one: every active identity's demand, for the level; skipped when
-    // the demand cannot reach capacity (then the level is infinite).
     let capacity_rps = fleet.map_or(previous.capacity_rps, |f| f.capacity_rps);
     let per_interval = capacity_rps * policy.refill_interval_ms as f64 / 1000.0;
-    let mut read_pages = Vec::with_capacity(visit.len());
-    if demand_reaches(store, previous.round, arrivals, intervals, per_interval)? {
-        let mut claims = Vec::new();
-        for (&index, page_deltas) in &visit {
-            let (page, cas) = read::<Page>(store, &page_key(index))?;
-            let mut by_entry = [None; ENTRIES_PER_PAGE];
-            for d in page_deltas {
-                match page.find(d.key) {
-                    Some(i) => by_entry[i] = Some(*d),
-                    None => claims.push(Claim {
-                        demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / plan.first_since(),
-                        weight: plan.weight(d.key, d.stake),
-                    }),
-                }
-            }
-            for (i, delta) in by_entry.into_iter().enumerate().take(page.len()) {
-                if delta.is_none() && page.flags(i) & IDLE != 0 {
-                    continue;
-                }
-                let (demand, calls, _) = plan.demand(&page, i, delta);
-                if calls > 0 || demand >= IDLE_DEMAND {
-                    claims.push(Claim {
-                        demand,
-                        weight: plan.weight(page.key(i), page.stake(i)),
-                    });
-                }
-            }
-            read_pages.push((index, Some((page, cas))));
-        }
-        plan.level = fair::level(&claims, per_interval);
+    let read_pages = if demand_reaches(
+        store,
+        previous.round,
+        taken.arrivals,
+        intervals,
+        per_interval,
+    )? {
         report.level_computed = true;
+        level(store, &visit, &mut plan, per_interval)?
     } else {
-        read_pages.extend(visit.keys().map(|&index| (index, None)));
+        visit.keys().map(|&index| (index, None)).collect()
+    };
+    let granted = grant(store, read_pages, &visit, &plan, pages, &mut report)?;
+    // Only this round's VM writes it; a failed write is redone next round.
+    // Until then a page with active identities may go unvisited, and its
+    // demand uncounted: the demand sum is not written either.
+    let active_written = granted.active == active_before
+        || store.store(ACTIVE_KEY, &granted.active, active_cas) == Ok(Write::Stored);
+    let written = Written {
+        arrivals: taken.arrivals,
+        finished: taken.finished,
+        intervals: intervals as u64,
+        level: plan.level,
+    };
+    let state = write_state(policy, store, now_ms, fleet, &written, &mut report)?;
+    report.counting = count_or_identify(policy, store, &state, taken.bound, intervals as u64)?;
+    // Only this round's VM writes it; without it (not written, or a write
+    // that failed) the next round computes the level.
+    if active_written {
+        let sum = DemandSum {
+            round: state.round,
+            sum: granted.demand_sum,
+        };
+        let _ = store.store(DEMAND_KEY, &sum.encode(), None);
     }
+    report.throttling = state.throttling;
+    report.load_rps = state.load_rps(policy.refill_interval_ms);
+    report.capacity_rps = state.capacity_rps;
+    report.level = plan.level;
+    report.fleet = fleet
+        .zip(granted.fleet_report)
+        .map(|(f, report)| RoundFleet {
+            report,
+            replicas: f.replicas,
+            fallback: f.fallback,
+        });
+    Ok((state, report))
+}
 
-    // Pass two: grant, from what pass one read (read again only if a
-    // worker wrote the page in between).
-    let mut active_after = vec![0u8; (pages as usize).div_ceil(8)];
-    let mut demand_sum = 0.0;
-    let mut fleet_report = fleet.map(|_| Report::default());
+/// What the workers reported since the last round.
+struct Taken {
+    deltas: HashMap<u64, Delta>,
+    finished: Finished,
+    arrivals: u64,
+    /// The calls' bound (`light`): of the counted requests and the
+    /// identified ones.
+    bound: u64,
+}
+
+/// Takes the workers' reports off the queue (at most `MAX_REPORTS`).
+fn take_reports(queue: &impl ReportQueue, report: &mut RoundReport) -> Result<Taken, StoreError> {
+    let mut taken = Taken {
+        deltas: HashMap::new(),
+        finished: Finished::default(),
+        arrivals: 0,
+        bound: 0,
+    };
+    while (report.reports as usize) < MAX_REPORTS {
+        let Some(bytes) = queue.pop()? else { break };
+        report.reports += 1;
+        // A report this module cannot read (a swap's other layout) is
+        // dropped: its counts are a round's worth of demand at most.
+        let Ok(worker) = report::decode(&bytes) else {
+            continue;
+        };
+        taken.arrivals += u64::from(worker.counted);
+        taken.bound += u64::from(worker.counted) + u64::from(worker.bound);
+        for d in worker.deltas {
+            taken.arrivals += u64::from(d.arrivals);
+            taken.finished.completions += u64::from(d.completions);
+            taken.finished.latency_ms += u64::from(d.latency_sum_ms);
+            taken.finished.overloads += u64::from(d.overloads);
+            taken
+                .deltas
+                .entry(d.key)
+                .or_insert(Delta {
+                    key: d.key,
+                    ..Delta::default()
+                })
+                .add(&d);
+        }
+    }
+    Ok(taken)
+}
+
+/// The pages to visit: those the last round left active, and those of
+/// identities with new counts, each with its counts in key order (so that
+/// a round's outcome does not depend on the map's: a new identity's place
+/// in its page, the order of the sums).
+fn pages_to_visit<'d>(
+    pages: u32,
+    active_before: &[u8],
+    deltas: &'d HashMap<u64, Delta>,
+) -> BTreeMap<u32, Vec<&'d Delta>> {
+    let mut visit: BTreeMap<u32, Vec<&Delta>> = BTreeMap::new();
+    for page in 0..pages {
+        if bit(active_before, page) {
+            visit.entry(page).or_default();
+        }
+    }
+    for d in deltas.values() {
+        visit
+            .entry((d.key % u64::from(pages.max(1))) as u32)
+            .or_default()
+            .push(d);
+    }
+    for page_deltas in visit.values_mut() {
+        page_deltas.sort_unstable_by_key(|d| d.key);
+    }
+    visit
+}
+
+/// A page as pass one read it, for pass two (`None`: not read).
+type ReadPage = (u32, Option<(Page, Option<u32>)>);
+
+/// Pass one: every active identity's demand, for the water level (run
+/// only when demand can reach capacity; else the level is infinite).
+fn level(
+    store: &impl SharedStore,
+    visit: &BTreeMap<u32, Vec<&Delta>>,
+    plan: &mut Plan<'_>,
+    per_interval: f64,
+) -> Result<Vec<ReadPage>, StoreError> {
+    let mut read_pages = Vec::with_capacity(visit.len());
+    let mut claims = Vec::new();
+    for (&index, page_deltas) in visit {
+        let (page, cas) = read::<Page>(store, &page_key(index))?;
+        let mut by_entry = [None; ENTRIES_PER_PAGE];
+        for d in page_deltas {
+            match page.find(d.key) {
+                Some(i) => by_entry[i] = Some(*d),
+                None => claims.push(Claim {
+                    demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / plan.first_since(),
+                    weight: plan.weight(d.key, d.stake),
+                }),
+            }
+        }
+        for (i, delta) in by_entry.into_iter().enumerate().take(page.len()) {
+            if delta.is_none() && page.flags(i) & IDLE != 0 {
+                continue;
+            }
+            let (demand, calls, _) = plan.demand(&page, i, delta);
+            if calls > 0 || demand >= IDLE_DEMAND {
+                claims.push(Claim {
+                    demand,
+                    weight: plan.weight(page.key(i), page.stake(i)),
+                });
+            }
+        }
+        read_pages.push((index, Some((page, cas))));
+    }
+    plan.level = fair::level(&claims, per_interval);
+    Ok(read_pages)
+}
+
+/// What pass two granted.
+struct Granted {
+    /// The bitmap of the pages left with an active identity.
+    active: Vec<u8>,
+    demand_sum: f64,
+    fleet_report: Option<Report>,
+}
+
+/// Pass two: grant, from what pass one read (read again only if a worker
+/// wrote the page in between).
+fn grant(
+    store: &impl SharedStore,
+    read_pages: Vec<ReadPage>,
+    visit: &BTreeMap<u32, Vec<&Delta>>,
+    plan: &Plan<'_>,
+    pages: u32,
+    report: &mut RoundReport,
+) -> Result<Granted, StoreError> {
+    let mut granted = Granted {
+        active: vec![0u8; (pages as usize).div_ceil(8)],
+        demand_sum: 0.0,
+        fleet_report: plan.fleet.map(|_| Report::default()),
+    };
     for (index, read_before) in read_pages {
         let page_deltas = &visit[&index];
         let updated = update_from(store, &page_key(index), read_before, |p: &mut Page| {
@@ -358,72 +457,63 @@ pub(super) fn run(
             demand_sum: page_demand,
             report: page_report,
         } = updated.value;
-        if let Some(r) = &mut fleet_report {
+        if let Some(r) = &mut granted.fleet_report {
             r.0.extend(page_report);
         }
-        demand_sum += page_demand;
+        granted.demand_sum += page_demand;
         report.identities += active;
         report.evicted += evicted;
         report.cas_retries += updated.retries;
         report.pages += 1;
         if active > 0 {
-            active_after[index as usize / 8] |= 1 << (index % 8);
+            granted.active[index as usize / 8] |= 1 << (index % 8);
         }
     }
-    // Only this round's VM writes it; a failed write is redone next round.
-    // Until then a page with active identities may go unvisited, and its
-    // demand uncounted: the demand sum is not written either.
-    let active_written = active_after == active_before
-        || store.store(ACTIVE_KEY, &active_after, active_cas) == Ok(Write::Stored);
+    Ok(granted)
+}
 
+/// What the round writes in the state record besides its report.
+struct Written {
+    arrivals: u64,
+    finished: Finished,
+    intervals: u64,
+    level: f64,
+}
+
+/// The round's state: its number, the load, the level, the capacity and
+/// whether it throttles.
+fn write_state(
+    policy: &QosPolicy,
+    store: &impl SharedStore,
+    now_ms: u64,
+    fleet: Option<&FleetShare>,
+    written: &Written,
+    report: &mut RoundReport,
+) -> Result<QosState, StoreError> {
     let updated = update(store, STATE_KEY, |s: &mut QosState| {
         s.round = s.round.wrapping_add(1);
         s.load_ema = step_load(
             s.load_ema,
-            arrivals,
-            intervals as u64,
+            written.arrivals,
+            written.intervals,
             policy.load_smoothing,
         );
         s.identities = report.identities;
-        s.level = plan.level;
+        s.level = written.level;
         match fleet {
             Some(f) => s.capacity_rps = f.capacity_rps,
             None => s.settle_capacity(policy),
         }
         let load_rps = s.load_rps(policy.refill_interval_ms);
         if policy.mode == Mode::Reactive {
-            reactive::adjust(s, policy, now_ms, finished, load_rps);
+            reactive::adjust(s, policy, now_ms, written.finished, load_rps);
         }
         s.throttling = load_rps >= policy.throttle_threshold * s.capacity_rps;
         Change::Write(())
     })
     .map_err(|(e, _)| e)?;
     report.cas_retries += updated.retries;
-    let state = updated.table;
-    report.counting = count_or_identify(policy, store, &state, bound, intervals as u64)?;
-    // Only this round's VM writes it; without it (not written, or a write
-    // that failed) the next round computes the level.
-    if active_written {
-        let _ = store.store(
-            DEMAND_KEY,
-            &DemandSum {
-                round: state.round,
-                sum: demand_sum,
-            }
-            .encode(),
-            None,
-        );
-    }
-    report.throttling = state.throttling;
-    report.load_rps = state.load_rps(policy.refill_interval_ms);
-    report.capacity_rps = state.capacity_rps;
-    report.level = plan.level;
-    report.fleet = fleet.zip(fleet_report).map(|(f, report)| RoundFleet {
-        report,
-        replicas: f.replicas,
-        fallback: f.fallback,
-    });
-    Ok((state, report))
+    Ok(updated.table)
 }
 
 /// Updates the bound's load (`light`) with this round's `bound` calls over
@@ -514,198 +604,4 @@ fn bit(bits: &[u8], index: u32) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::shared::MemoryStore;
-
-    /// An identity's demand over a run of rounds with these calls.
-    fn demands(calls: &[u32]) -> Vec<f64> {
-        let mut page = Page::default();
-        page.entry(&Entry {
-            key: 1,
-            demand: 16.0,
-            ..Entry::default()
-        });
-        calls
-            .iter()
-            .map(|&c| {
-                let delta = Delta {
-                    key: 1,
-                    arrivals: c,
-                    ..Delta::default()
-                };
-                let plan = Plan {
-                    intervals: 1.0,
-                    interval_ms: 20,
-                    level: f64::INFINITY,
-                    now_ms: 0,
-                    idle_ttl_ms: 60_000,
-                    min_tokens: 2 * MILLI,
-                    initial_tokens: 8 * MILLI,
-                    fleet: None,
-                };
-                let (demand, _, quiet) = plan.demand(&page, 0, Some(&delta));
-                page.set_demand(0, demand as f32);
-                page.set_quiet(0, quiet);
-                demand
-            })
-            .collect()
-    }
-
-    /// Every page's bytes and the state after each of `rounds` rounds of
-    /// `arrivals(round)` calls spread over 40 identities; with
-    /// `forget_demand`, the last round's demand sum is lost before each
-    /// round, so that pass one always runs.
-    fn rounds(capacity: u32, forget_demand: bool) -> (Vec<Vec<Vec<u8>>>, u32) {
-        let policy = QosPolicy::parse(
-            format!(r#"{{"capacityRps": {capacity}, "maxIdentities": 512}}"#).as_bytes(),
-        )
-        .unwrap();
-        let (store, queue) = (MemoryStore::default(), report::MemoryQueue::default());
-        let mut state = QosState {
-            capacity_rps: f64::from(capacity),
-            ..QosState::default()
-        };
-        let mut seen = Vec::new();
-        let mut computed = 0;
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for round in 0..400u64 {
-            // Load swings between a tenth and twice capacity, in waves.
-            let wave = 0.1 + 1.9 * ((round as f64 / 40.0).sin() + 1.0) / 2.0;
-            let calls = (wave * f64::from(capacity) / 50.0) as u32;
-            let mut deltas = Vec::new();
-            for _ in 0..calls {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let key = 1 + (x % 40) * (x % 7 + 1) % 40;
-                deltas.push(Delta {
-                    key,
-                    stake: key * 1000,
-                    arrivals: 1,
-                    ..Delta::default()
-                });
-            }
-            queue
-                .push(&report::encode(&report::WorkerReport {
-                    deltas,
-                    ..Default::default()
-                }))
-                .unwrap();
-            if forget_demand {
-                store.store(DEMAND_KEY, &[], None).unwrap();
-            }
-            let report;
-            (state, report) = run(&policy, &store, &queue, round * 20, &state, 1, None).unwrap();
-            computed += u32::from(report.level_computed);
-            let pages = (0..4)
-                .map(|i| store.load(&page_key(i)).unwrap().0.unwrap_or_default())
-                .collect();
-            seen.push(pages);
-        }
-        (seen, computed)
-    }
-
-    #[test]
-    fn skipping_the_level_below_capacity_changes_nothing() {
-        for capacity in [500, 2000] {
-            let (skipping, computed) = rounds(capacity, false);
-            let (always, every) = rounds(capacity, true);
-            assert_eq!(every, 400);
-            assert!(
-                (50..350).contains(&computed),
-                "capacity {capacity}: the level was computed in {computed} rounds of 400"
-            );
-            let first = (0..400).find(|&r| skipping[r] != always[r]);
-            assert!(
-                first.is_none(),
-                "capacity {capacity}: the pages differ from round {first:?}"
-            );
-        }
-    }
-
-    /// A store whose writes of the active-page bitmap fail.
-    struct NoBitmap(MemoryStore);
-
-    impl SharedStore for NoBitmap {
-        fn load(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-            self.0.load(key)
-        }
-        fn store(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<Write, StoreError> {
-            if key == ACTIVE_KEY {
-                return Ok(Write::CasMismatch);
-            }
-            self.0.store(key, value, cas)
-        }
-    }
-
-    /// Whether each of three rounds, a call each, far below capacity,
-    /// computed the level.
-    fn levels_computed(store: &impl SharedStore) -> Vec<bool> {
-        let policy =
-            QosPolicy::parse(br#"{"capacityRps": 1000000, "maxIdentities": 512}"#).unwrap();
-        let queue = report::MemoryQueue::default();
-        let mut state = QosState {
-            capacity_rps: 1e6,
-            ..QosState::default()
-        };
-        (0..3u64)
-            .map(|round| {
-                let call = Delta {
-                    key: round + 1,
-                    arrivals: 1,
-                    ..Delta::default()
-                };
-                queue
-                    .push(&report::encode(&report::WorkerReport {
-                        deltas: vec![call],
-                        ..Default::default()
-                    }))
-                    .unwrap();
-                let report;
-                (state, report) = run(&policy, store, &queue, round * 20, &state, 1, None).unwrap();
-                report.level_computed
-            })
-            .collect()
-    }
-
-    #[test]
-    fn without_the_bitmap_written_the_next_round_computes_the_level() {
-        // The first round has no demand sum to go by.
-        assert_eq!(
-            levels_computed(&MemoryStore::default()),
-            [true, false, false]
-        );
-        assert_eq!(
-            levels_computed(&NoBitmap(MemoryStore::default())),
-            [true, true, true]
-        );
-    }
-
-    #[test]
-    fn a_report_that_misses_one_round_does_not_move_the_demand() {
-        // 16 calls a round; one round's report comes a round late.
-        let got = demands(&[16, 0, 32, 16]);
-        assert!(got.iter().all(|d| (d - 16.0).abs() < 1e-3), "{got:?}");
-    }
-
-    #[test]
-    fn a_client_that_stops_loses_its_demand_from_the_second_quiet_round() {
-        let got = demands(&[16, 0, 0, 0, 0]);
-        assert_eq!(&got[..2], &[16.0, 16.0]);
-        assert_eq!(&got[2..], &[1.0, 0.5, 1.0 / 3.0]);
-    }
-
-    #[test]
-    fn a_sparse_client_keeps_its_rate_between_its_calls() {
-        // One call every ten rounds settles at 0.1 a round.
-        let mut calls = Vec::new();
-        for _ in 0..30 {
-            calls.push(1);
-            calls.extend([0; 9]);
-        }
-        let got = demands(&calls);
-        let last = &got[got.len() - 10..];
-        assert!(last.iter().all(|d| (d - 0.1).abs() < 0.02), "{last:?}");
-    }
-}
+mod tests;

@@ -11,13 +11,12 @@ use stakegate_core::qos::StakeQos;
 use stakegate_glue::host::{self, BodyOf};
 use stakegate_glue::{now_ms, now_us, property_string, EnvoyStore};
 use std::hash::BuildHasher;
-use std::time::Duration;
 
 /// One VM's link to the fleet.
 pub struct FleetLink {
     exchange: Exchange,
     cluster: String,
-    timeout: Duration,
+    timeout_ms: u64,
     /// Webdis's credentials as a header, from Envoy's environment.
     authorization: Option<String>,
 }
@@ -40,7 +39,7 @@ impl FleetLink {
         Ok(Self {
             exchange: Exchange::new(policy, node_id, instance)?,
             cluster: policy.cluster.clone(),
-            timeout: Duration::from_millis(policy.timeout_ms),
+            timeout_ms: policy.timeout_ms,
             authorization,
         })
     }
@@ -58,21 +57,15 @@ impl FleetLink {
             return;
         };
         let mut headers = vec![
-            (":method", "POST"),
-            (":path", "/"),
-            (":authority", "webdis"),
-            ("content-type", "text/plain"),
+            (":method", "POST".to_string()),
+            (":path", "/".into()),
+            (":authority", "webdis".into()),
+            ("content-type", "text/plain".into()),
         ];
         if let Some(authorization) = &self.authorization {
-            headers.push(("authorization", authorization));
+            headers.push(("authorization", authorization.clone()));
         }
-        let sent = proxy_wasm::hostcalls::dispatch_http_call(
-            &self.cluster,
-            headers,
-            Some(&body),
-            vec![],
-            self.timeout,
-        );
+        let sent = host::dispatch_call(&self.cluster, &headers, &body, self.timeout_ms);
         match sent {
             Ok(token) => self.exchange.sent(token, now),
             Err(status) => {

@@ -52,12 +52,7 @@ fn drive_fleet(
         .map(|i| Exchange::new(&fleet_policy, Some(format!("gw-{i}")), i as u64).unwrap())
         .collect();
     let mut redis = FakeRedis::default();
-    let windows = run_ms.div_ceil(100) as usize + 1;
-    let mut run = Run {
-        per_window: vec![vec![0; windows]; clients.len()],
-        throttled: 0,
-        leases: 0,
-    };
+    let mut run = Run::new(clients.len(), run_ms);
     let mut pending: Vec<(u64, usize, Ticket)> = Vec::new();
     let mut sent = vec![0u64; clients.len()];
     for now in 1..=run_ms {

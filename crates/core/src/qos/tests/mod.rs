@@ -53,6 +53,16 @@ struct Run {
 }
 
 impl Run {
+    /// An empty run of `run_ms` for `clients` clients, in 100 ms windows.
+    fn new(clients: usize, run_ms: u64) -> Self {
+        let windows = run_ms.div_ceil(100) as usize + 1;
+        Run {
+            per_window: vec![vec![0; windows]; clients],
+            throttled: 0,
+            leases: 0,
+        }
+    }
+
     /// Calls admitted per client between `from_ms` and `to_ms`.
     fn admitted(&self, window_ms: u64, from_ms: u64, to_ms: u64) -> Vec<u64> {
         let (a, b) = ((from_ms / window_ms) as usize, (to_ms / window_ms) as usize);
@@ -86,12 +96,7 @@ fn drive(policy: QosPolicy, clients: &[Client], workers: usize, run_ms: u64) -> 
     // on either side of a round now and then).
     let mut next_tick: Vec<u64> = (0..=workers as u64).map(|i| (i * 13 + 5) % 20).collect();
     let mut jitter = 0x2545_f491_4f6c_dd1du64;
-    let windows = run_ms.div_ceil(100) as usize + 1;
-    let mut run = Run {
-        per_window: vec![vec![0; windows]; clients.len()],
-        throttled: 0,
-        leases: 0,
-    };
+    let mut run = Run::new(clients.len(), run_ms);
     let mut pending: Vec<(u64, usize, Ticket)> = Vec::new();
     let mut sent = vec![0u64; clients.len()];
     let mut turn = 0;

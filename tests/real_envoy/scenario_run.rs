@@ -182,3 +182,35 @@ fn a_fleet_shares_one_capacity_by_stake_and_keeps_serving_without_redis() {
         "fleet shares came back: {outage}"
     );
 }
+
+/// scenarios/node-time-shares.toml, shortened: rpc-node says what each
+/// answer cost it, and the load generator sums it per client, through the
+/// whole gateway.
+#[test]
+fn the_node_time_each_client_used_is_measured_through_the_gateway() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = scenario_run("node-time-shares", "6s", out.path());
+    let costs = [
+        ("light", 0.2),
+        ("call", 5.0),
+        ("logs", 20.0),
+        ("proof", 40.0),
+    ];
+    let mut node_shares = 0.0;
+    for (id, cost_ms) in costs {
+        let c = client(&summary, id);
+        let ok = c["status_counts"]["200"].as_f64().unwrap();
+        assert!(ok > 0.0, "{id}: {c}");
+        // The node's own time: at least each call's cost (a sleep can only
+        // overrun), never the time the client waited.
+        let node_ms = c["node_ms"].as_f64().unwrap();
+        assert!(
+            node_ms >= ok * cost_ms * 0.999,
+            "{id}: {node_ms} ms for {ok} calls"
+        );
+        node_shares += c["node_share"].as_f64().unwrap();
+    }
+    assert!((node_shares - 1.0).abs() < 1e-3, "{node_shares}");
+    let share = |id: &str| client(&summary, id)["node_share"].as_f64().unwrap();
+    assert!(share("light") < share("call") && share("call") < share("logs"));
+}

@@ -54,9 +54,37 @@ pub struct ClientSummary {
     /// How soon this client's rejected requests (429, 503) were answered,
     /// from when they were sent.
     pub rejected_latency_ms: Latency,
+    /// Node time, in ms, for what the node answered this client, and its
+    /// part of the public clients' node time and its weighted max-min fair
+    /// part of it (`Summary::measure_node_time`).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub node_time: Option<ClientNodeTime>,
     /// Admitted, rejected and failed requests per second of the run, by
     /// the second they came due.
     pub timeline: Vec<Second>,
+}
+
+/// A client's node time, over the steady seconds.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClientNodeTime {
+    pub node_ms: f64,
+    pub node_share: f64,
+    pub fair_node_share: f64,
+}
+
+/// The run's node time, over the steady seconds: shares as for calls, with
+/// each client's offered node time its offered calls times what its
+/// answered calls cost the node on average.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeTime {
+    /// The node time given out per second (ms/s): QoS's capacity in the
+    /// node-time unit, else all the node's read slots.
+    pub capacity_node_ms: f64,
+    pub max_node_share_error_pp: f64,
+    /// Node time used ÷ `capacity_node_ms`, when the public clients offered
+    /// at least it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_fill: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -173,6 +201,9 @@ pub struct Summary {
     /// offered at least the capacity.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fill: Option<f64>,
+    /// Node-time shares, when the node said what its answers cost.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub node_time: Option<NodeTime>,
     pub clients: Vec<ClientSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<NodeSummary>,
@@ -304,17 +335,40 @@ pub fn fairness(
     capacity_rps: f64,
     seconds: std::ops::Range<usize>,
 ) -> Fairness {
+    let floats = |rows: &[Vec<u64>]| -> Vec<Vec<f64>> {
+        rows.iter()
+            .map(|r| r.iter().map(|&v| v as f64).collect())
+            .collect()
+    };
+    fairness_of(
+        parties,
+        &floats(offered),
+        &floats(admitted),
+        capacity_rps,
+        seconds,
+    )
+}
+
+/// `fairness` of any measure (calls, node time): `offered[i][s]` and
+/// `admitted[i][s]` are party `i`'s in second `s`, `capacity` per second.
+pub fn fairness_of(
+    parties: &[Party],
+    offered: &[Vec<f64>],
+    admitted: &[Vec<f64>],
+    capacity_rps: f64,
+    seconds: std::ops::Range<usize>,
+) -> Fairness {
     let n = parties.len();
-    let (mut fair, mut got) = (vec![0.0; n], vec![0u64; n]);
-    let (mut offered_total, mut admitted_total) = (0u64, 0u64);
-    let at = |rows: &[Vec<u64>], i: usize, s: usize| rows.get(i).and_then(|r| r.get(s)).copied();
+    let (mut fair, mut got) = (vec![0.0; n], vec![0.0; n]);
+    let (mut offered_total, mut admitted_total) = (0.0, 0.0);
+    let at = |rows: &[Vec<f64>], i: usize, s: usize| rows.get(i).and_then(|r| r.get(s)).copied();
     for s in seconds.clone() {
         let claims: Vec<Claim> = parties
             .iter()
             .enumerate()
             .map(|(i, p)| Claim {
                 demand: if p.public {
-                    at(offered, i, s).unwrap_or(0) as f64
+                    at(offered, i, s).unwrap_or(0.0)
                 } else {
                     0.0
                 },
@@ -324,11 +378,10 @@ pub fn fairness(
         for (i, part) in fair::shares(&claims, capacity_rps).into_iter().enumerate() {
             fair[i] += part;
         }
-        for (i, p) in parties.iter().enumerate().filter(|(_, p)| p.public) {
-            got[i] += at(admitted, i, s).unwrap_or(0);
-            offered_total += at(offered, i, s).unwrap_or(0);
-            admitted_total += at(admitted, i, s).unwrap_or(0);
-            let _ = p;
+        for (i, _) in parties.iter().enumerate().filter(|(_, p)| p.public) {
+            got[i] += at(admitted, i, s).unwrap_or(0.0);
+            offered_total += at(offered, i, s).unwrap_or(0.0);
+            admitted_total += at(admitted, i, s).unwrap_or(0.0);
         }
     }
     let fair_total: f64 = fair.iter().sum();
@@ -347,7 +400,7 @@ pub fn fairness(
         .zip(&got)
         .map(|(p, g)| {
             if p.public {
-                ratio(*g, admitted_total)
+                share(*g, admitted_total)
             } else {
                 0.0
             }
@@ -362,9 +415,8 @@ pub fn fairness(
             .fold(0.0, f64::max),
     );
     let span = seconds.len() as f64;
-    let fill =
-        (capacity_rps.is_finite() && span > 0.0 && offered_total as f64 >= capacity_rps * span)
-            .then(|| round(admitted_total as f64 / span / capacity_rps));
+    let fill = (capacity_rps.is_finite() && span > 0.0 && offered_total >= capacity_rps * span)
+        .then(|| round(admitted_total / span / capacity_rps));
     Fairness {
         admitted,
         fair,
@@ -432,6 +484,66 @@ impl Summary {
             .map(|c| c.timeline.len())
             .max()
             .unwrap_or(0)
+    }
+
+    /// Node-time shares from the clients' timelines, against
+    /// `capacity_node_ms` per second; nothing when no answer said what it
+    /// cost the node.
+    pub fn measure_node_time(&mut self, capacity_node_ms: f64) {
+        let used = |c: &ClientSummary| c.timeline.iter().map(|s| s.node_ms).sum::<f64>();
+        if self.clients.iter().all(|c| used(c) == 0.0) {
+            return;
+        }
+        let parties: Vec<Party> = self
+            .clients
+            .iter()
+            .map(|c| Party {
+                id: c.id.clone(),
+                stake: c.stake,
+                offered_rps: c.offered_rps,
+                public: c.public,
+            })
+            .collect();
+        let per_call: Vec<f64> = self
+            .clients
+            .iter()
+            .map(|c| {
+                let ok: u64 = c.timeline.iter().map(|s| s.ok).sum();
+                if ok == 0 {
+                    0.0
+                } else {
+                    used(c) / ok as f64
+                }
+            })
+            .collect();
+        let offered: Vec<Vec<f64>> = self
+            .clients
+            .iter()
+            .zip(&per_call)
+            .map(|(c, cost)| {
+                let calls = |s: &Second| (s.ok + s.rejected + s.failed) as f64;
+                c.timeline.iter().map(|s| calls(s) * cost).collect()
+            })
+            .collect();
+        let admitted: Vec<Vec<f64>> = self
+            .clients
+            .iter()
+            .map(|c| c.timeline.iter().map(|s| s.node_ms).collect())
+            .collect();
+        let seconds = steady_seconds(self.duration_s);
+        let shares = fairness_of(&parties, &offered, &admitted, capacity_node_ms, seconds);
+        for (i, c) in self.clients.iter_mut().enumerate() {
+            c.node_time = Some(ClientNodeTime {
+                node_ms: round(used(c)),
+                node_share: shares.admitted[i],
+                fair_node_share: shares.fair[i],
+            });
+        }
+        self.node_time = Some(NodeTime {
+            capacity_node_ms,
+            max_node_share_error_pp: shares.max_error_pp,
+            node_fill: shares.fill,
+        });
     }
 
     /// Requests admitted over every client, per second of the run.
@@ -503,6 +615,7 @@ impl Summary {
                 status_counts: c.status.clone(),
                 latency_ms: Latency::of(&c.latency_ms.ok),
                 rejected_latency_ms: Latency::of(&c.latency_ms.rejected_service),
+                node_time: None,
                 timeline: c.timeline.clone(),
             })
             .collect();
@@ -517,6 +630,7 @@ impl Summary {
             latency_ms: Latency::of(&report.latency_ms.ok),
             max_share_error_pp: shares.max_error_pp,
             fill: shares.fill,
+            node_time: None,
             steady_from_s: steady_seconds(report.duration_s).start as f64,
             clients,
             node,
@@ -538,10 +652,14 @@ pub fn write(dir: &std::path::Path, summary: &impl Serialize) -> anyhow::Result<
 }
 
 fn ratio(part: u64, whole: u64) -> f64 {
-    if whole == 0 {
+    share(part as f64, whole as f64)
+}
+
+fn share(part: f64, whole: f64) -> f64 {
+    if whole == 0.0 {
         0.0
     } else {
-        (part as f64 / whole as f64 * 1e4).round() / 1e4
+        (part / whole * 1e4).round() / 1e4
     }
 }
 

@@ -366,3 +366,36 @@ fn the_whole_gateway_shares_by_stake_and_never_throttles_internal_calls() {
     assert!(rate("stake-40") > rate("stake-30") && rate("stake-30") > rate("stake-20"));
     assert!(rate("stake-20") > rate("stake-10") && rate("stake-10") > rate("unstaked"));
 }
+
+/// Four equal stakes, each flooding one method from 0.2 ms to 40 ms, with
+/// QoS sharing calls: the node time each client used is what its admitted
+/// calls cost the node, and shares of calls are not shares of node time.
+#[test]
+fn node_time_is_measured_per_client_and_calls_do_not_share_it() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("node-time-shares.toml"), true)).unwrap();
+    let costs = [
+        ("light", 0.2),
+        ("call", 5.0),
+        ("logs", 20.0),
+        ("proof", 40.0),
+    ];
+    let mut node_shares = 0.0;
+    for (id, cost_ms) in costs {
+        let c = client(&summary, id);
+        let ok = c["status_counts"]["200"].as_f64().unwrap();
+        let node_ms = c["node_ms"].as_f64().unwrap();
+        assert!(
+            (node_ms - ok * cost_ms).abs() <= 0.01 * ok * cost_ms,
+            "{id}: {node_ms} ms for {ok} calls of {cost_ms} ms"
+        );
+        node_shares += c["node_share"].as_f64().unwrap();
+    }
+    assert!((node_shares - 1.0).abs() < 1e-3, "{node_shares}");
+    let share = |id: &str, field: &str| client(&summary, id)[field].as_f64().unwrap();
+    // Calls: the light caller gets about as many as the eth_call one.
+    assert!(share("light", "admitted_share") >= 0.9 * share("call", "admitted_share"));
+    // Node time: less than half of its max-min share, which it offered.
+    assert!(share("light", "node_share") < 0.5 * share("light", "fair_node_share"));
+    assert!(summary["max_node_share_error_pp"].as_f64().unwrap() > 5.0);
+}

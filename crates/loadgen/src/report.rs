@@ -42,6 +42,14 @@ pub struct Second {
     pub ok: u64,
     pub rejected: u64,
     pub failed: u64,
+    /// Node time the answers of this second's requests took, in ms, as the
+    /// node says (`x-node-service-us`, rpc-node's); 0 from other nodes.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub node_ms: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 #[derive(Debug)]
@@ -81,13 +89,15 @@ impl Default for Recorder {
 
 impl Recorder {
     /// `second` is when the request came due, from the start of the run;
-    /// `latency` runs from the due time and `service` from the send.
+    /// `latency` runs from the due time and `service` from the send;
+    /// `node` is the node's own time on it, when it says.
     pub fn record(
         &mut self,
         second: usize,
         outcome: Outcome,
         latency: Duration,
         service: Duration,
+        node: Option<Duration>,
         rpc_error: bool,
     ) {
         *self.status.entry(outcome.key()).or_default() += 1;
@@ -99,6 +109,7 @@ impl Recorder {
             self.timeline.resize(second + 1, Second::default());
         }
         let slot = &mut self.timeline[second];
+        slot.node_ms += node.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
         match outcome {
             Outcome::Status(200) => {
                 self.ok.saturating_record(micros);
@@ -267,11 +278,11 @@ mod tests {
     #[test]
     fn outcomes_land_in_their_buckets() {
         let mut r = Recorder::default();
-        r.record(0, Outcome::Status(200), 2 * MS, MS, false);
-        r.record(0, Outcome::Status(200), 4 * MS, MS, true);
-        r.record(1, Outcome::Status(503), MS, MS, false);
-        r.record(1, Outcome::Status(500), MS, MS, false);
-        r.record(2, Outcome::Timeout, 1000 * MS, MS, false);
+        r.record(0, Outcome::Status(200), 2 * MS, MS, Some(MS), false);
+        r.record(0, Outcome::Status(200), 4 * MS, MS, Some(3 * MS), true);
+        r.record(1, Outcome::Status(503), MS, MS, None, false);
+        r.record(1, Outcome::Status(500), MS, MS, None, false);
+        r.record(2, Outcome::Timeout, 1000 * MS, MS, None, false);
         let report = r.finish(header());
         assert_eq!(report.count("200"), 2);
         assert_eq!(report.count("503"), 1);
@@ -295,17 +306,20 @@ mod tests {
                 Second {
                     ok: 2,
                     rejected: 0,
-                    failed: 0
+                    failed: 0,
+                    node_ms: 4.0,
                 },
                 Second {
                     ok: 0,
                     rejected: 1,
-                    failed: 1
+                    failed: 1,
+                    node_ms: 0.0,
                 },
                 Second {
                     ok: 0,
                     rejected: 0,
-                    failed: 1
+                    failed: 1,
+                    node_ms: 0.0,
                 },
             ]
         );

@@ -175,11 +175,11 @@ impl Sender {
             requests.spawn(async move {
                 for request in attempts {
                     let sent_at = Instant::now();
-                    let (outcome, rpc_error) = send(&http, request, timeout).await;
+                    let (outcome, rpc_error, node) = send(&http, request, timeout).await;
                     let answered = Instant::now();
                     if let Ok(mut recorder) = recorder.lock() {
                         let (latency, service) = (answered - due, answered - sent_at);
-                        recorder.record(second, outcome, latency, service, rpc_error);
+                        recorder.record(second, outcome, latency, service, node, rpc_error);
                     }
                     if !matches!(outcome, Outcome::Timeout | Outcome::Status(429 | 503)) {
                         break;
@@ -235,23 +235,34 @@ impl Sender {
     }
 }
 
+/// The header rpc-node gives its work on an answer in, in µs.
+const NODE_SERVICE_HEADER: &str = "x-node-service-us";
+
+/// Sends one request: how it ended, whether its body carries a JSON-RPC
+/// error, and the node's time on it when the node says.
 async fn send(
     http: &HttpClient,
     request: Request<Full<Bytes>>,
     timeout: Duration,
-) -> (Outcome, bool) {
+) -> (Outcome, bool, Option<Duration>) {
     let exchange = async {
         let response = http.request(request).await?;
         let status = response.status().as_u16();
+        let node = response
+            .headers()
+            .get(NODE_SERVICE_HEADER)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .map(Duration::from_micros);
         let body = response.into_body().collect().await?.to_bytes();
-        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, body))
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>((status, body, node))
     };
     match tokio::time::timeout(timeout, exchange).await {
-        Err(_) => (Outcome::Timeout, false),
-        Ok(Err(_)) => (Outcome::TransportError, false),
-        Ok(Ok((status, body))) => (
+        Err(_) => (Outcome::Timeout, false, None),
+        Ok(Err(_)) => (Outcome::TransportError, false, None),
+        Ok(Ok((status, body, node))) => (
             Outcome::Status(status),
             status == 200 && carries_rpc_error(&body),
+            node,
         ),
     }
 }

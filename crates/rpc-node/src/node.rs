@@ -12,6 +12,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+/// The node's answer to one HTTP body or WebSocket message.
+#[derive(Debug)]
+pub struct Answer {
+    /// `None`: no response body (only notifications were sent).
+    pub body: Option<Value>,
+    /// The time the node spent working on it, holding read slots (a
+    /// batch's calls one after another); waiting for a slot is not in it.
+    pub service: Duration,
+}
+
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
     pub read_slots: u32,
@@ -153,9 +163,10 @@ impl Node {
         OpenWebsocket(self)
     }
 
-    /// Answers one HTTP body. `None` means no response body (only
-    /// notifications were sent).
-    pub async fn handle(&self, body: &[u8]) -> Option<Value> {
+    /// Answers one HTTP body. `body` is `None` when there is no response
+    /// body (only notifications were sent); `service` is the time the node
+    /// held read slots for it (a batch's calls run one after another).
+    pub async fn handle(&self, body: &[u8]) -> Answer {
         let _inflight = InFlight::enter(self);
         let parsed = rpc::parse(body);
         if let Ok(body) = &parsed {
@@ -168,22 +179,35 @@ impl Node {
         match parsed {
             Err(error) => {
                 self.count_error(&error);
-                Some(error)
+                Answer {
+                    body: Some(error),
+                    service: Duration::ZERO,
+                }
             }
-            Ok(Body::Single(call)) => self.call(call).await,
+            Ok(Body::Single(call)) => {
+                let (body, service) = self.call(call).await;
+                Answer { body, service }
+            }
             // Batch entries run one after another, each holding a slot only
             // for its own work, like a node that does not parallelise batches.
             Ok(Body::Batch(calls)) => {
                 let mut responses = Vec::with_capacity(calls.len());
+                let mut service = Duration::ZERO;
                 for call in calls {
-                    responses.extend(self.call(call).await);
+                    let (response, spent) = self.call(call).await;
+                    responses.extend(response);
+                    service += spent;
                 }
-                (!responses.is_empty()).then_some(Value::Array(responses))
+                Answer {
+                    body: (!responses.is_empty()).then_some(Value::Array(responses)),
+                    service,
+                }
             }
         }
     }
 
-    async fn call(&self, call: Call) -> Option<Value> {
+    /// One call's answer and the time it held a read slot.
+    async fn call(&self, call: Call) -> (Option<Value>, Duration) {
         let response = match call {
             Call::Invalid { id, reason } => rpc::error(
                 id,
@@ -198,19 +222,27 @@ impl Node {
                         &format!("the method {method} does not exist/is not available"),
                     );
                     self.count_error(&error);
-                    return Some(error);
+                    return (Some(error), Duration::ZERO);
                 };
-                {
+                let service = {
                     let _slot = self.slots.acquire_for_rpc().await;
+                    let started = Instant::now();
                     work(cost).await;
-                }
+                    started.elapsed()
+                };
                 *lock(&self.served).entry(method.clone()).or_default() += 1;
                 let head = lock(&self.chain).head();
-                rpc::result(id?, rpc::canned_result(&method, &params, head))
+                let Some(id) = id else {
+                    return (None, service);
+                };
+                return (
+                    Some(rpc::result(id, rpc::canned_result(&method, &params, head))),
+                    service,
+                );
             }
         };
         self.count_error(&response);
-        Some(response)
+        (Some(response), Duration::ZERO)
     }
 
     fn count_error(&self, response: &Value) {
@@ -343,9 +375,16 @@ mod tests {
                         {"jsonrpc":"2.0","id":2,"method":"eth_nope"},
                         {"jsonrpc":"2.0","method":"eth_chainId"},
                         {"jsonrpc":"2.0","id":3}]"#;
-        let response = node.handle(body).await.unwrap();
+        let answer = node.handle(body).await;
+        let block_number = node.config().costs.cost("eth_blockNumber").unwrap();
+        let chain_id = node.config().costs.cost("eth_chainId").unwrap();
+        assert!(
+            answer.service >= block_number + chain_id,
+            "the work of both calls that ran: {:?}",
+            answer.service
+        );
         assert_eq!(
-            response,
+            answer.body.unwrap(),
             json!([
                 {"jsonrpc":"2.0","id":1,"result":"0x0"},
                 {"jsonrpc":"2.0","id":2,"error":{"code":-32601,"message":"the method eth_nope does not exist/is not available"}},
@@ -366,7 +405,8 @@ mod tests {
         let node = node(1);
         assert_eq!(
             node.handle(br#"{"jsonrpc":"2.0","method":"eth_chainId"}"#)
-                .await,
+                .await
+                .body,
             None
         );
     }
@@ -374,7 +414,9 @@ mod tests {
     #[tokio::test]
     async fn garbage_gets_a_parse_error() {
         let node = node(1);
-        let response = node.handle(b"\xff\x00not json").await.unwrap();
+        let answer = node.handle(b"\xff\x00not json").await;
+        assert_eq!(answer.service, Duration::ZERO, "no work");
+        let response = answer.body.unwrap();
         assert_eq!(response["error"]["code"], -32700);
         assert_eq!(node.metrics().errors[&-32700], 1);
     }

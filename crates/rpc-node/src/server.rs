@@ -37,12 +37,24 @@ pub fn router(node: Arc<Node>) -> Router {
         .with_state(node)
 }
 
+/// The header each HTTP answer gives the node's work on it in, in
+/// microseconds (`Answer::service`), so that a load generator can sum the
+/// node time each client used. Real nodes send nothing like it; the
+/// gateway does not read it.
+pub const SERVICE_HEADER: &str = "x-node-service-us";
+
 async fn rpc(State(node): State<Arc<Node>>, body: Bytes) -> Response {
-    match node.handle(&body).await {
+    let answer = node.handle(&body).await;
+    let mut response = match answer.body {
         Some(response) if node.config().gzip => gzipped(&response),
         Some(response) => Json(response).into_response(),
         None => StatusCode::NO_CONTENT.into_response(),
+    };
+    let service_us = answer.service.as_micros().to_string();
+    if let Ok(value) = service_us.parse() {
+        response.headers_mut().insert(SERVICE_HEADER, value);
     }
+    response
 }
 
 /// `response` as gzipped JSON, with `content-encoding: gzip`.
@@ -111,7 +123,7 @@ async fn serve_websocket(node: Arc<Node>, socket: WebSocket) {
         };
         let (node, answers) = (node.clone(), answers.clone());
         tokio::spawn(async move {
-            if let Some(response) = node.handle(&body).await {
+            if let Some(response) = node.handle(&body).await.body {
                 let _ = answers.send(Message::Text(response.to_string().into()));
             }
         });

@@ -34,6 +34,9 @@ struct GatewayDoc {
     workers: Option<usize>,
     /// What the policies give out, when less than what the node serves.
     capacity_rps: Option<f64>,
+    /// The node time the policies give out (ms per second), when less than
+    /// the node's read slots hold.
+    capacity_node_ms: Option<f64>,
     #[serde(default)]
     filters: Vec<FilterDoc>,
     /// Policies swapped in during the run.
@@ -191,6 +194,8 @@ pub struct Scenario {
     pub workers: usize,
     /// `gateway.capacity_rps`: what the policies give out, if set.
     pub gateway_capacity_rps: Option<f64>,
+    /// `gateway.capacity_node_ms`: the node time they give out, if set.
+    pub gateway_capacity_node_ms: Option<f64>,
     pub filters: Vec<Filter>,
     /// In time order.
     pub swaps: Vec<Swap>,
@@ -291,6 +296,10 @@ impl Scenario {
         let gateway_capacity_rps = doc.gateway.capacity_rps;
         if gateway_capacity_rps.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
             bail!("gateway.capacity_rps: must be positive");
+        }
+        let gateway_capacity_node_ms = doc.gateway.capacity_node_ms;
+        if gateway_capacity_node_ms.is_some_and(|c| !(c.is_finite() && c > 0.0)) {
+            bail!("gateway.capacity_node_ms: must be positive");
         }
         if duration.is_zero() || duration > Duration::from_secs(3600) {
             bail!("duration: must be between 0 and 1h");
@@ -453,6 +462,7 @@ impl Scenario {
             duration,
             workers: doc.gateway.workers.unwrap_or(2).max(1),
             gateway_capacity_rps,
+            gateway_capacity_node_ms,
             filters,
             swaps,
             replicas,
@@ -473,6 +483,13 @@ impl Scenario {
                 public: !c.internal,
             })
             .collect()
+    }
+
+    /// `gateway.capacity_node_ms` if set, else the node time (ms per
+    /// second) of all the node's read slots.
+    pub fn capacity_node_ms(&self) -> f64 {
+        self.gateway_capacity_node_ms
+            .unwrap_or(f64::from(self.node.read_slots) * 1000.0)
     }
 
     /// `gateway.capacity_rps` if set, else requests per second the node

@@ -352,13 +352,15 @@ fn swap(
 }
 
 fn summarise(scenario: &Scenario, report: &Report, node: NodeSummary) -> Summary {
-    Summary::from_report(
+    let mut summary = Summary::from_report(
         &scenario.name,
         scenario.capacity_rps(),
         report,
         &scenario.parties(),
         Some(node),
-    )
+    );
+    summary.measure_node_time(scenario.capacity_node_ms());
+    summary
 }
 
 /// Per second and per client: admitted, rejected and failed requests (by

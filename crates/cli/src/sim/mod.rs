@@ -102,6 +102,27 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
         }
     }
     out += &format!("max share error: {:.1} pp\n", summary.max_share_error_pp);
+    if let Some(node) = &summary.node_time {
+        let fill = node.node_fill.map_or("-".into(), |f| format!("{f:.3}"));
+        out += &format!(
+            "node time ({:.0} ms/s given out): max share error {:.1} pp, fill {fill}\n",
+            node.capacity_node_ms, node.max_node_share_error_pp
+        );
+        let shares: Vec<String> = summary
+            .clients
+            .iter()
+            .filter_map(|c| Some((c, c.node_time.as_ref()?)))
+            .map(|(c, t)| {
+                format!(
+                    "{} {:.1} % (fair {:.1} %)",
+                    c.id,
+                    t.node_share * 100.0,
+                    t.fair_node_share * 100.0
+                )
+            })
+            .collect();
+        out += &format!("node shares: {}\n", shares.join(", "));
+    }
     let seconds: Vec<String> = summary
         .admitted_by_second()
         .iter()

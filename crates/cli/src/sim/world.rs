@@ -349,7 +349,7 @@ impl<'a> World<'a> {
         self.next_worker += 1;
         let passage = pass(&mut self.hosts, &chain(scenario, spec.internal), &mut r)?;
         if let Passage::Replied(reply) = passage {
-            self.answered(now, &r, reply.status);
+            self.answered(now, &r, reply.status, None);
             return Ok(());
         }
         let job = self.requests.len();
@@ -384,7 +384,14 @@ impl<'a> World<'a> {
         }
         let second = (now / 1_000_000_000) as usize;
         let spec = &self.scenario.clients[client];
-        self.recorders[client].record(second, Outcome::Timeout, spec.timeout, spec.timeout, false);
+        self.recorders[client].record(
+            second,
+            Outcome::Timeout,
+            spec.timeout,
+            spec.timeout,
+            None,
+            false,
+        );
         if attempt < spec.retries {
             self.events
                 .push(Reverse((now, Event::retry(client, n, attempt, method))));
@@ -407,7 +414,7 @@ impl<'a> World<'a> {
             for (filter, id) in &done.ids {
                 self.hosts[*filter].finish(*id, 200, latency)?;
             }
-            self.answered(now, &done, 200);
+            self.answered(now, &done, 200, Some(done.cost));
         }
         Ok(())
     }
@@ -444,6 +451,7 @@ impl<'a> World<'a> {
             Some(self.node.summary()),
         );
         summary.mode = "sim";
+        summary.measure_node_time(scenario.capacity_node_ms());
         summary.swaps = self.swapped;
         summary.filter_metrics = self.hosts.iter().flat_map(|h| h.metrics()).collect();
         let offered: Vec<Vec<u64>> = summary
@@ -473,8 +481,9 @@ impl<'a> World<'a> {
         summary
     }
 
-    /// A client's request got `status` at `now`; a 429 or 503 is retried.
-    fn answered(&mut self, now: u64, r: &InFlight, status: u32) {
+    /// A client's request got `status` at `now`, `node` being the node's
+    /// time on it if the node answered it; a 429 or 503 is retried.
+    fn answered(&mut self, now: u64, r: &InFlight, status: u32, node: Option<Duration>) {
         let spec = &self.scenario.clients[r.client];
         let observed = Duration::from_nanos(now - r.arrived) + spec.latency;
         let second = (r.arrived / 1_000_000_000) as usize;
@@ -483,6 +492,7 @@ impl<'a> World<'a> {
             Outcome::Status(status as u16),
             observed,
             observed,
+            node,
             false,
         );
         if matches!(status, 429 | 503) && r.attempt < spec.retries {
@@ -558,13 +568,15 @@ impl<'a> World<'a> {
                                     Duration::ZERO,
                                 )?;
                             }
-                            self.answered(now, &r, reply.status);
+                            self.answered(now, &r, reply.status, None);
                         }
                         Reply::Continue(id) | Reply::Held(id) => {
                             r.ids.push((filter, id));
                             let rest = std::mem::take(&mut r.rest);
                             match pass(&mut self.hosts, &rest, &mut r)? {
-                                Passage::Replied(reply) => self.answered(now, &r, reply.status),
+                                Passage::Replied(reply) => {
+                                    self.answered(now, &r, reply.status, None)
+                                }
                                 Passage::Held => self.requests[job] = Some(r),
                                 Passage::Upstream => {
                                     self.requests[job] = Some(r);

@@ -183,22 +183,23 @@ fn a_fleet_shares_one_capacity_by_stake_and_keeps_serving_without_redis() {
     );
 }
 
-/// scenarios/node-time-shares.toml, shortened: rpc-node says what each
-/// answer cost it, and the load generator sums it per client, through the
-/// whole gateway.
+/// scenarios/node-time-shares.toml and node-time-qos.toml, shortened: the
+/// same four callers of methods from 0.2 ms to 40 ms through the whole
+/// gateway, with QoS sharing calls, then node time. rpc-node says what each
+/// answer cost it, and the load generator sums it per client.
 #[test]
-fn the_node_time_each_client_used_is_measured_through_the_gateway() {
+fn shares_of_node_time_follow_stake_where_shares_of_calls_do_not() {
     let out = tempfile::tempdir().unwrap();
-    let summary = scenario_run("node-time-shares", "6s", out.path());
     let costs = [
         ("light", 0.2),
         ("call", 5.0),
         ("logs", 20.0),
         ("proof", 40.0),
     ];
+    let calls = scenario_run("node-time-shares", "6s", out.path());
     let mut node_shares = 0.0;
     for (id, cost_ms) in costs {
-        let c = client(&summary, id);
+        let c = client(&calls, id);
         let ok = c["status_counts"]["200"].as_f64().unwrap();
         assert!(ok > 0.0, "{id}: {c}");
         // The node's own time: at least each call's cost (a sleep can only
@@ -211,6 +212,20 @@ fn the_node_time_each_client_used_is_measured_through_the_gateway() {
         node_shares += c["node_share"].as_f64().unwrap();
     }
     assert!((node_shares - 1.0).abs() < 1e-3, "{node_shares}");
-    let share = |id: &str| client(&summary, id)["node_share"].as_f64().unwrap();
-    assert!(share("light") < share("call") && share("call") < share("logs"));
+    let share = |summary: &Value, id: &str| client(summary, id)["node_share"].as_f64().unwrap();
+    assert!(share(&calls, "light") < share(&calls, "call"));
+    assert!(share(&calls, "call") < share(&calls, "logs"));
+
+    let node_time = scenario_run("node-time-qos", "6s", out.path());
+    let error = |summary: &Value| summary["max_node_share_error_pp"].as_f64().unwrap();
+    assert!(
+        error(&node_time) < error(&calls) / 2.0,
+        "node time {} pp from max-min, calls {} pp",
+        error(&node_time),
+        error(&calls)
+    );
+    assert!(
+        share(&node_time, "call") > share(&calls, "call"),
+        "eth_call's caller gets more of the node"
+    );
 }

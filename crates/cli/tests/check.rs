@@ -51,6 +51,26 @@ fn a_broken_policy_is_refused_naming_the_field_and_the_reason() {
 }
 
 #[test]
+fn a_stake_qos_cost_table_is_checked_field_by_field() {
+    let qos = root().join("target/wasm32-wasip1/release/stake_qos.wasm");
+    let good = check(
+        &qos,
+        r#"{"capacityNodeMs": 7600, "costs": {"eth_getLogs": 20}}"#,
+    );
+    assert!(good.status.success(), "{}", stderr(&good));
+    let bad = check(
+        &qos,
+        r#"{"capacityNodeMs": 7600, "costs": {"eth_call": -5}}"#,
+    );
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("costs.eth_call: must be between 0.001 and 1000000; got -5"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+#[test]
 fn a_module_that_is_not_proxy_wasm_is_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let plain = dir.path().join("plain.wasm");

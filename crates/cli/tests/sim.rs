@@ -399,3 +399,21 @@ fn node_time_is_measured_per_client_and_calls_do_not_share_it() {
     assert!(share("light", "node_share") < 0.5 * share("light", "fair_node_share"));
     assert!(summary["max_node_share_error_pp"].as_f64().unwrap() > 5.0);
 }
+
+/// The same four callers with QoS sharing the node's time: every one within
+/// 2 pp of its max-min node-time share, and the node time given out.
+#[test]
+fn stake_qos_in_node_time_shares_the_node_by_stake() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("node-time-qos.toml"), true)).unwrap();
+    let error = summary["max_node_share_error_pp"].as_f64().unwrap();
+    let fill = summary["node_fill"].as_f64().unwrap();
+    assert!(error <= 2.0, "max node-share error {error} pp");
+    assert!(fill >= 0.9, "node fill {fill}");
+    let light = client(&summary, "light");
+    let ok = light["status_counts"]["200"].as_f64().unwrap();
+    assert!(
+        ok >= 0.8 * 400.0 * 20.0,
+        "the light caller is served: {light}"
+    );
+}

@@ -39,7 +39,7 @@ use stakegate_core::qos::StakeQos;
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
 use stakegate_glue::metrics::Stats;
-use stakegate_glue::{now_ms, now_us, EnvoyQueue, EnvoyStore};
+use stakegate_glue::{now_us, EnvoyQueue, EnvoyStore};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -188,7 +188,7 @@ struct QosHttp {
 impl QosHttp {
     fn done(&mut self) {
         if let Ok(mut worker) = self.worker.try_borrow_mut() {
-            self.stream.done(&mut worker.qos, &mut Now::lazy(now_ms));
+            self.stream.done(&mut worker.qos, &mut Now::lazy_us(now_us));
         }
     }
 }
@@ -229,7 +229,7 @@ impl HttpContext for QosHttp {
         match self.stream.headers(
             qos,
             &EnvoyStore,
-            &mut Now::lazy(now_ms),
+            &mut Now::lazy_us(now_us),
             &mut StreamFacts,
             end_of_stream,
         ) {
@@ -246,7 +246,7 @@ impl HttpContext for QosHttp {
         let step = self.stream.body(
             qos,
             &EnvoyStore,
-            &mut Now::lazy(now_ms),
+            &mut Now::lazy_us(now_us),
             body_size,
             end_of_stream,
             &mut HostBody(BodyOf::Request),
@@ -266,7 +266,7 @@ impl HttpContext for QosHttp {
         let Worker { qos, counts, .. } = &mut *worker;
         match self
             .stream
-            .trailers(qos, &EnvoyStore, &mut Now::lazy(now_ms))
+            .trailers(qos, &EnvoyStore, &mut Now::lazy_us(now_us))
         {
             Some(admission) => decided(counts, admission),
             None => Action::Continue,
@@ -275,9 +275,10 @@ impl HttpContext for QosHttp {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Ok(worker) = self.worker.try_borrow() {
-            self.stream.response_headers(&worker.qos, || {
-                host::response_header(":status").and_then(|s| s.parse().ok())
-            });
+            self.stream
+                .response_headers(&worker.qos, &mut Now::lazy_us(now_us), || {
+                    host::response_header(":status").and_then(|s| s.parse().ok())
+                });
         }
         Action::Continue
     }

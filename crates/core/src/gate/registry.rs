@@ -140,7 +140,7 @@ impl<S: SharedStore> Registry<S> {
 
     /// Stream `id`'s request headers.
     pub fn headers(&mut self, id: u32, facts: &mut impl RequestFacts, head: Head) -> OnHeaders {
-        let now = &mut Now::lazy(self.clock);
+        let now = &mut Now::lazy_ms(self.clock);
         let stream = self.streams.entry(id).or_default();
         stream.headers(&mut self.worker, &self.store, now, facts, head)
     }
@@ -154,7 +154,7 @@ impl<S: SharedStore> Registry<S> {
         end_of_stream: bool,
         body: &mut impl Body,
     ) -> Then {
-        let now = &mut Now::lazy(self.clock);
+        let now = &mut Now::lazy_ms(self.clock);
         let Some(stream) = self.streams.get_mut(&id) else {
             return Then::Continue;
         };
@@ -188,7 +188,7 @@ impl<S: SharedStore> Registry<S> {
     /// Stream `id`'s request trailers: a refusal, if its admission waited
     /// for them and the gate is full.
     pub fn request_trailers(&mut self, id: u32) -> Result<(), Rejection> {
-        let now = &mut Now::lazy(self.clock);
+        let now = &mut Now::lazy_ms(self.clock);
         match self.streams.get_mut(&id) {
             Some(stream) => stream.request_trailers(&mut self.worker, &self.store, now),
             None => Ok(()),
@@ -250,7 +250,7 @@ impl<S: SharedStore> Registry<S> {
     /// Lets the streams waiting for a slot retry, oldest first: those that
     /// get their slots resume (or are closed, if they never can).
     pub fn retry_waiting(&mut self) {
-        let now = &mut Now::lazy(self.clock);
+        let now = &mut Now::lazy_ms(self.clock);
         let mut i = 0;
         while i < self.waiting.len() {
             let id = self.waiting[i];
@@ -365,7 +365,7 @@ impl<S: SharedStore> Registry<S> {
         &mut self,
         step: impl FnOnce(&mut Coalescer, &mut GateWorker, &S, &mut Now, &mut [Held<'_>]) -> Acts,
     ) {
-        let now = &mut Now::lazy(self.clock);
+        let now = &mut Now::lazy_ms(self.clock);
         let coalesced = &self.coalesced;
         let mut by_id: HashMap<u32, &mut GateStream> = self
             .streams

@@ -83,6 +83,8 @@
 //! gate protects the node) and the error is counted. Counts a worker could
 //! not report stay local and go with its next report.
 
+mod charge;
+pub mod cost;
 pub mod counts;
 pub mod fair;
 pub mod fleet;
@@ -98,6 +100,7 @@ pub mod stream;
 
 use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
 use crate::shared::{read, update, SharedStore, StoreError, Write};
+use cost::{Estimates, Samples, Unit, ESTIMATES_KEY};
 use fleet::{FleetShare, FleetView, FLEET_KEY};
 use identity::Identity;
 use light::{LightState, LIGHT_KEY};
@@ -124,6 +127,32 @@ const SWEEP_EVERY_MS: u64 = 1000;
 pub struct Ticket {
     key: u64,
     started_ms: u64,
+    /// What the request has been charged so far, in thousandths of the
+    /// unit: one call at its identity's cost when admitted, its calls'
+    /// estimates once its body is read (`charge_cost`).
+    charged: i64,
+    calls: u32,
+    /// The method, when all its calls are of one (its node time is then a
+    /// sample of that method's cost).
+    method: Option<u64>,
+    /// The node-time unit: when it was admitted, and how long until its
+    /// answer's headers came (`answered`).
+    started_us: u64,
+    node_us: Option<u64>,
+}
+
+impl Ticket {
+    fn new(key: u64, now_us: u64, charged: i64) -> Self {
+        Self {
+            key,
+            started_ms: now_us / 1000,
+            charged,
+            calls: 1,
+            method: None,
+            started_us: now_us,
+            node_us: None,
+        }
+    }
 }
 
 /// An admitted WebSocket (or other upgraded stream), after `upgraded`: it
@@ -193,6 +222,9 @@ struct Local {
     websockets: u32,
     /// EWMA of request latency, start to response end, in µs.
     latency_us: u32,
+    /// What one of its calls costs, in thousandths of the unit: smoothed
+    /// over its measured (node time) or estimated (cost) calls.
+    cost: i64,
     /// Counts since the last report.
     delta: Delta,
     last_seen_ms: u64,
@@ -230,7 +262,14 @@ pub struct StakeQos {
     /// Requests counted without an identity, for the metrics.
     counted_requests: u64,
     last_sweep_ms: u64,
+    /// The node-time unit: the learned estimates as of the last tick, and
+    /// this worker's samples since its last report.
+    learned: Estimates,
+    samples: Samples,
 }
+
+/// Weight of the newest call in an identity's cost per call.
+const COST_SMOOTHING: f64 = 0.2;
 
 impl StakeQos {
     pub fn new(policy: QosPolicy, seed: u64) -> Self {
@@ -250,7 +289,19 @@ impl StakeQos {
             bound: 0,
             counted_requests: 0,
             last_sweep_ms: 0,
+            learned: Estimates::default(),
+            samples: Samples::default(),
         }
+    }
+
+    /// The learned node-time estimates, as of the last tick.
+    pub fn learned(&self) -> &Estimates {
+        &self.learned
+    }
+
+    /// A call at the policy's default cost, in thousandths of the unit.
+    fn default_cost(&self) -> i64 {
+        (self.policy.costs.default * MILLI as f64) as i64
     }
 
     /// Whether requests are counted without identifying them (`light`).
@@ -311,6 +362,7 @@ impl StakeQos {
             }
         }
         let pages = self.pages;
+        let cost = self.default_cost();
         let local = self.locals.entry(identity.key).or_insert_with(|| Local {
             page: (identity.key % u64::from(pages)) as u32,
             stake: 0,
@@ -322,6 +374,7 @@ impl StakeQos {
             inflight: 0,
             websockets: 0,
             latency_us: 0,
+            cost,
             delta: Delta {
                 key: identity.key,
                 ..Delta::default()
@@ -342,31 +395,40 @@ impl StakeQos {
     }
 
     /// Decides a request when its headers arrive (one call; a batch is
-    /// charged the rest with `charge`).
+    /// charged the rest with `charge`, or `charge_cost` in a unit other
+    /// than calls).
     pub fn admit(
         &mut self,
         store: &impl SharedStore,
         now_ms: u64,
         identity: &Identity,
     ) -> Admission {
+        self.admit_at(store, now_ms.saturating_mul(1000), identity)
+    }
+
+    /// `admit`, at `now_us` µs (node time is measured from it).
+    pub fn admit_at(
+        &mut self,
+        store: &impl SharedStore,
+        now_us: u64,
+        identity: &Identity,
+    ) -> Admission {
+        let now_ms = now_us / 1000;
         let throttling = self.state.throttling;
         let round = self.state.round;
         let interval_s = self.interval_s();
         let (floor, headroom) = (self.policy.concurrency_floor, self.policy.headroom);
         let local = self.local(identity, now_ms);
+        // One call at the identity's cost per call: its body may say more.
+        let need = local.cost.max(1);
         local.delta.arrivals = local.delta.arrivals.saturating_add(1);
+        local.delta.units = local.delta.units.saturating_add(need as u64);
         let admitted = |local: &mut Local| {
             local.inflight = local.inflight.saturating_add(1);
-            Verdict::Admit(Ticket {
-                key: identity.key,
-                started_ms: now_ms,
-            })
+            Verdict::Admit(Ticket::new(identity.key, now_us, need))
         };
         let mut admission = Admission {
-            verdict: Verdict::Admit(Ticket {
-                key: identity.key,
-                started_ms: now_ms,
-            }),
+            verdict: Verdict::Admit(Ticket::new(identity.key, now_us, need)),
             leased: false,
             cas_retries: 0,
             evicted: false,
@@ -377,19 +439,22 @@ impl StakeQos {
             return admission;
         }
         let share_rps = local.grant as f64 / MILLI as f64 / interval_s;
-        let allowance = concurrency_allowance(floor, headroom, share_rps, local.latency_us);
+        let per_call = need as f64 / MILLI as f64;
+        let allowance =
+            concurrency_allowance(floor, headroom, share_rps / per_call, local.latency_us);
         if local.inflight >= allowance {
             let (lease, latency_us) = (local.lease, local.latency_us);
             admission.verdict = Verdict::Throttle(self.throttled(
                 Reason::Concurrency,
                 lease,
+                need,
                 share_rps,
                 latency_us,
             ));
             return admission;
         }
-        if local.lease < MILLI && local.dry_round != Some(round) {
-            let leased = self.lease(store, now_ms, identity);
+        if local.lease < need && local.dry_round != Some(round) {
+            let leased = self.lease(store, now_ms, identity, need);
             admission.leased = true;
             match leased {
                 Ok((retries, evicted)) => {
@@ -407,30 +472,31 @@ impl StakeQos {
             }
         }
         let local = self.local(identity, now_ms);
-        if local.lease >= MILLI {
-            local.lease -= MILLI;
+        if local.lease >= need {
+            local.lease -= need;
             admission.verdict = admitted(local);
             return admission;
         }
         local.dry_round = Some(round);
         let (lease, latency_us) = (local.lease, local.latency_us);
         admission.verdict =
-            Verdict::Throttle(self.throttled(Reason::Rate, lease, share_rps, latency_us));
+            Verdict::Throttle(self.throttled(Reason::Rate, lease, need, share_rps, latency_us));
         admission
     }
 
     /// Takes a lease from the identity's shared bucket (creating its entry
-    /// with the new-identity gift if the table has none). Returns the CAS
-    /// retries and whether an identity was evicted.
+    /// with the new-identity gift if the table has none), at least `need`.
+    /// Returns the CAS retries and whether an identity was evicted.
     fn lease(
         &mut self,
         store: &impl SharedStore,
         now_ms: u64,
         identity: &Identity,
+        need: i64,
     ) -> Result<(u32, bool), (StoreError, u32)> {
-        let initial = i64::from(self.policy.initial_tokens) * MILLI;
+        let initial = i64::from(self.policy.initial_tokens) * self.default_cost();
         let local = self.local(identity, now_ms);
-        let want = (local.grant / LEASE_DIVISOR).max(MILLI as u64) as i64 + (-local.lease).max(0);
+        let want = (local.grant / LEASE_DIVISOR).max(need as u64) as i64 + (-local.lease).max(0);
         let fresh = Entry {
             key: identity.key,
             stake: identity.stake,
@@ -468,74 +534,26 @@ impl StakeQos {
         Ok((updated.retries, evicted))
     }
 
-    /// A batch admitted on one call turned out to hold `calls`: the rest
-    /// are demand, and while throttling is on they are charged to the
-    /// identity's lease (as a debt if it has too little).
-    pub fn charge(&mut self, ticket: &Ticket, calls: u32) {
-        self.add_calls(ticket.key, calls.saturating_sub(1));
-    }
-
-    /// An admitted request turned out to be an upgrade (a WebSocket): it
-    /// leaves the identity's requests in flight at once, so that open
-    /// subscriptions do not use up the concurrency allowance its HTTP calls
-    /// need. Its admission was charged one call. It takes one of the
-    /// identity's `websocketsPerIdentity` places on this worker, or is
-    /// throttled if none is left.
-    pub fn upgraded(&mut self, ticket: Ticket) -> Result<Connection, Throttled> {
-        let allowance = self.policy.websockets_per_identity;
-        let Some(local) = self.locals.get_mut(&ticket.key) else {
-            return Ok(Connection { key: ticket.key });
-        };
-        local.inflight = local.inflight.saturating_sub(1);
-        if local.websockets >= allowance {
-            return Err(self.throttled(Reason::Websockets, 0, 0.0, 0));
-        }
-        local.websockets += 1;
-        Ok(Connection { key: ticket.key })
-    }
-
-    /// An upgraded connection ended: its WebSocket place is free.
-    pub fn closed(&mut self, connection: Connection) {
-        if let Some(local) = self.locals.get_mut(&connection.key) {
-            local.websockets = local.websockets.saturating_sub(1);
-        }
-    }
-
-    /// `calls` JSON-RPC calls sent on an upgraded connection: demand, and
-    /// while throttling is on a charge to the identity's lease (a debt if it
-    /// has too little), which its next requests pay. A message cannot be
-    /// refused on the socket; the debt is what limits its sender.
-    pub fn charge_calls(&mut self, connection: &Connection, calls: u32) {
-        self.add_calls(connection.key, calls);
-    }
-
-    fn add_calls(&mut self, key: u64, calls: u32) {
-        let throttling = self.state.throttling;
-        if let Some(local) = self.locals.get_mut(&key) {
-            if local.delta.is_empty() && calls > 0 {
-                self.unreported.push(key);
-            }
-            local.delta.arrivals = local.delta.arrivals.saturating_add(calls);
-            if throttling {
-                local.lease = local.lease.saturating_sub(i64::from(calls) * MILLI);
-            }
-        }
-    }
-
+    /// A 429: `tokens` left in the lease and `need` for a call (thousandths
+    /// of the unit), `share_rps` the identity's share (the unit per
+    /// second).
     fn throttled(
         &mut self,
         reason: Reason,
         tokens: i64,
+        need: i64,
         share_rps: f64,
         latency_us: u32,
     ) -> Throttled {
         let jitter = self.jitter.next_unit();
         let max = self.policy.retry_after_max_s;
+        let need = need.max(1);
         let retry_after_s = match reason {
-            // Until the lease holds a whole token at the current share.
+            // Until the lease holds a call at the current share.
             Reason::Rate => {
-                let missing = ((MILLI - tokens).max(1) as u64).div_ceil(MILLI as u64) as u32;
-                retry_after_s(missing, share_rps, jitter, max)
+                let missing = ((need - tokens).max(1) as u64).div_ceil(need as u64) as u32;
+                let calls_per_s = share_rps / (need as f64 / MILLI as f64);
+                retry_after_s(missing, calls_per_s, jitter, max)
             }
             // About one request's latency, i.e. the next second.
             Reason::Concurrency => {
@@ -571,33 +589,6 @@ impl StakeQos {
         }
     }
 
-    /// Ends an admitted request: its place in flight, its latency, and
-    /// whether the upstream pushed back (`upstream_status` 503 or 429).
-    /// Touches no shared data.
-    pub fn finish(&mut self, now_ms: u64, ticket: Ticket, upstream_status: Option<u32>) {
-        let Some(local) = self.locals.get_mut(&ticket.key) else {
-            return;
-        };
-        let latency_ms = now_ms.saturating_sub(ticket.started_ms);
-        let alpha = self.policy.latency_smoothing;
-        local.inflight = local.inflight.saturating_sub(1);
-        let sample = latency_ms.saturating_mul(1000).min(u64::from(u32::MAX)) as f64;
-        local.latency_us = if local.latency_us == 0 {
-            sample as u32
-        } else {
-            (alpha * sample + (1.0 - alpha) * f64::from(local.latency_us)) as u32
-        };
-        if local.delta.is_empty() {
-            self.unreported.push(ticket.key);
-        }
-        let d = &mut local.delta;
-        d.completions = d.completions.saturating_add(1);
-        d.latency_sum_ms = d.latency_sum_ms.saturating_add(latency_ms as u32);
-        d.overloads = d
-            .overloads
-            .saturating_add(u32::from(matches!(upstream_status, Some(503 | 429))));
-    }
-
     /// Every refill interval: reports this worker's counts, refreshes its
     /// view of the state, and runs the refill round if it is due and this
     /// VM wins it.
@@ -616,6 +607,9 @@ impl StakeQos {
         self.state = state.clone();
         self.counting =
             self.policy.identify_above > 0.0 && read::<LightState>(store, LIGHT_KEY)?.0.counting;
+        if self.policy.costs.unit == Unit::NodeTime {
+            self.learned = read::<Estimates>(store, ESTIMATES_KEY)?.0;
+        }
         let interval = self.policy.refill_interval_ms;
         if state.round_ms != 0 && now_ms < state.round_ms.saturating_add(interval) {
             return Ok(Tick {
@@ -694,6 +688,7 @@ impl StakeQos {
             deltas,
             counted: std::mem::take(&mut self.counted),
             bound: std::mem::take(&mut self.bound),
+            samples: std::mem::take(&mut self.samples),
         };
         if worker.is_empty() {
             return Ok(0);
@@ -705,6 +700,7 @@ impl StakeQos {
                 self.orphans = worker.deltas;
                 self.counted = self.counted.saturating_add(worker.counted);
                 self.bound = self.bound.saturating_add(worker.bound);
+                self.samples = worker.samples;
                 Err(e)
             }
         }

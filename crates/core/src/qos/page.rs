@@ -16,9 +16,9 @@
 //! unstaked one, the least recently seen. The cap is therefore enforced per
 //! page: a page can fill up before the whole table does.
 //!
-//! # Layout (version 3, keys `stakegate.stake_qos.v3.page.<n>`)
+//! # Layout (version 4, keys `stakegate.stake_qos.v4.page.<n>`)
 //!
-//! Version `u8`, entry count `u16`, then 48-byte entries, little-endian:
+//! Version `u8`, entry count `u16`, then 52-byte entries, little-endian:
 //!
 //! | bytes | field |
 //! |---|---|
@@ -31,25 +31,29 @@
 //! | 1 | flags: 1 staked, 2 idle |
 //! | 2 | `quiet`: rounds since its last calls |
 //! | 8 | `last_seen_ms` |
+//! | 4 | `cost`: what one of its calls costs in the policy's unit, smoothed (`f32`; 0 until its first round) |
+//!
+//! `tokens`, `grant` and the bucket are in thousandths of the policy's unit
+//! (`qos::cost`): of a call, of a node millisecond (a µs) or of a cost unit.
 //!
 //! Earlier versions are never read by this module: version 1 (`…v1.page.<n>`,
-//! 72-byte entries, per-request counts) and version 2 (`…v2.page.<n>`, the
-//! same entries 64 to a page, so identities map to other pages). During a
-//! swap from such a module the two keep separate tables, and the v3 table
-//! fills within a round.
+//! 72-byte entries, per-request counts), version 2 (`…v2.page.<n>`, the
+//! same entries 64 to a page, so identities map to other pages) and version
+//! 3 (`…v3.page.<n>`, without `cost`). During a swap from such a module the
+//! two keep separate tables, and the new table fills within a round.
 
 use crate::shared::{PageLayout, Record};
 
-const PAGE_KEY_PREFIX: &str = "stakegate.stake_qos.v3.page.";
+const PAGE_KEY_PREFIX: &str = "stakegate.stake_qos.v4.page.";
 
 /// The shared-data key of page `page` of the identity table.
 pub fn page_key(page: u32) -> String {
     format!("{PAGE_KEY_PREFIX}{page}")
 }
 
-pub const LAYOUT_VERSION: u8 = 3;
+pub const LAYOUT_VERSION: u8 = 4;
 pub const ENTRIES_PER_PAGE: usize = 128;
-pub const ENTRY_LEN: usize = 48;
+pub const ENTRY_LEN: usize = 52;
 const HEADER_LEN: usize = PageLayout::HEADER_LEN;
 const LAYOUT: PageLayout = PageLayout {
     what: "QoS",
@@ -74,6 +78,7 @@ const TIER: usize = 36;
 const FLAGS: usize = 37;
 const QUIET: usize = 38;
 const LAST_SEEN: usize = 40;
+const COST: usize = 48;
 
 /// One identity, as inserted.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -87,6 +92,7 @@ pub struct Entry {
     pub flags: u8,
     pub quiet: u16,
     pub last_seen_ms: u64,
+    pub cost: f32,
 }
 
 /// A page as its bytes (header included), read and changed in place.
@@ -136,6 +142,7 @@ impl Page {
     field!(demand, set_demand, f32, DEMAND);
     field!(quiet, set_quiet, u16, QUIET);
     field!(last_seen_ms, set_last_seen_ms, u64, LAST_SEEN);
+    field!(cost, set_cost, f32, COST);
 
     pub fn tier(&self, i: usize) -> u8 {
         self.bytes[HEADER_LEN + i * ENTRY_LEN + TIER]
@@ -169,6 +176,7 @@ impl Page {
             flags: self.flags(i),
             quiet: self.quiet(i),
             last_seen_ms: self.last_seen_ms(i),
+            cost: self.cost(i),
         }
     }
 
@@ -182,6 +190,7 @@ impl Page {
         self.set_flags(i, e.flags);
         self.set_quiet(i, e.quiet);
         self.set_last_seen_ms(i, e.last_seen_ms);
+        self.set_cost(i, e.cost);
     }
 
     /// The entry for `fresh.key`, inserting `fresh` if it is absent
@@ -282,6 +291,7 @@ mod tests {
             flags: STAKED | IDLE,
             quiet: 7,
             last_seen_ms: 99,
+            cost: 0.25,
         };
         page.entry(&full);
         page.entry(&entry(8, 1, 0));

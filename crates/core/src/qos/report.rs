@@ -5,23 +5,31 @@
 //! requests never write shared data for their counts, and no two workers
 //! ever race on a report.
 //!
-//! # Layout (version 2), on the queue `stakegate.stake_qos.v3.reports`
+//! # Layout (version 3), on the queue `stakegate.stake_qos.v3.reports`
 //!
-//! Version `u8`, entry count `u32`, then 34-byte entries, little-endian:
+//! Version `u8`, entry count `u32`, then 42-byte entries, little-endian:
 //! `key` u64, `stake` u64, `tier` u8, flags u8 (1: staked), `arrivals`
 //! u32 (calls, admitted or refused), `completions` u32, `latency_sum_ms`
-//! u32, `overloads` u32 (upstream 503 or 429); then `counted` u32 (calls
-//! counted without an identity, as their bound: `qos::light`) and `bound`
-//! u32 (the bound of the identified requests' calls). Version 1 (an earlier
-//! module's, during a swap) is the same without the last two fields.
+//! u32, `overloads` u32 (upstream 503 or 429), `units` u64 (what the
+//! arrivals cost, in thousandths of the policy's unit: `qos::cost`); then
+//! `counted` u32 (calls counted without an identity, as their bound:
+//! `qos::light`) and `bound` u32 (the bound of the identified requests'
+//! calls); then the node-time samples: count `u16`, and 20-byte entries of
+//! method key u64, calls u32, µs u64. Version 2 (an earlier module's,
+//! during a swap) has 34-byte entries without `units` (its calls cost one
+//! each) and no samples; version 1 not the trailer either.
 
+use super::cost::Samples;
+use super::page::MILLI;
 use crate::shared::{Reader, StoreError};
 
 pub const QUEUE: &str = "stakegate.stake_qos.v3.reports";
-pub const LAYOUT_VERSION: u8 = 2;
+pub const LAYOUT_VERSION: u8 = 3;
 const HEADER_LEN: usize = 5;
-const ENTRY_LEN: usize = 34;
+const ENTRY_LEN: usize = 42;
+const OLD_ENTRY_LEN: usize = 34;
 const TRAILER_LEN: usize = 8;
+const SAMPLE_LEN: usize = 20;
 
 /// One identity's counts in a report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,6 +43,9 @@ pub struct Delta {
     pub completions: u32,
     pub latency_sum_ms: u32,
     pub overloads: u32,
+    /// What the arrivals cost, in thousandths of the policy's unit (each
+    /// at its identity's cost per call when it came).
+    pub units: u64,
 }
 
 impl Delta {
@@ -45,6 +56,7 @@ impl Delta {
         self.completions = self.completions.saturating_add(other.completions);
         self.latency_sum_ms = self.latency_sum_ms.saturating_add(other.latency_sum_ms);
         self.overloads = self.overloads.saturating_add(other.overloads);
+        self.units = self.units.saturating_add(other.units);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -60,11 +72,13 @@ pub struct WorkerReport {
     pub counted: u32,
     /// The bound of the identified requests' calls.
     pub bound: u32,
+    /// Node time measured per method (the node-time unit).
+    pub samples: Samples,
 }
 
 impl WorkerReport {
     pub fn is_empty(&self) -> bool {
-        self.deltas.is_empty() && self.counted == 0 && self.bound == 0
+        self.deltas.is_empty() && self.counted == 0 && self.bound == 0 && self.samples.0.is_empty()
     }
 }
 
@@ -81,19 +95,34 @@ pub fn encode(report: &WorkerReport) -> Vec<u8> {
         for v in [d.arrivals, d.completions, d.latency_sum_ms, d.overloads] {
             out.extend_from_slice(&v.to_le_bytes());
         }
+        out.extend_from_slice(&d.units.to_le_bytes());
     }
     out.extend_from_slice(&report.counted.to_le_bytes());
     out.extend_from_slice(&report.bound.to_le_bytes());
+    let mut samples: Vec<_> = report
+        .samples
+        .0
+        .iter()
+        .take(usize::from(u16::MAX))
+        .collect();
+    samples.sort_unstable_by_key(|(k, _)| **k);
+    out.extend_from_slice(&(samples.len() as u16).to_le_bytes());
+    for (key, (calls, us)) in samples {
+        out.extend_from_slice(&key.to_le_bytes());
+        out.extend_from_slice(&calls.to_le_bytes());
+        out.extend_from_slice(&us.to_le_bytes());
+    }
     out
 }
 
 pub fn decode(bytes: &[u8]) -> Result<WorkerReport, String> {
-    let trailer = match bytes.first() {
-        Some(&LAYOUT_VERSION) => TRAILER_LEN,
-        Some(1) => 0,
+    let (entry_len, trailer) = match bytes.first() {
+        Some(&LAYOUT_VERSION) => (ENTRY_LEN, TRAILER_LEN),
+        Some(2) => (OLD_ENTRY_LEN, TRAILER_LEN),
+        Some(1) => (OLD_ENTRY_LEN, 0),
         version => {
             return Err(format!(
-            "QoS report has layout version {version:?}, this module reads 1 and {LAYOUT_VERSION}"
+            "QoS report has layout version {version:?}, this module reads 1 to {LAYOUT_VERSION}"
         ))
         }
     };
@@ -102,9 +131,19 @@ pub fn decode(bytes: &[u8]) -> Result<WorkerReport, String> {
     }
     let mut r = Reader(&bytes[1..]);
     let count = r.u32() as usize;
-    let expected = HEADER_LEN
-        .saturating_add(count.saturating_mul(ENTRY_LEN))
+    let fixed = HEADER_LEN
+        .saturating_add(count.saturating_mul(entry_len))
         .saturating_add(trailer);
+    let v3 = bytes.first() == Some(&LAYOUT_VERSION);
+    let samples = match bytes.get(fixed..fixed.saturating_add(2)) {
+        Some(n) if v3 => usize::from(u16::from_le_bytes([n[0], n[1]])),
+        _ => 0,
+    };
+    let expected = if v3 {
+        fixed + 2 + samples * SAMPLE_LEN
+    } else {
+        fixed
+    };
     if bytes.len() != expected {
         return Err(format!(
             "QoS report is {} bytes, expected {expected} for {count} entries",
@@ -112,15 +151,24 @@ pub fn decode(bytes: &[u8]) -> Result<WorkerReport, String> {
         ));
     }
     let deltas = (0..count)
-        .map(|_| Delta {
-            key: r.u64(),
-            stake: r.u64(),
-            tier: r.u8(),
-            flags: r.u8(),
-            arrivals: r.u32(),
-            completions: r.u32(),
-            latency_sum_ms: r.u32(),
-            overloads: r.u32(),
+        .map(|_| {
+            let mut d = Delta {
+                key: r.u64(),
+                stake: r.u64(),
+                tier: r.u8(),
+                flags: r.u8(),
+                arrivals: r.u32(),
+                completions: r.u32(),
+                latency_sum_ms: r.u32(),
+                overloads: r.u32(),
+                units: 0,
+            };
+            d.units = if entry_len == ENTRY_LEN {
+                r.u64()
+            } else {
+                u64::from(d.arrivals) * MILLI as u64
+            };
+            d
         })
         .collect();
     let (counted, bound) = if trailer > 0 {
@@ -128,10 +176,20 @@ pub fn decode(bytes: &[u8]) -> Result<WorkerReport, String> {
     } else {
         (0, 0)
     };
+    let mut taken = Samples::default();
+    if v3 {
+        r.u16();
+        for _ in 0..samples {
+            let key = r.u64();
+            let calls = r.u32();
+            taken.add(key, calls, r.u64());
+        }
+    }
     Ok(WorkerReport {
         deltas,
         counted,
         bound,
+        samples: taken,
     })
 }
 
@@ -173,13 +231,17 @@ mod tests {
                 completions: 6,
                 latency_sum_ms: 60,
                 overloads: 1,
+                units: 7_400,
             },
             Delta::default(),
         ];
+        let mut samples = Samples::default();
+        samples.add(5, 3, 600);
         let report = WorkerReport {
             deltas,
             counted: 40,
             bound: 9,
+            samples,
         };
         let bytes = encode(&report);
         assert_eq!(decode(&bytes).unwrap(), report);
@@ -188,17 +250,27 @@ mod tests {
             .contains("expected"));
         assert!(decode(&[9]).unwrap_err().contains("version"));
         assert!(decode(&[]).is_err());
-        assert!(decode(&[2, 0]).is_err());
-        // An earlier module's report (version 1): no trailer.
-        let mut v1 = bytes[..bytes.len() - 8].to_vec();
+        assert!(decode(&[3, 0]).is_err());
+    }
+
+    #[test]
+    fn an_earlier_modules_report_is_read_in_calls() {
+        // Version 2: 34-byte entries, the trailer, no samples.
+        let mut v2 = vec![2];
+        v2.extend_from_slice(&1u32.to_le_bytes());
+        v2.extend_from_slice(&9u64.to_le_bytes());
+        v2.extend_from_slice(&5u64.to_le_bytes());
+        v2.extend_from_slice(&[0, 1]);
+        for v in [7u32, 6, 60, 1, 40, 9] {
+            v2.extend_from_slice(&v.to_le_bytes());
+        }
+        let read = decode(&v2).unwrap();
+        assert_eq!(read.deltas[0].units, 7 * MILLI as u64, "a call costs 1");
+        assert_eq!((read.counted, read.bound), (40, 9));
+        // Version 1: no trailer.
+        let mut v1 = v2[..v2.len() - 8].to_vec();
         v1[0] = 1;
-        assert_eq!(
-            decode(&v1).unwrap(),
-            WorkerReport {
-                counted: 0,
-                bound: 0,
-                ..report
-            }
-        );
+        let read = decode(&v1).unwrap();
+        assert_eq!((read.deltas[0].arrivals, read.counted), (7, 0));
     }
 }

@@ -13,8 +13,10 @@
 //! identity, no body read, no clock read; its body's size gives its calls'
 //! bound.
 
+use super::cost::Unit;
 use super::identity::{anonymous, identify, Identity};
 use super::light::BodyBound;
+use super::page::MILLI;
 use super::policy::Mode;
 use super::{Admission, Connection, StakeQos, Throttled, Ticket, Verdict};
 use crate::clock::Now;
@@ -94,7 +96,7 @@ impl QosStream {
             self.waiting = Some(identity);
             return None;
         }
-        let (mut decided, ticket) = admit(qos, store, now.ms(), &identity);
+        let (mut decided, ticket) = admit(qos, store, now.us(), &identity);
         if let Some(ticket) = ticket {
             match upgrade {
                 Some(upgrade) => match qos.upgraded(ticket) {
@@ -157,19 +159,16 @@ impl QosStream {
             };
         }
         if let Some(identity) = self.waiting.take() {
-            let mut admitted = self.admit(qos, store, now.ms(), &identity);
+            let mut admitted = self.admit(qos, store, now.us(), &identity);
             admitted.throttled = admitted.throttled.map(|t| Throttled {
                 rejection: t.rejection.answering(&body.read(0, size)),
                 ..t
             });
             decided = Some(admitted);
         }
-        if let Some(ticket) = &self.ticket {
+        if let Some(ticket) = &mut self.ticket {
             if !std::mem::replace(&mut self.charged, true) && size > 0 {
-                let head = body.read(0, size.min(64));
-                if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-                    qos.charge(ticket, jsonrpc::calls(&body.read(0, size)));
-                }
+                charge(qos, ticket, size, body);
             }
         }
         OnBody {
@@ -187,26 +186,36 @@ impl QosStream {
         now: &mut Now,
     ) -> Option<Decided> {
         let identity = self.waiting.take()?;
-        Some(self.admit(qos, store, now.ms(), &identity))
+        Some(self.admit(qos, store, now.us(), &identity))
     }
 
     fn admit(
         &mut self,
         qos: &mut StakeQos,
         store: &impl SharedStore,
-        now_ms: u64,
+        now_us: u64,
         identity: &Identity,
     ) -> Decided {
-        let (decided, ticket) = admit(qos, store, now_ms, identity);
+        let (decided, ticket) = admit(qos, store, now_us, identity);
         self.ticket = ticket;
         decided
     }
 
     /// Response headers: in reactive mode the upstream's status (503 and
-    /// 429 are back-pressure), read only then.
-    pub fn response_headers(&mut self, qos: &StakeQos, status: impl FnOnce() -> Option<u32>) {
-        if qos.policy().mode == Mode::Reactive {
+    /// 429 are back-pressure); in the node-time unit, the status and the
+    /// time the request took until them. The status is read only then.
+    pub fn response_headers(
+        &mut self,
+        qos: &StakeQos,
+        now: &mut Now,
+        status: impl FnOnce() -> Option<u32>,
+    ) {
+        let node_time = qos.policy().costs.unit == Unit::NodeTime && self.ticket.is_some();
+        if qos.policy().mode == Mode::Reactive || node_time {
             self.upstream_status = status();
+        }
+        if let (Some(ticket), true) = (&mut self.ticket, node_time) {
+            qos.answered(ticket, now.us(), self.upstream_status);
         }
     }
 
@@ -223,12 +232,28 @@ impl QosStream {
     }
 }
 
+/// Charges an admitted request what its body holds: in calls, a batch's
+/// other calls; in another unit, its calls' costs.
+fn charge(qos: &mut StakeQos, ticket: &mut Ticket, size: usize, body: &mut impl Body) {
+    if qos.policy().costs.unit == Unit::Calls {
+        let head = body.read(0, size.min(64));
+        if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            qos.charge(ticket, jsonrpc::calls(&body.read(0, size)));
+        }
+        return;
+    }
+    let whole = body.read(0, size);
+    let (units, method) = qos.policy().costs.of_body(&whole, qos.learned());
+    let calls = jsonrpc::calls(&whole);
+    qos.charge_cost(ticket, (units * MILLI as f64) as i64, calls, method);
+}
+
 /// Admits `identity`'s request: what was decided, and the ticket if it
 /// was admitted.
 fn admit(
     qos: &mut StakeQos,
     store: &impl SharedStore,
-    now_ms: u64,
+    now_us: u64,
     identity: &Identity,
 ) -> (Decided, Option<Ticket>) {
     let Admission {
@@ -237,7 +262,7 @@ fn admit(
         cas_retries,
         evicted,
         store_error,
-    } = qos.admit(store, now_ms, identity);
+    } = qos.admit_at(store, now_us, identity);
     let (throttled, ticket) = match verdict {
         Verdict::Admit(ticket) => (None, Some(ticket)),
         Verdict::Throttle(throttled) => (Some(throttled), None),
@@ -461,7 +486,7 @@ mod tests {
         let mut qos = StakeQos::new(QosPolicy::parse(br#"{"capacityRps": 1000}"#).unwrap(), 1);
         qos.counting = true;
         let mut facts = Watched::default();
-        let mut now = Now::lazy(|| panic!("no clock read"));
+        let mut now = Now::lazy_us(|| panic!("no clock read"));
         let mut post = QosStream::default();
         assert!(post
             .headers(&mut qos, &store, &mut now, &mut facts, false)

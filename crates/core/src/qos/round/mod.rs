@@ -2,6 +2,7 @@
 //! workers' reports off the queue, predict each active identity's demand,
 //! find the water level, and grant every active identity its part.
 
+use super::cost::{Estimates, Samples, Unit, ESTIMATES_KEY};
 use super::fair::{self, Claim};
 use super::fleet::{Demand, FleetShare, Report, RoundFleet};
 use super::light::{LightState, LIGHT_KEY};
@@ -60,6 +61,11 @@ struct Plan<'a> {
     /// What a new identity's bucket starts with (`initialTokens`).
     initial_tokens: i64,
     fleet: Option<&'a FleetShare>,
+    /// Shares are of calls (each costs 1); else of the policy's unit, a
+    /// call costing what its identity's calls have cost (`cost`).
+    calls: bool,
+    /// A call's cost before anything is known of its identity.
+    default_cost: f64,
 }
 
 impl Plan<'_> {
@@ -70,6 +76,34 @@ impl Plan<'_> {
             Some(fleet) => fleet.weight(key, stake),
             None => stake.max(1) as f64,
         }
+    }
+
+    /// What one of entry `i`'s calls costs after this round, in the unit:
+    /// 1 for calls; else its cost per call, smoothed with weight
+    /// `DEMAND_SMOOTHING` over the rounds with calls (each a sample: what
+    /// its calls cost over how many came, at their identities' cost per call
+    /// on the workers).
+    fn cost(&self, page: &Page, i: usize, delta: Option<&Delta>) -> f64 {
+        if self.calls {
+            return 1.0;
+        }
+        let before = f64::from(page.cost(i));
+        match delta.and_then(sample_cost) {
+            Some(sample) if before > 0.0 => {
+                DEMAND_SMOOTHING * sample + (1.0 - DEMAND_SMOOTHING) * before
+            }
+            Some(sample) => sample,
+            None if before > 0.0 => before,
+            None => self.default_cost,
+        }
+    }
+
+    /// What a new identity's calls cost: its sample, else the default.
+    fn first_cost(&self, delta: &Delta) -> f64 {
+        if self.calls {
+            return 1.0;
+        }
+        sample_cost(delta).unwrap_or(self.default_cost)
     }
 
     /// The rounds an identity's first calls are taken as spread over.
@@ -158,6 +192,7 @@ impl Plan<'_> {
                 continue;
             }
             let (demand, calls, quiet) = self.demand(page, i, delta);
+            let cost = self.cost(page, i, delta);
             if let Some(d) = delta {
                 page.set_stake(i, d.stake);
                 page.set_tier(i, d.tier);
@@ -176,7 +211,12 @@ impl Plan<'_> {
             active += 1;
             page.set_flags(i, flags);
             page.set_demand(i, demand as f32);
-            demand_sum += f64::from(demand as f32);
+            if !self.calls {
+                page.set_cost(i, cost as f32);
+            }
+            demand_sum += f64::from(demand as f32) * cost;
+            // Demand in the unit: its calls at what each costs.
+            let demand = demand * cost;
             if self.fleet.is_some() {
                 report.push(Demand {
                     key: page.key(i),
@@ -195,8 +235,10 @@ impl Plan<'_> {
             };
             let grant = (per_interval * MILLI as f64) as i64;
             page.set_grant(i, grant.max(0) as u64);
-            // Two rounds of burst, at least two tokens.
-            let cap = (2 * grant).max(self.min_tokens);
+            // Two rounds of burst, at least two calls.
+            let cap = (2 * grant)
+                .max(self.min_tokens)
+                .max((2.0 * cost * MILLI as f64) as i64);
             let tokens = page.tokens(i);
             if tokens < cap {
                 let add = (per_interval * self.intervals * MILLI as f64) as i64;
@@ -215,6 +257,11 @@ impl Plan<'_> {
             report,
         }
     }
+}
+
+/// What a report's calls cost each, in the unit, if it has calls.
+fn sample_cost(delta: &Delta) -> Option<f64> {
+    (delta.arrivals > 0).then(|| delta.units as f64 / MILLI as f64 / f64::from(delta.arrivals))
 }
 
 /// What a round did to one page.
@@ -252,18 +299,24 @@ pub(super) fn run(
         now_ms,
         idle_ttl_ms: policy.idle_ttl_ms,
         min_tokens: 2 * MILLI,
-        initial_tokens: i64::from(policy.initial_tokens) * MILLI,
+        initial_tokens: (f64::from(policy.initial_tokens) * policy.costs.default * MILLI as f64)
+            as i64,
         fleet,
+        calls: policy.costs.unit == Unit::Calls,
+        default_cost: policy.costs.default,
     };
     let capacity_rps = fleet.map_or(previous.capacity_rps, |f| f.capacity_rps);
     let per_interval = capacity_rps * policy.refill_interval_ms as f64 / 1000.0;
-    let read_pages = if demand_reaches(
-        store,
-        previous.round,
-        taken.arrivals,
-        intervals,
-        per_interval,
-    )? {
+    // In calls the arrivals bound how far demand can rise; in another unit
+    // a cost per call can rise too, and the level is computed every round.
+    let read_pages = if !plan.calls
+        || demand_reaches(
+            store,
+            previous.round,
+            taken.arrivals,
+            intervals,
+            per_interval,
+        )? {
         report.level_computed = true;
         level(store, &visit, &mut plan, per_interval)?
     } else {
@@ -275,8 +328,16 @@ pub(super) fn run(
     // demand uncounted: the demand sum is not written either.
     let active_written = granted.active == active_before
         || store.store(ACTIVE_KEY, &granted.active, active_cas) == Ok(Write::Stored);
+    if policy.costs.unit == Unit::NodeTime && !taken.samples.0.is_empty() {
+        learn(store, &taken.samples)?;
+    }
     let written = Written {
-        arrivals: taken.arrivals,
+        // The load, in the unit.
+        arrivals: if plan.calls {
+            taken.arrivals
+        } else {
+            (taken.units + MILLI as u64 / 2) / MILLI as u64
+        },
         finished: taken.finished,
         intervals: intervals as u64,
         level: plan.level,
@@ -314,6 +375,10 @@ struct Taken {
     /// The calls' bound (`light`): of the counted requests and the
     /// identified ones.
     bound: u64,
+    /// What the identified arrivals cost, in thousandths of the unit.
+    units: u64,
+    /// Node time measured per method.
+    samples: Samples,
 }
 
 /// Takes the workers' reports off the queue (at most `MAX_REPORTS`).
@@ -323,6 +388,8 @@ fn take_reports(queue: &impl ReportQueue, report: &mut RoundReport) -> Result<Ta
         finished: Finished::default(),
         arrivals: 0,
         bound: 0,
+        units: 0,
+        samples: Samples::default(),
     };
     while (report.reports as usize) < MAX_REPORTS {
         let Some(bytes) = queue.pop()? else { break };
@@ -334,8 +401,12 @@ fn take_reports(queue: &impl ReportQueue, report: &mut RoundReport) -> Result<Ta
         };
         taken.arrivals += u64::from(worker.counted);
         taken.bound += u64::from(worker.counted) + u64::from(worker.bound);
+        for (key, (calls, us)) in worker.samples.0 {
+            taken.samples.add(key, calls, us);
+        }
         for d in worker.deltas {
             taken.arrivals += u64::from(d.arrivals);
+            taken.units = taken.units.saturating_add(d.units);
             taken.finished.completions += u64::from(d.completions);
             taken.finished.latency_ms += u64::from(d.latency_sum_ms);
             taken.finished.overloads += u64::from(d.overloads);
@@ -350,6 +421,20 @@ fn take_reports(queue: &impl ReportQueue, report: &mut RoundReport) -> Result<Ta
         }
     }
     Ok(taken)
+}
+
+/// Folds the round's node-time samples into the shared estimates. Only
+/// this round's VM writes them; a failed write loses a round's samples.
+fn learn(store: &impl SharedStore, samples: &Samples) -> Result<(), StoreError> {
+    let (mut learned, cas) = read::<Estimates>(store, ESTIMATES_KEY)?;
+    let mut keys: Vec<_> = samples.0.keys().copied().collect();
+    keys.sort_unstable();
+    for key in keys {
+        let (calls, us) = samples.0[&key];
+        learned.learn(key, calls, us as f64 / 1000.0);
+    }
+    let _ = store.store(ESTIMATES_KEY, &learned.encode(), cas);
+    Ok(())
 }
 
 /// The pages to visit: those the last round left active, and those of
@@ -399,7 +484,8 @@ fn level(
             match page.find(d.key) {
                 Some(i) => by_entry[i] = Some(*d),
                 None => claims.push(Claim {
-                    demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / plan.first_since(),
+                    demand: DEMAND_SMOOTHING * f64::from(d.arrivals) / plan.first_since()
+                        * plan.first_cost(d),
                     weight: plan.weight(d.key, d.stake),
                 }),
             }
@@ -411,7 +497,7 @@ fn level(
             let (demand, calls, _) = plan.demand(&page, i, delta);
             if calls > 0 || demand >= IDLE_DEMAND {
                 claims.push(Claim {
-                    demand,
+                    demand: demand * plan.cost(&page, i, delta),
                     weight: plan.weight(page.key(i), page.stake(i)),
                 });
             }

@@ -26,6 +26,8 @@ fn demands(calls: &[u32]) -> Vec<f64> {
                 min_tokens: 2 * MILLI,
                 initial_tokens: 8 * MILLI,
                 fleet: None,
+                calls: true,
+                default_cost: 1.0,
             };
             let (demand, _, quiet) = plan.demand(&page, 0, Some(&delta));
             page.set_demand(0, demand as f32);

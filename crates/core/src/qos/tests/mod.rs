@@ -8,6 +8,7 @@ use crate::shared::MemoryStore;
 use std::collections::BTreeMap;
 
 mod fleet_mode;
+mod node_time;
 
 fn policy(capacity: u32) -> QosPolicy {
     QosPolicy::parse(format!(r#"{{"capacityRps": {capacity}}}"#).as_bytes()).unwrap()
@@ -453,7 +454,7 @@ fn an_identity_holds_at_most_its_websocket_allowance_open() {
 #[test]
 fn throttled_answers_carry_retry_after_and_ratelimit_headers() {
     let mut qos = StakeQos::new(policy(100), 7);
-    let t = qos.throttled(Reason::Rate, 200, 2.0, 0).rejection;
+    let t = qos.throttled(Reason::Rate, 200, MILLI, 2.0, 0).rejection;
     assert_eq!(t.status, 429);
     assert!(t.retry_after_s >= 1);
     let [(_, policy_header), (_, limit)] = &t.headers[..] else {

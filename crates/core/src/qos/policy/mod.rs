@@ -2,6 +2,7 @@
 //! validated runtime values. The format is documented in
 //! `policies/stake-qos.md`.
 
+use super::cost::{method_key, Costs, Unit, MAX_METHODS};
 use super::fleet::{FleetDoc, FleetPolicy};
 use crate::request::Cidr;
 use crate::validate::{
@@ -9,13 +10,17 @@ use crate::validate::{
     PolicyError, Warning, Warnings,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct Document {
     mode: Option<Mode>,
-    capacity_rps: f64,
+    capacity_rps: Option<f64>,
+    capacity_node_ms: Option<f64>,
+    capacity_cost: Option<f64>,
+    costs: Option<BTreeMap<String, f64>>,
+    default_cost: Option<f64>,
     throttle_threshold: Option<f64>,
     refill_interval_ms: Option<u64>,
     load_smoothing: Option<u32>,
@@ -127,7 +132,12 @@ pub struct Reactive {
 #[derive(Debug, Clone, PartialEq)]
 pub struct QosPolicy {
     pub mode: Mode,
+    /// The capacity, per second, in the unit of `costs` (calls for
+    /// `capacityRps`, node ms for `capacityNodeMs`, cost units for
+    /// `capacityCost`).
     pub capacity_rps: f64,
+    /// The unit shares are cut in, and what a call costs in it.
+    pub costs: Costs,
     pub throttle_threshold: f64,
     pub refill_interval_ms: u64,
     pub load_smoothing: u32,
@@ -172,6 +182,13 @@ pub const TIER_STAKED: usize = 1;
 pub const MAX_TIERS: usize = 16;
 pub const MAX_IDENTITIES: u32 = 1_000_000;
 pub const MAX_CAPACITY_RPS: f64 = 10_000_000.0;
+/// The most node time or cost units per second a policy may give out.
+pub const MAX_CAPACITY_UNITS: f64 = 1_000_000_000.0;
+/// A method's cost in `costs`, at most (node ms or cost units).
+pub const MAX_METHOD_COST: f64 = 1_000_000.0;
+/// `defaultCost` in the node-time unit when the policy leaves it out: an
+/// unknown method may be a heavy one, and it is learned within a round.
+pub const DEFAULT_NODE_MS: f64 = 10.0;
 /// A stake above this is a typo (Solana's whole stake is about 4e17 lamports).
 pub const MAX_STAKE: u64 = 1_000_000_000_000_000_000;
 pub const MAX_STAKE_ENTRIES: usize = 100_000;
@@ -202,6 +219,7 @@ impl QosPolicy {
         let doc: Document = parse_json(json, LISTS)?;
         let mode = f.or("mode", doc.mode, Mode::Proactive);
         let rates = rates(&doc, mode, f)?;
+        let costs = costs(&doc, rates.unit, f)?;
         let table = table(&doc, rates.refill_interval_ms, f)?;
         let identity = identity(doc.identity, f)?;
         let stakes = stakes(doc.stakes, f)?;
@@ -218,6 +236,7 @@ impl QosPolicy {
         Ok(Self {
             mode,
             capacity_rps: rates.capacity_rps,
+            costs,
             throttle_threshold: rates.throttle_threshold,
             refill_interval_ms: rates.refill_interval_ms,
             load_smoothing: rates.load_smoothing,
@@ -254,12 +273,26 @@ impl QosPolicy {
                 self.throttle_threshold
             )
         });
-        w.when(self.capacity_rps < 10.0, "capacityRps", || {
-            format!(
-                "{}: under 10 requests a second for the whole gateway",
-                self.capacity_rps
-            )
-        });
+        w.when(
+            self.costs.unit == Unit::Calls && self.capacity_rps < 10.0,
+            "capacityRps",
+            || {
+                format!(
+                    "{}: under 10 requests a second for the whole gateway",
+                    self.capacity_rps
+                )
+            },
+        );
+        w.when(
+            self.costs.unit == Unit::NodeTime && self.capacity_rps < 100.0,
+            "capacityNodeMs",
+            || {
+                format!(
+                    "{}: under a tenth of one read slot's time for the whole gateway",
+                    self.capacity_rps
+                )
+            },
+        );
         w.when(self.initial_tokens == 0, "initialTokens", || {
             "0: a new client cannot send anything until the next refill round".into()
         });
@@ -278,8 +311,9 @@ impl QosPolicy {
     }
 }
 
-/// The rate fields: what is shared, how often, and when.
+/// The rate fields: what is shared, in which unit, how often, and when.
 struct Rates {
+    unit: Unit,
     capacity_rps: f64,
     throttle_threshold: f64,
     refill_interval_ms: u64,
@@ -287,9 +321,88 @@ struct Rates {
     identify_above: f64,
 }
 
+/// The capacity fields: each names a unit, and a policy gives one.
+const CAPACITIES: [(&str, Unit, f64); 3] = [
+    ("capacityRps", Unit::Calls, MAX_CAPACITY_RPS),
+    ("capacityNodeMs", Unit::NodeTime, MAX_CAPACITY_UNITS),
+    ("capacityCost", Unit::Cost, MAX_CAPACITY_UNITS),
+];
+
+/// The capacity and the unit it names.
+fn capacity(doc: &Document, f: &mut Fields) -> Result<(Unit, f64), PolicyError> {
+    let values = [doc.capacity_rps, doc.capacity_node_ms, doc.capacity_cost];
+    let mut given = None;
+    for ((name, unit, max), value) in CAPACITIES.iter().zip(values) {
+        let value = f.or_else(name, value.map(Some), "one capacity is required", || None);
+        let Some(value) = value else { continue };
+        if let Some((other, _, _)) = given {
+            return Err(PolicyError::new(
+                name,
+                format!("give one capacity: {other} is given, and each names the unit shares are cut in"),
+            ));
+        }
+        given = Some((*name, *unit, finite_range(name, value, 1.0, *max)?));
+    }
+    given.map(|(_, unit, value)| (unit, value)).ok_or_else(|| {
+        PolicyError::new(
+            "capacityRps",
+            "missing: give the capacity in the unit shares are cut in: capacityRps (calls per second), capacityNodeMs (node milliseconds per second) or capacityCost (cost units per second)",
+        )
+    })
+}
+
+/// What a call costs in the unit: the table and the default.
+fn costs(doc: &Document, unit: Unit, f: &mut Fields) -> Result<Costs, PolicyError> {
+    let table = f.or_else("costs", doc.costs.clone(), "{}", BTreeMap::new);
+    if unit == Unit::Calls {
+        ensure(
+            table.is_empty() && doc.default_cost.is_none(),
+            if table.is_empty() {
+                "defaultCost"
+            } else {
+                "costs"
+            },
+            || {
+                "capacityRps shares calls, each costing 1: give capacityNodeMs or capacityCost to charge methods by cost".into()
+            },
+        )?;
+    }
+    ensure(table.len() <= MAX_METHODS, "costs", || {
+        format!("{} methods: at most {MAX_METHODS}", table.len())
+    })?;
+    let mut by_key = HashMap::new();
+    for (method, cost) in &table {
+        let field = format!("costs.{method}");
+        ensure(!method.is_empty() && method.len() <= 128, &field, || {
+            "a method name is 1 to 128 bytes".into()
+        })?;
+        by_key.insert(
+            method_key(method),
+            finite_range(&field, *cost, 0.001, MAX_METHOD_COST)?,
+        );
+    }
+    let largest = table.values().copied().fold(1.0, f64::max);
+    let default = match unit {
+        Unit::Calls => 1.0,
+        Unit::NodeTime => DEFAULT_NODE_MS,
+        Unit::Cost => largest,
+    };
+    let default = f.or_else(
+        "defaultCost",
+        doc.default_cost,
+        "10 (ms, capacityNodeMs); the largest of costs (capacityCost)",
+        || default,
+    );
+    let default = finite_range("defaultCost", default, 0.001, MAX_METHOD_COST)?;
+    Ok(Costs {
+        unit,
+        table: by_key,
+        default,
+    })
+}
+
 fn rates(doc: &Document, mode: Mode, f: &mut Fields) -> Result<Rates, PolicyError> {
-    let capacity_rps = f.required("capacityRps", doc.capacity_rps);
-    let capacity_rps = finite_range("capacityRps", capacity_rps, 1.0, MAX_CAPACITY_RPS)?;
+    let (unit, capacity_rps) = capacity(doc, f)?;
     let throttle_threshold =
         f.finite("throttleThreshold", doc.throttle_threshold, 0.95, 0.01, 1.0)?;
     let refill_interval_ms = f.range("refillIntervalMs", doc.refill_interval_ms, 20, 5, 1000)?;
@@ -302,6 +415,13 @@ fn rates(doc: &Document, mode: Mode, f: &mut Fields) -> Result<Rates, PolicyErro
             ))
         }
         (Mode::Reactive, _) => 0.0,
+        (Mode::Proactive, Some(above)) if unit != Unit::Calls && above != 0.0 => {
+            return Err(PolicyError::new(
+                "identifyAbove",
+                "a call's cost is known only from its method, so with capacityNodeMs or capacityCost every request is identified: leave it out or set 0",
+            ))
+        }
+        (Mode::Proactive, _) if unit != Unit::Calls => 0.0,
         (Mode::Proactive, above) => f.finite(
             "identifyAbove",
             above,
@@ -311,6 +431,7 @@ fn rates(doc: &Document, mode: Mode, f: &mut Fields) -> Result<Rates, PolicyErro
         )?,
     };
     Ok(Rates {
+        unit,
         capacity_rps,
         throttle_threshold,
         refill_interval_ms,
@@ -581,118 +702,4 @@ fn is_label(text: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const KEY_HASH: &str = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
-
-    fn parse(json: &str) -> Result<QosPolicy, String> {
-        QosPolicy::parse(json.as_bytes()).map_err(|e| e.to_string())
-    }
-
-    #[test]
-    fn minimal_policy_takes_the_defaults() {
-        let p = parse(r#"{"capacityRps": 1000}"#).unwrap();
-        assert_eq!(p.mode, Mode::Proactive);
-        assert_eq!(p.throttle_threshold, 0.95);
-        assert_eq!(p.refill_interval_ms, 20);
-        assert_eq!(p.unstaked_stake, 1000);
-        assert_eq!(p.api_key_header, "x-api-key");
-        assert_eq!(p.tiers, ["unstaked", "staked"]);
-        assert_eq!(p.reactive.min_capacity_rps, 50.0);
-    }
-
-    #[test]
-    fn stakes_by_key_hash_and_peer_with_tiers() {
-        let p = parse(&format!(
-            r#"{{"capacityRps": 100, "stakes": [
-                {{"apiKeySha256": "{}", "name": "acme", "stake": 40, "tier": "gold"}},
-                {{"peer": "spiffe://x/y", "name": "y", "stake": 10}}]}}"#,
-            KEY_HASH.to_uppercase()
-        ))
-        .unwrap();
-        assert_eq!(p.by_api_key[KEY_HASH].tier, 2);
-        assert_eq!(p.tiers[2], "gold");
-        assert_eq!(p.by_peer["spiffe://x/y"].tier, TIER_STAKED);
-    }
-
-    #[test]
-    fn errors_name_the_field_and_the_reason() {
-        let cases = [
-            (r#"{}"#, "missing field `capacityRps`"),
-            (
-                r#"{"capacityRps": 0}"#,
-                "capacityRps: must be between 1 and 10000000; got 0",
-            ),
-            (
-                r#"{"capacityRps": 1e-300}"#,
-                "capacityRps: must be between 1 and 10000000; got 1e-300",
-            ),
-            (
-                r#"{"capacityRps": 1e19}"#,
-                "capacityRps: must be between 1 and 10000000; got 1e19",
-            ),
-            (
-                r#"{"capacityRps": 1, "throttleThreshold": 1.5}"#,
-                "throttleThreshold: must be between 0.01 and 1; got 1.5",
-            ),
-            (r#"{"capacityRps": 1, "burst": 2}"#, "unknown field `burst`"),
-            (
-                r#"{"capacityRps": 1, "mode": "magic"}"#,
-                "mode: unknown variant `magic`",
-            ),
-            (
-                r#"{"capacityRps": 1, "stakes": [{"apiKeySha256": "secret", "name": "a", "stake": 1}]}"#,
-                "stakes[0].apiKeySha256: must be 64 hex digits",
-            ),
-            (
-                r#"{"capacityRps": 1, "stakes": [{"name": "a", "stake": 1}]}"#,
-                "stakes[0]: needs exactly one of apiKeySha256 and peer",
-            ),
-            (
-                r#"{"capacityRps": 1, "identity": {"trustedProxies": ["10.0.0.0/40"]}}"#,
-                "identity.trustedProxies[0]:",
-            ),
-            (
-                r#"{"capacityRps": 1, "identity": {"order": ["address", "address"]}}"#,
-                "identity.order[1]: Address is listed twice",
-            ),
-            (
-                r#"{"capacityRps": 1, "maxIdentities": 0}"#,
-                "maxIdentities: must be between 1 and 1000000; got 0",
-            ),
-            (
-                r#"{"capacityRps": 100, "maxIdentities": 1000000, "refillIntervalMs": 5}"#,
-                "maxIdentities: 1000000 identities refilled every 5 ms is 200000000 identity visits a second, over the budget of 1280000",
-            ),
-            (
-                r#"{"capacityRps": 1, "reactive": {"decrease": 1.2}}"#,
-                "reactive.decrease: must be between 0.01 and 0.99; got 1.2",
-            ),
-            (
-                r#"{"capacityRps": 1, "identity": {"apiKeyHeader": "x key"}}"#,
-                "identity.apiKeyHeader: must be a lower-case HTTP header name",
-            ),
-            (
-                r#"[1000]"#,
-                ".: a policy is a JSON object; got an array",
-            ),
-            (
-                r#"{"capacityRps": 1, "concurrency": [4, 0.5, 0.2]}"#,
-                "concurrency: is not a list",
-            ),
-            (
-                r#"{"capacityRps": 1, "stakes": [{"peer": "p", "name": "a", "stake": 1e30}]}"#,
-                "stakes[0].stake: invalid type",
-            ),
-            (
-                r#"{"capacityRps": 1, "stakes": [{"peer": "p", "name": "a", "stake": 2000000000000000000}]}"#,
-                "stakes[0].stake: must be between 0 and 1000000000000000000",
-            ),
-        ];
-        for (json, expected) in cases {
-            let e = parse(json).unwrap_err();
-            assert!(e.contains(expected), "{json}: {e}");
-        }
-    }
-}
+mod tests;

@@ -417,3 +417,22 @@ fn stake_qos_in_node_time_shares_the_node_by_stake() {
         "the light caller is served: {light}"
     );
 }
+
+/// Stakes 10/20/30/40, each with its own mix of cheap and heavy methods,
+/// sharing node time: the shares follow max-min over node time, and those
+/// that want less than their share are served.
+#[test]
+fn mixed_methods_share_the_node_by_stake_in_node_time() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("node-time-mixed.toml"), true)).unwrap();
+    let error = summary["max_node_share_error_pp"].as_f64().unwrap();
+    let fill = summary["node_fill"].as_f64().unwrap();
+    assert!(error <= 3.0, "max node-share error {error} pp");
+    assert!(fill >= 0.85, "node fill {fill}");
+    for id in ["wallet", "dapp"] {
+        let ok = client(&summary, id)["status_counts"]["200"]
+            .as_f64()
+            .unwrap();
+        assert!(ok >= 0.9 * 300.0 * 20.0, "{id} is served: {ok}");
+    }
+}

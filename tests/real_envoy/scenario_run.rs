@@ -229,3 +229,32 @@ fn shares_of_node_time_follow_stake_where_shares_of_calls_do_not() {
         "eth_call's caller gets more of the node"
     );
 }
+
+/// scenarios/node-time-cost-change.toml, shortened: eth_call's cost goes
+/// from 5 ms to 50 ms at 10 s; QoS learns it from the answers, and its
+/// caller keeps its half of the node's time with a tenth of the calls.
+#[test]
+fn a_change_of_cost_is_learned_from_the_answers() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = scenario_run("node-time-cost-change", "14s", out.path());
+    let timeline = client(&summary, "call")["timeline"].as_array().unwrap();
+    let mean = |field: &str, seconds: std::ops::Range<usize>| {
+        let n = seconds.len() as f64;
+        seconds
+            .map(|s| timeline[s][field].as_f64().unwrap_or(0.0))
+            .sum::<f64>()
+            / n
+    };
+    let (before, after) = (mean("ok", 3..9), mean("ok", 12..13));
+    assert!(
+        after * 4.0 < before,
+        "calls per second {before} then {after}"
+    );
+    let (before, after) = (mean("node_ms", 3..9), mean("node_ms", 12..13));
+    assert!(
+        after > 0.5 * before && after < 2.0 * before,
+        "node ms per second {before} then {after}"
+    );
+    let error = summary["max_node_share_error_pp"].as_f64().unwrap();
+    assert!(error <= 10.0, "{error} pp");
+}

@@ -132,6 +132,9 @@ const QOS_IDENTIFYING: &str =
 const QOS_FLEET: &str =
     r#"{"capacityRps": 10000000, "decideOnBody": true, "fleet": {"syncMs": 100}}"#;
 const QOS_THROTTLING: &str = r#"{"capacityRps": 100, "decideOnBody": true}"#;
+/// Below its threshold, sharing the node's time: every request identified,
+/// its body's methods charged, its answer timed.
+const QOS_NODE_TIME: &str = r#"{"capacityNodeMs": 100000000, "decideOnBody": true}"#;
 
 fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
     let gate = |policy: &str| -> anyhow::Result<Element> {
@@ -225,6 +228,12 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
             "full chain",
             "stake QoS, then the gate with dedup, as a gateway with a quick node runs",
             vec![qos(QOS_BELOW)?, gate(GATE_DEDUP)?],
+            false,
+        ),
+        chain(
+            "full chain, node time",
+            "stake QoS sharing node time (capacityNodeMs), then the gate with dedup, with a quick node",
+            vec![qos(QOS_NODE_TIME)?, gate(GATE_DEDUP)?],
             false,
         ),
         chain(

@@ -436,3 +436,28 @@ fn mixed_methods_share_the_node_by_stake_in_node_time() {
         assert!(ok >= 0.9 * 300.0 * 20.0, "{id} is served: {ok}");
     }
 }
+
+/// eth_call's cost goes from 5 ms to 50 ms at 10 s: QoS learns the new cost
+/// from the answers, so its caller keeps its half of the node's time (a
+/// tenth of the calls) from the next second on.
+#[test]
+fn a_change_of_cost_is_followed_within_two_seconds() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("node-time-cost-change.toml"), true)).unwrap();
+    let timeline = client(&summary, "call")["timeline"].as_array().unwrap();
+    let node_ms = |s: usize| timeline[s]["node_ms"].as_f64().unwrap();
+    let calls = |s: usize| timeline[s]["ok"].as_f64().unwrap();
+    for s in (2..10).chain(12..20) {
+        assert!(
+            (node_ms(s) / 1000.0 - 1.0).abs() <= 0.1,
+            "second {s}: {} node ms",
+            node_ms(s)
+        );
+    }
+    assert!(
+        calls(12) <= 0.15 * calls(8),
+        "{} then {}",
+        calls(8),
+        calls(12)
+    );
+}

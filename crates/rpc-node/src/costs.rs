@@ -57,9 +57,14 @@ impl CostTable {
             }
             let cost = humantime::parse_duration(cost)
                 .with_context(|| format!("--cost {entry:?}: bad duration {cost:?}"))?;
-            self.0.insert(method.to_string(), cost);
+            self.set(method, cost);
         }
         Ok(self)
+    }
+
+    /// `method` costs `cost` from now on.
+    pub fn set(&mut self, method: &str, cost: Duration) {
+        self.0.insert(method.to_string(), cost);
     }
 
     pub fn cost(&self, method: &str) -> Option<Duration> {
@@ -68,6 +73,33 @@ impl CostTable {
 
     pub fn methods(&self) -> impl Iterator<Item = (&str, Duration)> {
         self.0.iter().map(|(m, c)| (m.as_str(), *c))
+    }
+}
+
+/// A method's cost from some time after the node's first request on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CostChange {
+    pub at: Duration,
+    pub method: String,
+    pub cost: Duration,
+}
+
+impl CostChange {
+    /// `AT:METHOD=DURATION`, e.g. `10s:eth_call=50ms`.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let usage = || {
+            format!("--cost-change {text:?}: expected AT:METHOD=DURATION, e.g. 10s:eth_call=50ms")
+        };
+        let (at, entry) = text.split_once(':').with_context(usage)?;
+        let (method, cost) = entry.split_once('=').with_context(usage)?;
+        if method.is_empty() {
+            bail!(usage());
+        }
+        Ok(Self {
+            at: humantime::parse_duration(at).with_context(usage)?,
+            method: method.to_string(),
+            cost: humantime::parse_duration(cost).with_context(usage)?,
+        })
     }
 }
 
@@ -86,6 +118,21 @@ pub async fn work(cost: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cost_change_reads_when_which_and_how_much() {
+        assert_eq!(
+            CostChange::parse("10s:eth_call=50ms").unwrap(),
+            CostChange {
+                at: Duration::from_secs(10),
+                method: "eth_call".into(),
+                cost: Duration::from_millis(50),
+            }
+        );
+        for bad in ["eth_call=5ms", "10s:eth_call", "x:eth_call=5ms", "1s:=5ms"] {
+            assert!(CostChange::parse(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn defaults_match_the_documented_costs() {

@@ -1,6 +1,6 @@
 use anyhow::{bail, Context};
 use clap::Parser;
-use rpc_node::costs::CostTable;
+use rpc_node::costs::{CostChange, CostTable};
 use rpc_node::node::{Node, NodeConfig};
 use std::io::Write;
 use std::time::Duration;
@@ -21,6 +21,10 @@ struct Args {
     /// A method's service time, METHOD=DURATION (repeatable); adds unknown methods.
     #[arg(long = "cost", value_name = "METHOD=DURATION")]
     costs: Vec<String>,
+    /// A method's service time from some time after the first request on,
+    /// AT:METHOD=DURATION (repeatable), e.g. 10s:eth_call=50ms.
+    #[arg(long = "cost-change", value_name = "AT:METHOD=DURATION")]
+    cost_changes: Vec<String>,
     /// A new block arrives this often.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     block_interval: Duration,
@@ -68,6 +72,11 @@ impl Args {
         Ok(NodeConfig {
             read_slots: self.read_slots,
             costs: CostTable::default().with_overrides(&self.costs)?,
+            cost_changes: self
+                .cost_changes
+                .iter()
+                .map(|c| CostChange::parse(c))
+                .collect::<anyhow::Result<_>>()?,
             block_interval: self.block_interval,
             block_exec: self.block_exec,
             sync_slots,
@@ -116,6 +125,12 @@ async fn serve(args: Args, config: NodeConfig) -> anyhow::Result<()> {
     );
     for (method, cost) in config.costs.methods() {
         eprintln!("rpc-node: cost {method} = {cost:?}");
+    }
+    for change in &config.cost_changes {
+        eprintln!(
+            "rpc-node: cost {} = {:?} from {:?} after the first request",
+            change.method, change.cost, change.at
+        );
     }
     let node = Node::new(config);
     node.start_sync();

@@ -1,7 +1,7 @@
 //! The node: read slots shared by RPC and sync, the sync loop, and metrics.
 
 use crate::chain::Chain;
-use crate::costs::{work, CostTable};
+use crate::costs::{work, CostChange, CostTable};
 use crate::rpc::{self, Body, Call};
 use crate::slots::ReadSlots;
 use serde::Serialize;
@@ -26,6 +26,8 @@ pub struct Answer {
 pub struct NodeConfig {
     pub read_slots: u32,
     pub costs: CostTable,
+    /// Costs that change during the run, from the first request on.
+    pub cost_changes: Vec<CostChange>,
     pub block_interval: Duration,
     pub block_exec: Duration,
     pub sync_slots: u32,
@@ -47,6 +49,8 @@ pub struct Node {
     inflight_max: AtomicU64,
     websockets: AtomicU64,
     started: Instant,
+    /// When the first request came (what `cost_changes` count from).
+    first_request: std::sync::OnceLock<Instant>,
 }
 
 /// The `GET /metrics` document.
@@ -150,6 +154,7 @@ impl Node {
             inflight_max: AtomicU64::new(0),
             websockets: AtomicU64::new(0),
             started: Instant::now(),
+            first_request: std::sync::OnceLock::new(),
             config,
         })
     }
@@ -215,7 +220,7 @@ impl Node {
                 &format!("invalid request: {reason}"),
             ),
             Call::Request { id, method, params } => {
-                let Some(cost) = self.config.costs.cost(&method) else {
+                let Some(cost) = self.cost(&method) else {
                     let error = rpc::error(
                         id.unwrap_or(Value::Null),
                         rpc::METHOD_NOT_FOUND,
@@ -243,6 +248,20 @@ impl Node {
         };
         self.count_error(&response);
         (Some(response), Duration::ZERO)
+    }
+
+    /// What `method` costs now: its cost, or the latest change of it due
+    /// since the first request.
+    fn cost(&self, method: &str) -> Option<Duration> {
+        let since = self.first_request.get_or_init(Instant::now).elapsed();
+        let changed = self
+            .config
+            .cost_changes
+            .iter()
+            .filter(|c| c.method == method && c.at <= since)
+            .max_by_key(|c| c.at)
+            .map(|c| c.cost);
+        changed.or_else(|| self.config.costs.cost(method))
     }
 
     fn count_error(&self, response: &Value) {
@@ -360,6 +379,18 @@ mod tests {
         Node::new(NodeConfig {
             read_slots,
             costs: CostTable::default(),
+            cost_changes: vec![
+                CostChange {
+                    at: Duration::ZERO,
+                    method: "eth_getProof".into(),
+                    cost: Duration::from_micros(300),
+                },
+                CostChange {
+                    at: Duration::from_secs(3600),
+                    method: "eth_getLogs".into(),
+                    cost: Duration::from_secs(1),
+                },
+            ],
             block_interval: Duration::from_secs(1),
             block_exec: Duration::from_millis(50),
             sync_slots: 1,
@@ -398,6 +429,26 @@ mod tests {
         assert_eq!(metrics.errors[&-32600], 1);
         assert_eq!(metrics.inflight, 0);
         assert_eq!(metrics.inflight_max, 1);
+    }
+
+    #[tokio::test]
+    async fn a_cost_change_applies_from_its_time_after_the_first_request() {
+        let node = node(1);
+        assert_eq!(
+            node.cost("eth_getProof"),
+            Some(Duration::from_micros(300)),
+            "changed at once"
+        );
+        let default = CostTable::default();
+        assert_eq!(
+            node.cost("eth_getLogs"),
+            default.cost("eth_getLogs"),
+            "not yet"
+        );
+        assert_eq!(
+            node.cost("eth_blockNumber"),
+            default.cost("eth_blockNumber")
+        );
     }
 
     #[tokio::test]

@@ -106,7 +106,10 @@ struct NodeDoc {
 #[serde(deny_unknown_fields)]
 struct NodeChangeDoc {
     at: String,
-    read_slots: u32,
+    read_slots: Option<u32>,
+    /// Methods' new service times.
+    #[serde(default)]
+    costs: BTreeMap<String, String>,
 }
 
 fn default_block_interval() -> String {
@@ -230,8 +233,17 @@ pub struct Node {
     pub block_exec: Duration,
     pub sync_slots: u32,
     pub tip_lost_after: f64,
-    /// `(when, read_slots)`, in time order.
-    pub changes: Vec<(Duration, u32)>,
+    /// In time order.
+    pub changes: Vec<NodeChange>,
+}
+
+/// A change of the node during the run: its read slots (the simulator
+/// only), methods' costs, or both.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NodeChange {
+    pub at: Duration,
+    pub read_slots: Option<u32>,
+    pub costs: Vec<(String, Duration)>,
 }
 
 /// A client's address when the scenario gives none.
@@ -357,10 +369,28 @@ impl Scenario {
         let mut changes = Vec::new();
         for (i, change) in node.changes.iter().enumerate() {
             let at = parse_duration(&format!("node.changes[{i}].at"), &change.at)?;
-            if change.read_slots < node.sync_slots {
+            if change
+                .read_slots
+                .is_some_and(|slots| slots < node.sync_slots)
+            {
                 bail!("node.changes[{i}].read_slots: must be at least sync_slots");
             }
-            changes.push((at, change.read_slots));
+            if change.read_slots.is_none() && change.costs.is_empty() {
+                bail!("node.changes[{i}]: give read_slots, costs or both");
+            }
+            let costs = change
+                .costs
+                .iter()
+                .map(|(method, cost)| {
+                    let field = format!("node.changes[{i}].costs.{method}");
+                    Ok((method.clone(), parse_duration(&field, cost)?))
+                })
+                .collect::<anyhow::Result<_>>()?;
+            changes.push(NodeChange {
+                at,
+                read_slots: change.read_slots,
+                costs,
+            });
         }
         changes.sort();
         let node = Node {

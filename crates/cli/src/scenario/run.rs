@@ -87,7 +87,7 @@ pub fn run_and_record(args: &RunArgs) -> anyhow::Result<(Scenario, Summary)> {
             .redis_outages
             .retain(|&(at, length)| at + length < duration);
     }
-    if !scenario.node.changes.is_empty() {
+    if scenario.node.changes.iter().any(|c| c.read_slots.is_some()) {
         bail!("node.changes: only `stakegate sim` changes the node's read slots during a run");
     }
     let out = args

@@ -426,6 +426,18 @@ fn node_args(scenario: &Scenario) -> Vec<String> {
         args.push("--cost".into());
         args.push(format!("{method}={}us", cost.as_micros()));
     }
+    // rpc-node counts them from its first request, about when the load
+    // starts.
+    for change in &node.changes {
+        for (method, cost) in &change.costs {
+            args.push("--cost-change".into());
+            args.push(format!(
+                "{}ms:{method}={}us",
+                change.at.as_millis(),
+                cost.as_micros()
+            ));
+        }
+    }
     args
 }
 

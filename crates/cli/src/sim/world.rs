@@ -6,6 +6,7 @@ use super::node::{Job, VirtualNode};
 use crate::scenario::{Client, Scenario};
 use crate::summary::{BaselineSummary, Summary, SwapResult};
 use anyhow::Context;
+use rpc_node::costs::CostTable;
 use stakegate_core::baseline::{BaselineQos, Mechanism};
 use stakegate_host::{Callout, Host, LocalReply, Reply, Request, RequestId};
 use stakegate_loadgen::report::{ClientHeader, Outcome, Recorder};
@@ -157,6 +158,8 @@ pub struct World<'a> {
     seconds: usize,
     end: u64,
     block_ns: u64,
+    /// The node's costs as of now (`node.changes` may change them).
+    costs: CostTable,
 }
 
 impl<'a> World<'a> {
@@ -203,8 +206,9 @@ impl<'a> World<'a> {
         }
         let block_ns = node_config.block_interval.as_nanos() as u64;
         events.push(Reverse((block_ns, Event::BlockArrives)));
-        for (index, (at, _)) in node_config.changes.iter().enumerate() {
-            events.push(Reverse((at.as_nanos() as u64, Event::NodeChange { index })));
+        for (index, change) in node_config.changes.iter().enumerate() {
+            let at = change.at.as_nanos() as u64;
+            events.push(Reverse((at, Event::NodeChange { index })));
         }
         for (index, swap) in scenario.swaps.iter().enumerate() {
             events.push(Reverse((swap.at.as_nanos() as u64, Event::Swap { index })));
@@ -234,6 +238,7 @@ impl<'a> World<'a> {
             seconds,
             end: scenario.duration.as_nanos() as u64,
             block_ns,
+            costs: scenario.node.costs.clone(),
         })
     }
 
@@ -272,7 +277,13 @@ impl<'a> World<'a> {
                 }
             }
             Event::NodeChange { index } => {
-                self.node.resize(self.scenario.node.changes[index].1);
+                let change = &self.scenario.node.changes[index];
+                if let Some(slots) = change.read_slots {
+                    self.node.resize(slots);
+                }
+                for (method, cost) in &change.costs {
+                    self.costs.set(method, *cost);
+                }
             }
             Event::Swap { index } => {
                 let swap = &self.scenario.swaps[index];
@@ -328,7 +339,7 @@ impl<'a> World<'a> {
         let scenario = self.scenario;
         let spec = &scenario.clients[client];
         let name = &spec.mix[method].0;
-        let cost = scenario.node.costs.cost(name).unwrap_or(Duration::ZERO);
+        let cost = self.costs.cost(name).unwrap_or(Duration::ZERO);
         let mut r = InFlight {
             client,
             n,

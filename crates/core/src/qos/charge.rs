@@ -28,7 +28,8 @@ impl StakeQos {
     ) {
         let more = units - ticket.charged;
         (ticket.charged, ticket.calls, ticket.method) = (units, calls.max(1), method);
-        self.add_calls(ticket.key, calls.saturating_sub(1));
+        // A batch's other calls are demand; its lease pays the estimates.
+        self.count_calls(ticket.key, calls.saturating_sub(1));
         self.settle(ticket.key, more);
         // What its calls would cost the node: its demand is counted at it,
         // whether or not they are refused further on.
@@ -102,19 +103,26 @@ impl StakeQos {
         self.add_calls(connection.key, calls);
     }
 
+    /// `calls` more calls of the identity `key`: demand, and while
+    /// throttling is on a charge to its lease at its cost per call.
     fn add_calls(&mut self, key: u64, calls: u32) {
-        let throttling = self.state.throttling;
-        if let Some(local) = self.locals.get_mut(&key) {
-            if local.delta.is_empty() && calls > 0 {
-                self.unreported.push(key);
-            }
-            local.delta.arrivals = local.delta.arrivals.saturating_add(calls);
-            let units = i64::from(calls).saturating_mul(local.cost);
-            local.delta.units = local.delta.units.saturating_add(units as u64);
-            if throttling {
-                local.lease = local.lease.saturating_sub(units);
-            }
+        let units = self.count_calls(key, calls);
+        self.settle(key, units);
+    }
+
+    /// `calls` more calls of the identity `key`, as demand only, at its cost
+    /// per call; returns what they cost.
+    fn count_calls(&mut self, key: u64, calls: u32) -> i64 {
+        let Some(local) = self.locals.get_mut(&key) else {
+            return 0;
+        };
+        if local.delta.is_empty() && calls > 0 {
+            self.unreported.push(key);
         }
+        local.delta.arrivals = local.delta.arrivals.saturating_add(calls);
+        let units = i64::from(calls).saturating_mul(local.cost);
+        local.delta.units = local.delta.units.saturating_add(units as u64);
+        units
     }
 
     /// Ends an admitted request: its place in flight, its latency, and

@@ -209,4 +209,18 @@ fn a_request_is_charged_its_estimate_then_what_it_took() {
     qos.finish(1101, ticket, Some(503));
     assert_eq!(lease(&qos), before - 1_000);
     assert_eq!(qos.samples.0[&method_key("eth_getLogs")], (1, 35_000));
+    // A batch of two: its estimates, once, then the one time it took.
+    let Verdict::Admit(mut ticket) = qos.admit_at(&store, 1_200_000, &who).verdict else {
+        panic!("the lease holds more")
+    };
+    let before = lease(&qos) + ticket.charged;
+    let batch = br#"[{"id":1,"method":"eth_getLogs"},{"id":2,"method":"eth_getLogs"}]"#;
+    let (units, method) = qos.policy().costs.of_body(batch, qos.learned());
+    assert_eq!((units, method), (40.0, Some(method_key("eth_getLogs"))));
+    qos.charge_cost(&mut ticket, 40_000, 2, method);
+    assert_eq!(lease(&qos), before - 40_000);
+    qos.answered(&mut ticket, 1_250_000, Some(200));
+    qos.finish(1250, ticket, Some(200));
+    assert_eq!(lease(&qos), before - 50_000);
+    assert_eq!(qos.samples.0[&method_key("eth_getLogs")], (3, 85_000));
 }

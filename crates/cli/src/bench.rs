@@ -426,7 +426,8 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
                 script.path(),
                 chain.refuses,
             )
-        })?;
+        })
+        .with_context(|| format!("chain {:?}", chain.name))?;
     }
     let mut runs: Vec<Vec<Run>> = (0..chains.len()).map(|_| Vec::new()).collect();
     for round in 0..args.rounds {

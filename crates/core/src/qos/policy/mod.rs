@@ -315,6 +315,8 @@ impl QosPolicy {
 struct Rates {
     unit: Unit,
     capacity_rps: f64,
+    /// The most a capacity in the unit may be (reactive mode's bound).
+    max_capacity: f64,
     throttle_threshold: f64,
     refill_interval_ms: u64,
     load_smoothing: u32,
@@ -328,22 +330,22 @@ const CAPACITIES: [(&str, Unit, f64); 3] = [
     ("capacityCost", Unit::Cost, MAX_CAPACITY_UNITS),
 ];
 
-/// The capacity and the unit it names.
-fn capacity(doc: &Document, f: &mut Fields) -> Result<(Unit, f64), PolicyError> {
+/// The capacity, the unit it names and the most that unit allows.
+fn capacity(doc: &Document, f: &mut Fields) -> Result<(Unit, f64, f64), PolicyError> {
     let values = [doc.capacity_rps, doc.capacity_node_ms, doc.capacity_cost];
     let mut given = None;
     for ((name, unit, max), value) in CAPACITIES.iter().zip(values) {
         let value = f.or_else(name, value.map(Some), "one capacity is required", || None);
         let Some(value) = value else { continue };
-        if let Some((other, _, _)) = given {
+        if let Some((other, _, _, _)) = given {
             return Err(PolicyError::new(
                 name,
                 format!("give one capacity: {other} is given, and each names the unit shares are cut in"),
             ));
         }
-        given = Some((*name, *unit, finite_range(name, value, 1.0, *max)?));
+        given = Some((*name, *unit, finite_range(name, value, 1.0, *max)?, *max));
     }
-    given.map(|(_, unit, value)| (unit, value)).ok_or_else(|| {
+    given.map(|(_, unit, value, max)| (unit, value, max)).ok_or_else(|| {
         PolicyError::new(
             "capacityRps",
             "missing: give the capacity in the unit shares are cut in: capacityRps (calls per second), capacityNodeMs (node milliseconds per second) or capacityCost (cost units per second)",
@@ -402,7 +404,7 @@ fn costs(doc: &Document, unit: Unit, f: &mut Fields) -> Result<Costs, PolicyErro
 }
 
 fn rates(doc: &Document, mode: Mode, f: &mut Fields) -> Result<Rates, PolicyError> {
-    let (unit, capacity_rps) = capacity(doc, f)?;
+    let (unit, capacity_rps, max_capacity) = capacity(doc, f)?;
     let throttle_threshold =
         f.finite("throttleThreshold", doc.throttle_threshold, 0.95, 0.01, 1.0)?;
     let refill_interval_ms = f.range("refillIntervalMs", doc.refill_interval_ms, 20, 5, 1000)?;
@@ -433,6 +435,7 @@ fn rates(doc: &Document, mode: Mode, f: &mut Fields) -> Result<Rates, PolicyErro
     Ok(Rates {
         unit,
         capacity_rps,
+        max_capacity,
         throttle_threshold,
         refill_interval_ms,
         load_smoothing,
@@ -654,7 +657,7 @@ fn reactive(r: &ReactiveDoc, rates: &Rates, f: &mut Fields) -> Result<Reactive, 
         "reactive.maxCapacityRps",
         r.max_capacity_rps,
         "capacityRps × 4",
-        || (capacity_rps * 4.0).min(MAX_CAPACITY_RPS),
+        || (capacity_rps * 4.0).min(rates.max_capacity),
     );
     Ok(Reactive {
         min_capacity_rps: finite_range(
@@ -667,7 +670,7 @@ fn reactive(r: &ReactiveDoc, rates: &Rates, f: &mut Fields) -> Result<Reactive, 
             "reactive.maxCapacityRps",
             max_capacity_rps,
             capacity_rps,
-            MAX_CAPACITY_RPS,
+            rates.max_capacity,
         )?,
         latency_tolerance: f.finite(
             "reactive.latencyTolerance",

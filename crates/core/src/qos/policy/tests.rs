@@ -43,6 +43,11 @@ fn the_capacity_field_names_the_unit() {
     assert_eq!(node.costs.default, DEFAULT_NODE_MS);
     assert_eq!(node.identify_above, 0.0, "every request is identified");
     assert_eq!(node.costs.table[&method_key("eth_getLogs")], 20.0);
+    let large = parse(r#"{"capacityNodeMs": 100000000}"#).unwrap();
+    assert_eq!(
+        large.reactive.max_capacity_rps, 400_000_000.0,
+        "the unit's bound"
+    );
     let cost = parse(r#"{"capacityCost": 5000, "costs": {"a": 10, "b": 26}}"#).unwrap();
     assert_eq!((cost.costs.unit, cost.costs.default), (Unit::Cost, 26.0));
 }

@@ -29,6 +29,13 @@
 //!   first calls make it active at once, and it starts with
 //!   `initialTokens` in its bucket.
 //!
+//! **Units.** A token is a call by default (`capacityRps`). In the node-time
+//! unit (`capacityNodeMs`) it is a node millisecond, in the cost unit
+//! (`capacityCost`) a cost unit: a call then costs its method's estimate,
+//! settled to what it took the node (`cost`, `charge`), an identity's demand
+//! is its calls times its cost per call, and everything below reads
+//! "tokens" in that unit.
+//!
 //! A bucket holds at most two rounds of its grant (at least two tokens).
 //! A client whose demand rises is satisfied, and granted half as much again
 //! as it used, each round: it reaches its fair share in a few rounds (40 ms
@@ -222,8 +229,8 @@ struct Local {
     websockets: u32,
     /// EWMA of request latency, start to response end, in µs.
     latency_us: u32,
-    /// What one of its calls costs, in thousandths of the unit: smoothed
-    /// over its measured (node time) or estimated (cost) calls.
+    /// What one of its calls costs, in thousandths of the unit: its calls'
+    /// estimates, smoothed (always one call in the calls unit).
     cost: i64,
     /// Counts since the last report.
     delta: Delta,

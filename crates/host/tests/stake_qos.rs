@@ -1,5 +1,6 @@
 //! The compiled stake QoS filter in the offline host, in virtual time.
 
+use stakegate_core::qos::page::ENTRY_LEN;
 use stakegate_host::{Host, Reply, Request};
 use std::time::Duration;
 
@@ -50,19 +51,19 @@ fn a_hundred_thousand_addresses_stay_within_max_identities() {
     let after_2k = host.shared_data_size();
     from_addresses(&mut host, (2_000..100_000).map(address), 20);
     let after_100k = host.shared_data_size();
-    // ceil(1000 / 128) = 8 pages of at most 128 entries of 48 bytes (plus a
-    // 3-byte header), the state record, the active-page bitmap, the demand
-    // sum and the light state.
+    // ceil(1000 / 128) = 8 pages of at most 128 entries (plus a 3-byte
+    // header), the state record, the active-page bitmap, the demand sum and
+    // the light state.
     let pages = 8;
     assert_eq!(after_100k.0, pages + 4, "keys: {after_100k:?}");
     assert!(
-        after_100k.1 <= pages * (3 + 128 * 48) + 256,
+        after_100k.1 <= pages * (3 + 128 * ENTRY_LEN) + 256,
         "{} bytes",
         after_100k.1
     );
     assert_eq!(after_2k.0, after_100k.0);
     assert!(
-        after_100k.1 <= after_2k.1 + 48 * pages,
+        after_100k.1 <= after_2k.1 + ENTRY_LEN * pages,
         "{after_2k:?} -> {after_100k:?}"
     );
     // Active in the last round: the addresses that called in it (one call

@@ -64,9 +64,10 @@ pub struct ClientSummary {
     pub timeline: Vec<Second>,
 }
 
-/// A client's node time, over the steady seconds.
+/// A client's node time: all of it, and its shares over the steady seconds.
 #[derive(Debug, Clone, Serialize)]
 pub struct ClientNodeTime {
+    /// Over the whole run.
     pub node_ms: f64,
     pub node_share: f64,
     pub fair_node_share: f64,
@@ -486,6 +487,19 @@ impl Summary {
             .unwrap_or(0)
     }
 
+    /// The clients as the shares see them.
+    pub fn parties(&self) -> Vec<Party> {
+        self.clients
+            .iter()
+            .map(|c| Party {
+                id: c.id.clone(),
+                stake: c.stake,
+                offered_rps: c.offered_rps,
+                public: c.public,
+            })
+            .collect()
+    }
+
     /// Node-time shares from the clients' timelines, against
     /// `capacity_node_ms` per second; nothing when no answer said what it
     /// cost the node.
@@ -494,16 +508,7 @@ impl Summary {
         if self.clients.iter().all(|c| used(c) == 0.0) {
             return;
         }
-        let parties: Vec<Party> = self
-            .clients
-            .iter()
-            .map(|c| Party {
-                id: c.id.clone(),
-                stake: c.stake,
-                offered_rps: c.offered_rps,
-                public: c.public,
-            })
-            .collect();
+        let parties = self.parties();
         let per_call: Vec<f64> = self
             .clients
             .iter()

@@ -9,7 +9,7 @@
 use super::stack::Stack;
 use super::Scenario;
 use crate::summary::{
-    fairness, ExchangeLatency, FleetPhase, FleetSummary, Outage, Party, Summary, WARMUP_S,
+    fairness, ExchangeLatency, FleetPhase, FleetSummary, Outage, Summary, WARMUP_S,
 };
 use stakegate_stack::admin::Admin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -112,16 +112,7 @@ pub fn watch(
 /// The `fleet` section of a run's summary.
 pub fn summarise(scenario: &Scenario, summary: &Summary, watched: Watched) -> FleetSummary {
     let seconds = summary.seconds();
-    let parties: Vec<Party> = summary
-        .clients
-        .iter()
-        .map(|c| Party {
-            id: c.id.clone(),
-            stake: c.stake,
-            offered_rps: c.offered_rps,
-            public: c.public,
-        })
-        .collect();
+    let parties = summary.parties();
     let phase = |name: &str, from: f64, to: f64| -> Option<FleetPhase> {
         let range = (from.ceil() as usize)..(to.floor() as usize).min(seconds);
         if range.is_empty() {

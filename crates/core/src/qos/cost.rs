@@ -45,16 +45,6 @@ pub enum Unit {
     Cost,
 }
 
-impl Unit {
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Calls => "calls",
-            Unit::NodeTime => "nodeTime",
-            Unit::Cost => "cost",
-        }
-    }
-}
-
 /// A method's key in the tables: FNV-1a of its name.
 pub fn method_key(method: &str) -> u64 {
     method.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -69,16 +59,6 @@ pub struct Costs {
     pub unit: Unit,
     pub table: HashMap<u64, f64>,
     pub default: f64,
-}
-
-impl Default for Costs {
-    fn default() -> Self {
-        Self {
-            unit: Unit::Calls,
-            table: HashMap::new(),
-            default: 1.0,
-        }
-    }
 }
 
 impl Costs {
@@ -287,7 +267,11 @@ mod tests {
         let mixed = br#"[{"id":1,"method":"eth_getLogs"},{"id":2,"method":"eth_new"}]"#;
         assert_eq!(costs.of_body(mixed, &learned), (35.0, None));
         assert_eq!(costs.of_body(b"[1,2,3]", &learned), (30.0, None));
-        let calls = Costs::default();
+        let calls = Costs {
+            unit: Unit::Calls,
+            table: HashMap::new(),
+            default: 1.0,
+        };
         assert_eq!(calls.of_body(mixed, &learned).0, 2.0);
     }
 }

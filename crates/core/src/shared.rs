@@ -307,6 +307,7 @@ mod tests {
     const LIMITS: Limits = Limits {
         max_inflight: Some(2),
         reserved: 0,
+        cheap: 0,
         max_websocket: None,
         per_websocket: 1,
     };

@@ -389,6 +389,19 @@ impl Host {
     /// The upstream answered `status` after `latency`: response headers,
     /// then the end of the stream. (The clock is the caller's to advance.)
     pub fn finish(&mut self, id: RequestId, status: u16, latency: Duration) -> anyhow::Result<()> {
+        self.finish_with(id, status, latency, Vec::new()).map(drop)
+    }
+
+    /// `finish`, the response carrying `headers` besides `:status` (what
+    /// the filters after this one set): returns the response headers as
+    /// this filter left them, for the filters before it.
+    pub fn finish_with(
+        &mut self,
+        id: RequestId,
+        status: u16,
+        latency: Duration,
+        headers: Vec<(String, String)>,
+    ) -> anyhow::Result<Vec<(String, String)>> {
         let vm = self.worker(id.worker)?;
         let stream = vm
             .state_mut()
@@ -403,11 +416,11 @@ impl Host {
             property_key(&["response".into(), "code".into()]),
             i64::from(status).to_le_bytes().to_vec(),
         );
-        vm.finish(
-            id.context,
-            Some(vec![(":status".to_string(), status.to_string())]),
-        )?;
-        self.deliver()
+        let mut response = vec![(":status".to_string(), status.to_string())];
+        response.extend(headers);
+        let headers = vm.finish(id.context, Some(response))?;
+        self.deliver()?;
+        Ok(headers)
     }
 
     /// The stream ended without a response (client or upstream reset).

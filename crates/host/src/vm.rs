@@ -450,8 +450,9 @@ impl Vm {
         &mut self,
         context: u32,
         response: Option<Vec<(String, String)>>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Vec<(String, String)>> {
         self.state_mut().current = context;
+        let answered = response.is_some();
         if let Some(headers) = response {
             let count = headers.len();
             if let Some(stream) = self.state_mut().streams.get_mut(&context) {
@@ -462,6 +463,12 @@ impl Vm {
                 .call(&mut self.store, (context as i32, count as i32, 1))
                 .map_err(|e| self.fail(e, "proxy_on_response_headers"))?;
         }
+        // The response headers as the filter left them, for the filters
+        // before it.
+        let headers = match self.state_mut().streams.get(&context) {
+            Some(stream) if answered => stream.response_headers.clone(),
+            _ => Vec::new(),
+        };
         self.state_mut().current = context;
         self.exports
             .done
@@ -476,6 +483,7 @@ impl Vm {
             .call(&mut self.store, context as i32)
             .map_err(|e| self.fail(e, "proxy_on_delete"))?;
         self.state_mut().streams.remove(&context);
-        self.delete_idle_roots()
+        self.delete_idle_roots()?;
+        Ok(headers)
     }
 }

@@ -20,6 +20,7 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::dedup::wake_queue;
 use stakegate_core::gate::coalesce::Response;
 use stakegate_core::gate::counts::{Snapshot, Ticked, METRICS};
+use stakegate_core::gate::node_time::NODE_US_HEADER;
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::registry::{Do, Registry, Then};
 use stakegate_core::gate::stream::{Head, OnHeaders};
@@ -27,7 +28,7 @@ use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
 use stakegate_glue::metrics::Stats;
 use stakegate_glue::queues::WakeQueues;
-use stakegate_glue::{now_ms, EnvoyStore};
+use stakegate_glue::{now_ms, now_us, EnvoyStore};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
@@ -135,7 +136,7 @@ impl GateRoot {
     fn configure(&mut self, config: &[u8]) -> Result<(), String> {
         let policy = GatePolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
         let stats = Stats::define("stakegate.gate", METRICS, &Snapshot::classes())?;
-        let registry = Registry::new(policy, self.context_id, EnvoyStore, now_ms);
+        let registry = Registry::new(policy, self.context_id, EnvoyStore, now_us);
         self.set_tick_period(Duration::from_millis(registry.tick_ms()));
         let mut vm = Vm {
             registry,
@@ -208,7 +209,12 @@ impl RootContext for GateRoot {
             }
         }
         if !vm.borrow_mut().registry.heartbeat_due(now) {
-            with(vm, self.context_id, false, |_| ());
+            // Requests waiting for a slot look for one freed elsewhere.
+            with(vm, self.context_id, false, |r| {
+                if r.has_waiting() {
+                    r.retry_waiting();
+                }
+            });
             return;
         }
         let ticked = with(vm, self.context_id, true, Registry::heartbeat);
@@ -314,7 +320,14 @@ impl HttpContext for GateHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        self.with(|r| r.response_headers(self.id, end_of_stream));
+        let node_us = self.with(|r| {
+            r.response_headers(self.id, end_of_stream, || {
+                host::response_header(":status").and_then(|s| s.parse().ok())
+            })
+        });
+        if let Some(us) = node_us {
+            host::set_response_header(NODE_US_HEADER, &us.to_string());
+        }
         Action::Continue
     }
 

@@ -20,6 +20,13 @@ extern "C" {
         return_value_size: *mut usize,
     ) -> u32;
     fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
     fn proxy_get_buffer_bytes(
         buffer_type: u32,
         start: usize,
@@ -140,6 +147,28 @@ pub fn remove_request_header(name: &str) {
     // SAFETY: the key's own bytes.
     unsafe {
         proxy_remove_header_map_value(REQUEST_HEADERS, name.as_ptr(), name.len());
+    }
+}
+
+/// Sets a response header (replacing any value it had).
+pub fn set_response_header(name: &str, value: &str) {
+    // SAFETY: the key's and the value's own bytes.
+    unsafe {
+        proxy_replace_header_map_value(
+            RESPONSE_HEADERS,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        );
+    }
+}
+
+/// Removes a response header (nothing happens if it is absent).
+pub fn remove_response_header(name: &str) {
+    // SAFETY: the key's own bytes.
+    unsafe {
+        proxy_remove_header_map_value(RESPONSE_HEADERS, name.as_ptr(), name.len());
     }
 }
 

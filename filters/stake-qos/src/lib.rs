@@ -31,6 +31,7 @@ use fleet::FleetLink;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::clock::Now;
+use stakegate_core::gate::node_time::NODE_US_HEADER;
 use stakegate_core::qos::counts::{Counts, Snapshot, METRICS};
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;
@@ -275,10 +276,17 @@ impl HttpContext for QosHttp {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Ok(worker) = self.worker.try_borrow() {
-            self.stream
-                .response_headers(&worker.qos, &mut Now::lazy_us(now_us), || {
-                    host::response_header(":status").and_then(|s| s.parse().ok())
-                });
+            self.stream.response_headers(
+                &worker.qos,
+                &mut Now::lazy_us(now_us),
+                || host::response_header(":status").and_then(|s| s.parse().ok()),
+                || {
+                    // The admission gate's measure, for the gateway only.
+                    let told = host::response_header(NODE_US_HEADER)?;
+                    host::remove_response_header(NODE_US_HEADER);
+                    told.parse().ok()
+                },
+            );
         }
         Action::Continue
     }

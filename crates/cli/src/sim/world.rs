@@ -105,9 +105,8 @@ fn pass(hosts: &mut [Host], filters: &[usize], r: &mut InFlight) -> anyhow::Resu
         match hosts[filter].request(r.worker, &r.request)? {
             Reply::Continue(id) => r.ids.push((filter, id)),
             Reply::LocalReply(reply) => {
-                for (filter, id) in std::mem::take(&mut r.ids) {
-                    hosts[filter].finish(id, reply.status as u16, Duration::ZERO)?;
-                }
+                let ids = std::mem::take(&mut r.ids);
+                finish_all(hosts, ids, reply.status, Duration::ZERO, &reply.headers)?;
                 return Ok(Passage::Replied(reply));
             }
             Reply::Held(id) => {
@@ -118,6 +117,24 @@ fn pass(hosts: &mut [Host], filters: &[usize], r: &mut InFlight) -> anyhow::Resu
         }
     }
     Ok(Passage::Upstream)
+}
+
+/// Ends a request's streams from the last filter to the first, as Envoy
+/// encodes a response: each sees `status` and the response headers the
+/// filters after it left (`headers` from where the answer came).
+fn finish_all(
+    hosts: &mut [Host],
+    ids: Vec<(usize, RequestId)>,
+    status: u32,
+    latency: Duration,
+    headers: &[(String, String)],
+) -> anyhow::Result<()> {
+    let mut headers = headers.to_vec();
+    for (filter, id) in ids.into_iter().rev() {
+        headers.retain(|(name, _)| name != ":status");
+        headers = hosts[filter].finish_with(id, status as u16, latency, headers)?;
+    }
+    Ok(())
 }
 
 /// What the virtual node answers a callout: a result for each call with
@@ -422,9 +439,7 @@ impl<'a> World<'a> {
             self.hosts[*filter].answer_callout(callout, Some((200, answer)))?;
         } else if !done.abandoned {
             let latency = Duration::from_nanos(now - done.arrived);
-            for (filter, id) in &done.ids {
-                self.hosts[*filter].finish(*id, 200, latency)?;
-            }
+            finish_all(&mut self.hosts, done.ids.clone(), 200, latency, &[])?;
             self.answered(now, &done, 200, Some(done.cost));
         }
         Ok(())
@@ -572,13 +587,15 @@ impl<'a> World<'a> {
                     r.held = None;
                     match reply {
                         Reply::LocalReply(reply) => {
-                            for (filter, id) in std::mem::take(&mut r.ids) {
-                                self.hosts[filter].finish(
-                                    id,
-                                    reply.status as u16,
-                                    Duration::ZERO,
-                                )?;
-                            }
+                            let ids = std::mem::take(&mut r.ids);
+                            let status = reply.status;
+                            finish_all(
+                                &mut self.hosts,
+                                ids,
+                                status,
+                                Duration::ZERO,
+                                &reply.headers,
+                            )?;
                             self.answered(now, &r, reply.status, None);
                         }
                         Reply::Continue(id) | Reply::Held(id) => {

@@ -48,6 +48,22 @@ pub struct DedupCounts {
     pub standing_by: u64,
 }
 
+/// The node-time counts (all zero without `nodeTime`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeTimeCounts {
+    /// Requests admitted as cheap (they may take the cheap slots).
+    pub cheap: u64,
+    /// Requests admitted as heavy.
+    pub heavy: u64,
+    /// Requests that waited for a slot and got one.
+    pub waited: u64,
+    /// Requests refused with 503 after waiting `waitMs`, or because
+    /// `maxWaiting` were waiting already.
+    pub wait_refused: u64,
+    /// Change of the requests waiting for a slot on this VM.
+    pub waiting: i64,
+}
+
 /// What a gate VM reports as metrics, counted as things happen and handed
 /// to Envoy by the glue once per heartbeat.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -65,6 +81,7 @@ pub struct Counts {
     pub store: StoreCounts,
     pub expired_slots: u64,
     pub dedup: DedupCounts,
+    pub node_time: NodeTimeCounts,
 }
 
 /// What a heartbeat found, for the gauges.
@@ -157,5 +174,10 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "dedup.entries", kind: Kind::Gauge, read: |s, _| set(s.ticked.as_ref().and_then(|t| t.dedup_entries)) },
     Metric { name: "dedup.waiting", kind: Kind::Gauge, read: |s, _| match s.waiting { Some(0) | None => Reading::Skip, Some(change) => Reading::Change(change) } },
     Metric { name: "dedup.finalized", kind: Kind::Gauge, read: |s, _| set(s.finalized().map(|f| f.unwrap_or(0))) },
+    Metric { name: "node_time.cheap", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.cheap) },
+    Metric { name: "node_time.heavy", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.heavy) },
+    Metric { name: "node_time.waited", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.waited) },
+    Metric { name: "node_time.wait_refused", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.wait_refused) },
+    Metric { name: "node_time.waiting", kind: Kind::Gauge, read: |s, _| match s.counts.node_time.waiting { 0 => Reading::Skip, change => Reading::Change(change) } },
     Metric { name: "dedup.finality_known", kind: Kind::Gauge, read: |s, _| set(s.finalized().map(|f| u64::from(f.is_some()))) },
 ];

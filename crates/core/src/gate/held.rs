@@ -153,7 +153,8 @@ impl Place {
             Verdict::Take(slot) => match dedup.take(store, slot, &waiting.key) {
                 Ok(Some(answer)) => {
                     w.counts.dedup.taken += 1;
-                    Checked::Answer(Reply::answer(&answer, &waiting.ids))
+                    let reply = Reply::answer(&answer, &waiting.ids);
+                    Checked::Answer(reply.no_node_time(w.gate.policy()))
                 }
                 _ => Checked::Continue,
             },
@@ -208,7 +209,7 @@ impl Place {
             return Err((Reply::none(&[], "dedup is off"), pending));
         };
         if self.ticket.is_none() {
-            match w.admit(store, now, self.class, false) {
+            match w.admit(store, now, self.class, false, false) {
                 Ok(ticket) => self.ticket = Some(ticket),
                 Err(refusal) => {
                     let body = self.waiting.take().map(|w| w.body).unwrap_or_default();
@@ -229,10 +230,12 @@ impl Place {
         let Some(waiting) = self.waiting.take() else {
             return Reply::none(&[], "the request is gone");
         };
-        if !waiting.leads {
-            w.counts.dedup.shared += 1;
+        let reply = Reply::answer(answer, &waiting.ids);
+        if waiting.leads {
+            return reply;
         }
-        Reply::answer(answer, &waiting.ids)
+        w.counts.dedup.shared += 1;
+        reply.no_node_time(w.gate.policy())
     }
 
     /// Its own callout failed: the node's 5xx as it came if it is JSON,
@@ -299,7 +302,7 @@ impl Place {
     ) -> Act {
         let body = self.waiting.take().map(|w| w.body).unwrap_or_default();
         if self.ticket.is_none() {
-            match w.admit(store, now, self.class, false) {
+            match w.admit(store, now, self.class, false, false) {
                 Ok(ticket) => self.ticket = Some(ticket),
                 Err(refusal) => return Act::Answer(Reply::refusal(refusal.answering(&body))),
             }

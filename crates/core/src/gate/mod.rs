@@ -40,6 +40,7 @@ pub mod coalesce;
 pub mod counts;
 pub mod drain;
 pub mod held;
+pub mod node_time;
 pub mod policy;
 pub mod registry;
 pub mod reply;
@@ -196,6 +197,19 @@ impl InflightGate {
         class: RequestClass,
         websocket: bool,
     ) -> Admission {
+        self.admit_priced(store, now, class, websocket, false)
+    }
+
+    /// `admit`, for a request that may not take the slots kept for cheap
+    /// calls if `heavy` (`nodeTime.cheapSlots`).
+    pub fn admit_priced(
+        &mut self,
+        store: &impl SharedStore,
+        now: &mut Now,
+        class: RequestClass,
+        websocket: bool,
+        heavy: bool,
+    ) -> Admission {
         let slot = match (class, websocket) {
             (RequestClass::Internal, _) => {
                 return Admission {
@@ -212,7 +226,7 @@ impl InflightGate {
             (_, true) => SlotKind::Websocket,
             (class, false) => slot_of(class),
         };
-        let taken = self.take(store, now, slot);
+        let taken = self.take_slots(store, now, slot, 1, 1, heavy);
         if taken.ok {
             Admission {
                 decision: Decision::Admit(Ticket {
@@ -264,7 +278,23 @@ impl InflightGate {
         least: u32,
         most: u32,
     ) -> Taken {
-        if self.spare.take_n(slot, most) {
+        self.take_slots(store, now, slot, least, most, false)
+    }
+
+    /// `take_between`; a `heavy` request leaves the cheap slots free. It
+    /// takes no spare: the shared write returns them first, and only the
+    /// shared count says whether a cheap slot would be taken.
+    fn take_slots(
+        &mut self,
+        store: &impl SharedStore,
+        now: &mut Now,
+        slot: SlotKind,
+        least: u32,
+        most: u32,
+        heavy: bool,
+    ) -> Taken {
+        let heavy = heavy && self.policy.limits.cheap > 0;
+        if !heavy && self.spare.take_n(slot, most) {
             return Taken {
                 ok: true,
                 count: most,
@@ -283,7 +313,7 @@ impl InflightGate {
         let result = update(store, SHARED_KEY, |table: &mut ShardTable| {
             // Spares go back to the pool with this write.
             table.heartbeat(vm, now_ms, &spare);
-            match table.try_admit_between(vm, now_ms, slot, least, most, &limits) {
+            match table.try_admit_between(vm, now_ms, slot, least..=most, heavy, &limits) {
                 0 if spare.is_empty() => Change::Keep(0),
                 taken => Change::Write(taken),
             }
@@ -377,6 +407,22 @@ impl InflightGate {
             expired_slots: updated.value,
             cas_retries: updated.retries,
         })
+    }
+
+    /// Gives this VM's spare slots back to the shared pool now, so that a
+    /// request waiting on another worker can take them (`nodeTime.waitMs`).
+    pub fn give_back(&mut self, store: &impl SharedStore, now_ms: u64) -> Result<u32, StoreError> {
+        let (Some(vm), false) = (self.vm, self.spare.is_empty()) else {
+            return Ok(0);
+        };
+        let spare = self.spare;
+        let updated = update(store, SHARED_KEY, |table: &mut ShardTable| {
+            table.heartbeat(vm, now_ms, &spare);
+            Change::Write(())
+        })
+        .map_err(|(e, _)| e)?;
+        self.spare = Spare::default();
+        Ok(updated.retries)
     }
 
     /// This VM's plugin is being deleted (a swap, a reload): gives its

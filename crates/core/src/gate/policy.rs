@@ -4,7 +4,8 @@
 
 use crate::dedup::policy::{DedupDoc, DedupPolicy};
 use crate::gate::class::Matcher;
-use crate::gate::shards::Limits;
+use crate::gate::node_time::{NodeTimeDoc, NodeTimePolicy};
+use crate::gate::shards::{Limits, SlotKind};
 use crate::request::{Cidr, MetadataScope};
 use crate::validate::{
     ensure, header_name, max_len, non_empty, parse_json, range, FieldDoc, Fields, PolicyError,
@@ -36,6 +37,8 @@ struct Document {
     classes: Classes,
     /// Retry-storm protection; absent means off.
     dedup: Option<DedupDoc>,
+    /// Node-time measuring, cheap slots and waiting; absent means off.
+    node_time: Option<NodeTimeDoc>,
 }
 
 /// The fields that are lists; an array anywhere else is refused.
@@ -106,6 +109,8 @@ pub struct GatePolicy {
     pub internal: Vec<Matcher>,
     pub priority: Vec<Matcher>,
     pub dedup: Option<DedupPolicy>,
+    /// The node's time on each request (`gate::node_time`).
+    pub node_time: Option<NodeTimePolicy>,
 }
 
 impl GatePolicy {
@@ -117,13 +122,13 @@ impl GatePolicy {
     /// Every field, with its default, as the docs' tables list them.
     pub fn fields() -> Vec<FieldDoc> {
         let mut fields = Fields::listing();
-        let all = br#"{"maxInflight": 8, "dedup": {}}"#;
+        let all = br#"{"maxInflight": 8, "decideOnBody": true, "dedup": {}, "nodeTime": {}}"#;
         Self::read(all, &mut fields).map_or_else(|_| Vec::new(), |_| fields.listed())
     }
 
     fn read(json: &[u8], f: &mut Fields) -> Result<Self, PolicyError> {
         let doc: Document = parse_json(json, LISTS)?;
-        let limits = limits(&doc, f)?;
+        let mut limits = limits(&doc, f)?;
         let max_websocket_message_bytes = f.range(
             "maxWebsocketMessageBytes",
             doc.max_websocket_message_bytes,
@@ -165,6 +170,11 @@ impl GatePolicy {
         let decide_on_body = f.or("decideOnBody", doc.decide_on_body, false);
         let internal = f.or_else("classes.internal", doc.classes.internal, "[]", Vec::new);
         let priority = f.or_else("classes.priority", doc.classes.priority, "[]", Vec::new);
+        let node_time = doc
+            .node_time
+            .map(|d| NodeTimePolicy::compile(d, limits.most(SlotKind::Default), decide_on_body, f))
+            .transpose()?;
+        limits.cheap = node_time.as_ref().map_or(0, |n| n.cheap_slots);
         Ok(Self {
             limits,
             heartbeat_ms,
@@ -176,6 +186,7 @@ impl GatePolicy {
             internal: compile_matchers("classes.internal", internal)?,
             priority: compile_matchers("classes.priority", priority)?,
             dedup: doc.dedup.map(|d| DedupPolicy::compile(d, f)).transpose()?,
+            node_time,
         })
     }
 
@@ -275,6 +286,7 @@ fn limits(doc: &Document, f: &mut Fields) -> Result<Limits, PolicyError> {
     Ok(Limits {
         max_inflight,
         reserved,
+        cheap: 0,
         max_websocket,
         per_websocket,
     })
@@ -328,6 +340,7 @@ mod tests {
                 limits: Limits {
                     max_inflight: Some(8),
                     reserved: 0,
+                    cheap: 0,
                     max_websocket: Some(1024),
                     per_websocket: 8,
                 },
@@ -339,6 +352,7 @@ mod tests {
                 internal: vec![],
                 priority: vec![],
                 dedup: None,
+                node_time: None,
             }
         );
     }

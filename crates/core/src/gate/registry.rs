@@ -17,15 +17,16 @@
 
 use super::coalesce::{Acts, Coalescer, Held, Response};
 use super::counts::{Snapshot, Ticked};
+use super::node_time::{Waiters, SLOT_WAKE, WAITERS_KEY, WAIT_TICK_MS};
 use super::policy::GatePolicy;
 use super::reply::{Act, Callout, Reply};
-use super::stream::{GateStream, Head, OnBody, OnHeaders, Settled};
+use super::stream::{Full, GateStream, Head, OnBody, OnHeaders, Settled};
 use super::worker::GateWorker;
 use super::InflightGate;
 use crate::clock::Now;
 use crate::rejection::Rejection;
 use crate::request::{Body, RequestFacts};
-use crate::shared::SharedStore;
+use crate::shared::{read, update, Change, SharedStore};
 use std::collections::{HashMap, VecDeque};
 
 /// What the glue does for a stream other than the one it was called for
@@ -60,7 +61,7 @@ pub enum Then {
 }
 
 /// One VM's gate and streams, over its shared data (`store`) and clock
-/// (milliseconds, read only when a decision needs it).
+/// (microseconds, read only when a decision needs it).
 #[derive(Debug)]
 pub struct Registry<S: SharedStore> {
     pub worker: GateWorker,
@@ -77,6 +78,11 @@ pub struct Registry<S: SharedStore> {
     todo: Vec<Do>,
     /// When the heartbeat's work last ran.
     last_heartbeat_ms: u64,
+    /// When dedup's engagement tick last ran.
+    last_engage_ms: u64,
+    /// When this VM last said requests wait for a slot here (`None`: it
+    /// said none do).
+    announced_ms: Option<u64>,
     /// The requests held for an answer, as the last snapshot gave them.
     waiting_reported: i64,
 }
@@ -84,15 +90,15 @@ pub struct Registry<S: SharedStore> {
 impl<S: SharedStore> Registry<S> {
     /// The registry of the VM of root context `root` under `policy`; it
     /// takes its shard now.
-    pub fn new(policy: GatePolicy, root: u32, store: S, clock: fn() -> u64) -> Self {
-        let now_ms = clock();
+    pub fn new(policy: GatePolicy, root: u32, store: S, clock_us: fn() -> u64) -> Self {
+        let now_ms = clock_us() / 1000;
         let gate = InflightGate::new(policy, now_ms ^ (u64::from(root) << 32));
         let mut worker = GateWorker::new(gate);
         worker.join(&store, now_ms);
         Self {
             worker,
             store,
-            clock,
+            clock: clock_us,
             coalescer: Coalescer::default(),
             streams: HashMap::new(),
             waiting: Vec::new(),
@@ -100,6 +106,8 @@ impl<S: SharedStore> Registry<S> {
             to_dispatch: VecDeque::new(),
             todo: Vec::new(),
             last_heartbeat_ms: now_ms,
+            last_engage_ms: 0,
+            announced_ms: None,
             waiting_reported: 0,
         }
     }
@@ -110,14 +118,23 @@ impl<S: SharedStore> Registry<S> {
         (std::mem::take(&mut self.todo), self.worker.take_log())
     }
 
+    fn now_ms(&self) -> u64 {
+        (self.clock)() / 1000
+    }
+
     /// How often the root context ticks: every `engage::TICK_MS` with
-    /// dedup (whether it engages), else every `heartbeatMs`.
+    /// dedup (whether it engages), every `node_time::WAIT_TICK_MS` if
+    /// requests may wait for a slot, else every `heartbeatMs`.
     pub fn tick_ms(&self) -> u64 {
         let policy = self.worker.gate.policy();
-        match policy.dedup {
-            Some(_) => policy.heartbeat_ms.min(crate::dedup::engage::TICK_MS),
-            None => policy.heartbeat_ms,
+        let mut tick_ms = policy.heartbeat_ms;
+        if policy.dedup.is_some() {
+            tick_ms = tick_ms.min(crate::dedup::engage::TICK_MS);
         }
+        if policy.node_time.as_ref().is_some_and(|n| n.wait_ms > 0) {
+            tick_ms = tick_ms.min(WAIT_TICK_MS);
+        }
+        tick_ms
     }
 
     /// Requests held for an answer on this VM.
@@ -140,7 +157,7 @@ impl<S: SharedStore> Registry<S> {
 
     /// Stream `id`'s request headers.
     pub fn headers(&mut self, id: u32, facts: &mut impl RequestFacts, head: Head) -> OnHeaders {
-        let now = &mut Now::lazy_ms(self.clock);
+        let now = &mut Now::lazy_us(self.clock);
         let stream = self.streams.entry(id).or_default();
         stream.headers(&mut self.worker, &self.store, now, facts, head)
     }
@@ -154,7 +171,7 @@ impl<S: SharedStore> Registry<S> {
         end_of_stream: bool,
         body: &mut impl Body,
     ) -> Then {
-        let now = &mut Now::lazy_ms(self.clock);
+        let now = &mut Now::lazy_us(self.clock);
         let Some(stream) = self.streams.get_mut(&id) else {
             return Then::Continue;
         };
@@ -171,6 +188,10 @@ impl<S: SharedStore> Registry<S> {
             OnBody::Hold => {
                 if waits && !self.waiting.contains(&id) {
                     self.waiting.push(id);
+                    if self.slots_wait() {
+                        let now_ms = now.ms();
+                        self.announce(now_ms);
+                    }
                 }
                 Then::Pause
             }
@@ -188,23 +209,30 @@ impl<S: SharedStore> Registry<S> {
     /// Stream `id`'s request trailers: a refusal, if its admission waited
     /// for them and the gate is full.
     pub fn request_trailers(&mut self, id: u32) -> Result<(), Rejection> {
-        let now = &mut Now::lazy_ms(self.clock);
+        let now = &mut Now::lazy_us(self.clock);
         match self.streams.get_mut(&id) {
             Some(stream) => stream.request_trailers(&mut self.worker, &self.store, now),
             None => Ok(()),
         }
     }
 
-    /// Stream `id`'s response headers.
-    pub fn response_headers(&mut self, id: u32, end_of_stream: bool) {
+    /// Stream `id`'s response headers (`status` read only if needed):
+    /// with `nodeTime`, the node's time on it to tell the filters before
+    /// the gate (`node_time::NODE_US_HEADER`).
+    pub fn response_headers(
+        &mut self,
+        id: u32,
+        end_of_stream: bool,
+        status: impl FnOnce() -> Option<u32>,
+    ) -> Option<u64> {
+        let now = &mut Now::lazy_us(self.clock);
         let (w, store) = (&mut self.worker, &self.store);
-        let released = self
-            .streams
-            .get_mut(&id)
-            .is_some_and(|s| s.response_headers(w, store, end_of_stream));
+        let stream = self.streams.get_mut(&id)?;
+        let (released, node_us) = stream.response_headers(w, store, now, end_of_stream, status);
         if released {
             self.retry_waiting();
         }
+        node_us
     }
 
     /// A piece of stream `id`'s response body: what the client gets instead
@@ -248,9 +276,13 @@ impl<S: SharedStore> Registry<S> {
     }
 
     /// Lets the streams waiting for a slot retry, oldest first: those that
-    /// get their slots resume (or are closed, if they never can).
+    /// get their slots resume (or are closed, if they never can), requests
+    /// that waited `nodeTime.waitMs` in vain are refused. With nothing
+    /// waiting here and requests allowed to wait, this VM's spare slots go
+    /// back to the shared pool at once, for the other workers' waiters.
     pub fn retry_waiting(&mut self) {
-        let now = &mut Now::lazy_ms(self.clock);
+        let now = &mut Now::lazy_us(self.clock);
+        let mut full = Full::default();
         let mut i = 0;
         while i < self.waiting.len() {
             let id = self.waiting[i];
@@ -258,15 +290,31 @@ impl<S: SharedStore> Registry<S> {
                 self.waiting.remove(i);
                 continue;
             };
-            match stream.settle(&mut self.worker, &self.store, now) {
-                Settled::ConnectionFull => i += 1,
-                Settled::GateFull => break,
+            match stream.settle(&mut self.worker, &self.store, now, &mut full) {
+                Settled::ConnectionFull | Settled::GateFull => i += 1,
                 Settled::Through(bytes) => {
                     self.todo.push(Do::Resume(id, bytes));
                     self.waiting.remove(i);
                 }
+                Settled::Refuse(refusal) => {
+                    self.todo.push(Do::Answer(id, Reply::refusal(refusal)));
+                    self.waiting.remove(i);
+                }
             }
         }
+        if self.slots_wait() {
+            let now_ms = now.ms();
+            if self.waiting.is_empty() {
+                self.hand_over_slots(now_ms);
+            }
+            self.announce(now_ms);
+        }
+    }
+
+    /// Whether streams wait for a slot here (the glue retries them at
+    /// every tick).
+    pub fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
     }
 
     /// The next leader's callout to send from the root context, skipping
@@ -290,7 +338,7 @@ impl<S: SharedStore> Registry<S> {
     pub fn sent(&mut self, id: u32, sent: Result<u32, String>) {
         match sent {
             Ok(token) => {
-                let now_ms = (self.clock)();
+                let now_ms = self.now_ms();
                 if let Some(place) = self.streams.get_mut(&id).and_then(GateStream::place) {
                     self.coalescer.sent(&self.worker, token, place, now_ms);
                 }
@@ -306,7 +354,7 @@ impl<S: SharedStore> Registry<S> {
     /// every request waiting for it.
     pub fn callout_ended(&mut self, token: u32, response: Option<Response>) {
         let body = response.as_ref().map(|r| r.body.as_slice());
-        let now_ms = (self.clock)();
+        let now_ms = self.now_ms();
         if self
             .worker
             .finality_answered(&self.store, now_ms, token, body)
@@ -321,6 +369,9 @@ impl<S: SharedStore> Registry<S> {
     /// A message came on this VM's wake queue (an empty one is a wake-up
     /// to send callouts, which the root context does anyway).
     pub fn woken(&mut self, message: &[u8]) {
+        if message == SLOT_WAKE {
+            return self.retry_waiting();
+        }
         if message.is_empty() {
             return;
         }
@@ -331,19 +382,22 @@ impl<S: SharedStore> Registry<S> {
     /// engaged now, and the finality poll to send, if one is due.
     pub fn engage(&mut self, now_ms: u64) -> Option<(bool, Option<Callout>)> {
         self.worker.dedup.as_ref()?;
+        // Ticks come faster when requests may wait for a slot.
+        let tick_ms = crate::dedup::engage::TICK_MS;
+        if now_ms.saturating_sub(self.last_engage_ms) + self.tick_ms() / 2 < tick_ms {
+            return None;
+        }
+        self.last_engage_ms = now_ms;
         self.worker.engage(&self.store, now_ms);
         let poll = self.worker.finality_poll(&self.store, now_ms);
         Some((self.worker.dedup_engaged(), poll))
     }
 
-    /// Whether the heartbeat's work is due at this tick (ticks come every
-    /// `engage::TICK_MS` with dedup, every `heartbeatMs` without): it runs
-    /// once per `heartbeatMs`, give or take half a tick.
+    /// Whether the heartbeat's work is due at this tick (`tick_ms`): it
+    /// runs once per `heartbeatMs`, give or take half a tick.
     pub fn heartbeat_due(&mut self, now_ms: u64) -> bool {
         let heartbeat_ms = self.worker.gate.policy().heartbeat_ms;
-        if now_ms.saturating_sub(self.last_heartbeat_ms) + crate::dedup::engage::TICK_MS / 2
-            < heartbeat_ms
-        {
+        if now_ms.saturating_sub(self.last_heartbeat_ms) + self.tick_ms() / 2 < heartbeat_ms {
             return false;
         }
         self.last_heartbeat_ms = now_ms;
@@ -354,7 +408,7 @@ impl<S: SharedStore> Registry<S> {
     /// coalescing's (deadlines, lost wakes, stuck callouts). Returns what
     /// it found for the gauges.
     pub fn heartbeat(&mut self) -> Ticked {
-        let ticked = self.worker.tick(&self.store, (self.clock)());
+        let ticked = self.worker.tick(&self.store, self.now_ms());
         self.coalesce(|c, w, store, now, held| c.heartbeat(w, store, now, held));
         ticked
     }
@@ -365,7 +419,7 @@ impl<S: SharedStore> Registry<S> {
         &mut self,
         step: impl FnOnce(&mut Coalescer, &mut GateWorker, &S, &mut Now, &mut [Held<'_>]) -> Acts,
     ) {
-        let now = &mut Now::lazy_ms(self.clock);
+        let now = &mut Now::lazy_us(self.clock);
         let coalesced = &self.coalesced;
         let mut by_id: HashMap<u32, &mut GateStream> = self
             .streams
@@ -412,13 +466,73 @@ impl<S: SharedStore> Registry<S> {
     /// This VM's wake queue's name, once dedup is on and its VM number
     /// known.
     pub fn wake_queue(&self) -> Option<String> {
-        self.worker.dedup.as_ref()?;
+        if self.worker.dedup.is_none() && !self.slots_wait() {
+            return None;
+        }
         self.worker.gate.vm().map(crate::dedup::wake_queue)
+    }
+
+    /// Whether requests may wait for a slot (`nodeTime.waitMs`).
+    fn slots_wait(&self) -> bool {
+        let policy = self.worker.gate.policy();
+        policy.node_time.as_ref().is_some_and(|n| n.wait_ms > 0)
+    }
+
+    /// Says in shared data whether requests wait for a slot here (when
+    /// that changed, or a heartbeat has passed since), so that a VM that
+    /// frees one wakes this one.
+    fn announce(&mut self, now_ms: u64) {
+        let waiting = !self.waiting.is_empty();
+        let heartbeat_ms = self.worker.gate.policy().heartbeat_ms;
+        let due = match self.announced_ms {
+            None => waiting,
+            Some(at) => !waiting || now_ms.saturating_sub(at) >= heartbeat_ms,
+        };
+        let (Some(vm), true) = (self.worker.gate.vm(), due) else {
+            return;
+        };
+        let updated = update(&self.store, WAITERS_KEY, |w: &mut Waiters| {
+            w.set(vm, waiting, now_ms);
+            Change::Write(())
+        });
+        match updated {
+            Ok(u) => {
+                self.worker.counts.store.retried(u.retries);
+                self.announced_ms = waiting.then_some(now_ms);
+            }
+            Err((e, _)) => self
+                .worker
+                .note_store_error("announcing waiting requests", &e),
+        }
+    }
+
+    /// Nothing waits here for a slot: if requests wait on other VMs, this
+    /// VM's spare slots go back to the shared pool and those VMs are woken.
+    fn hand_over_slots(&mut self, now_ms: u64) {
+        let (Some(me), true) = (self.worker.gate.vm(), self.slots_wait()) else {
+            return;
+        };
+        let ttl_ms = self.worker.gate.policy().stale_slot_ttl_ms;
+        let others = match read::<Waiters>(&self.store, WAITERS_KEY) {
+            Ok((waiters, _)) => waiters.others(me, now_ms, ttl_ms),
+            Err(e) => {
+                self.worker.note_store_error("reading waiting requests", &e);
+                return;
+            }
+        };
+        if others.is_empty() {
+            return;
+        }
+        match self.worker.gate.give_back(&self.store, now_ms) {
+            Ok(retries) => self.worker.counts.store.retried(retries),
+            Err(e) => self.worker.note_store_error("giving spare slots back", &e),
+        }
+        self.todo.push(Do::Wake(others, SLOT_WAKE.to_vec()));
     }
 
     /// The plugin is being deleted: spare slots go back at once.
     pub fn leave(&mut self) {
-        self.worker.leave(&self.store, (self.clock)());
+        self.worker.leave(&self.store, self.now_ms());
     }
 }
 
@@ -511,6 +625,80 @@ mod tests {
         assert_eq!(dos, [Do::Poke, Do::Resume(2, None)]);
         assert!(log[0].contains("was refused (BadArgument)"), "{log:?}");
         assert_eq!(r.worker.counts.dedup.callouts_failed, 1);
+    }
+
+    thread_local! {
+        static CLOCK_US: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    fn clock_us() -> u64 {
+        CLOCK_US.with(|c| c.get())
+    }
+
+    fn at_ms(ms: u64) {
+        CLOCK_US.with(|c| c.set(ms * 1000));
+    }
+
+    fn call(id: u32, method: &str) -> Vec<u8> {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}"}}"#).into_bytes()
+    }
+
+    /// Stream `id`'s answer comes whole at `ms`: the node's time on it, as
+    /// told.
+    fn answer(r: &mut Rig, id: u32, ms: u64) -> Option<u64> {
+        at_ms(ms);
+        r.response_headers(id, true, || Some(200))
+    }
+
+    #[test]
+    fn heavy_calls_leave_the_cheap_slot_and_wait_for_theirs_oldest_first() {
+        let policy = r#"{"maxInflight": 2, "decideOnBody": true, "nodeTime": {"cheapSlots": 1, "waitMs": 100}}"#;
+        let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
+        let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
+        // Unknown methods are heavy until measured: each is told its time.
+        at_ms(1000);
+        assert_eq!(send(&mut r, 1, &call(1, "eth_getProof")), Then::Continue);
+        assert_eq!(answer(&mut r, 1, 1040), Some(40_000));
+        r.done(1);
+        assert_eq!(send(&mut r, 2, &call(2, "eth_blockNumber")), Then::Continue);
+        assert_eq!(answer(&mut r, 2, 1040), Some(0));
+        r.done(2);
+        at_ms(1041);
+        assert_eq!(send(&mut r, 2, &call(2, "eth_blockNumber")), Then::Continue);
+        assert_eq!(answer(&mut r, 2, 1041), Some(0));
+        r.done(2);
+        // One heavy call runs; the next waits, as a cheap one goes by.
+        at_ms(1100);
+        assert_eq!(send(&mut r, 3, &call(3, "eth_getProof")), Then::Continue);
+        assert_eq!(send(&mut r, 4, &call(4, "eth_getProof")), Then::Pause);
+        assert_eq!(send(&mut r, 5, &call(5, "eth_blockNumber")), Then::Continue);
+        assert_eq!(send(&mut r, 6, &call(6, "eth_getProof")), Then::Pause);
+        assert!(r.take().0.is_empty());
+        // The cheap call's end frees no heavy slot; the heavy one's does,
+        // for the oldest waiting, which is measured from then.
+        assert_eq!(answer(&mut r, 5, 1101), Some(1000));
+        r.done(5);
+        assert!(r.take().0.is_empty());
+        assert_eq!(answer(&mut r, 3, 1140), Some(40_000));
+        r.done(3);
+        assert_eq!(r.take().0, [Do::Resume(4, None)]);
+        at_ms(1150);
+        assert_eq!(r.response_headers(4, false, || Some(200)), Some(10_000));
+        // The other waited its 100 ms in vain: refused with its own id.
+        at_ms(1200);
+        r.retry_waiting();
+        let (dos, _) = r.take();
+        let [Do::Answer(6, reply)] = dos.as_slice() else {
+            panic!("{dos:?}")
+        };
+        assert_eq!(reply.status, 503);
+        assert!(String::from_utf8_lossy(&reply.body).contains(r#""id":6"#));
+        let counts = &r.worker.counts.node_time;
+        assert_eq!(
+            (counts.waited, counts.wait_refused, counts.waiting),
+            (1, 1, 0)
+        );
+        assert_eq!((counts.cheap, counts.heavy), (2, 4));
     }
 
     /// Stream `id` opens a public WebSocket.

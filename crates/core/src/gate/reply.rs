@@ -3,6 +3,8 @@
 //! leader's request, or the finality poll). The glue makes them with host
 //! calls as they are.
 
+use super::node_time::NODE_US_HEADER;
+use super::policy::GatePolicy;
 use crate::dedup::answer::{Answer, Id};
 use crate::rejection::{json_rpc_error_body, Rejection};
 
@@ -69,6 +71,15 @@ impl Reply {
             headers: vec![("content-type", "application/json".into())],
             body,
         }
+    }
+
+    /// With `nodeTime`, says the node did no work for this answer (another
+    /// request's, or a kept one), so stake QoS charges it no node time.
+    pub fn no_node_time(mut self, policy: &GatePolicy) -> Self {
+        if policy.node_time.is_some() {
+            self.headers.push((NODE_US_HEADER, "0".into()));
+        }
+        self
     }
 
     /// A refusal, as a held request's answer: the same headers as any.

@@ -102,6 +102,8 @@ pub struct Limits {
     pub max_inflight: Option<u32>,
     /// Slots only priority traffic may take.
     pub reserved: u32,
+    /// Slots a heavy request may not take (policy `nodeTime.cheapSlots`).
+    pub cheap: u32,
     /// WebSocket connections; `None`: unlimited.
     pub max_websocket: Option<u32>,
     /// Messages one WebSocket connection may have in flight at the node;
@@ -305,27 +307,36 @@ impl ShardTable {
         n: u32,
         limits: &Limits,
     ) -> bool {
-        self.try_admit_between(vm, now_ms, kind, n, n, limits) > 0
+        self.try_admit_between(vm, now_ms, kind, n..=n, false, limits) > 0
     }
 
-    /// Takes as many `kind` slots for `vm` as the limits allow, up to
-    /// `most`, if that is at least `least` (else none). Returns how many.
+    /// Takes as many `kind` slots for `vm` as the limits allow, up to the
+    /// end of `count`, if that is at least its start (else none); a
+    /// `heavy` request leaves the cheap slots. Returns how many.
     pub fn try_admit_between(
         &mut self,
         vm: u32,
         now_ms: u64,
         kind: SlotKind,
-        least: u32,
-        most: u32,
+        count: std::ops::RangeInclusive<u32>,
+        heavy: bool,
         limits: &Limits,
     ) -> u32 {
+        let (least, most) = count.into_inner();
         let totals = self.totals();
         let room = |held: u32, max: u32| max.saturating_sub(held);
+        // A heavy request leaves the cheap slots free, whoever holds the rest.
+        let cheap = if heavy { limits.cheap } else { 0 };
         let room = match kind {
-            SlotKind::Default => limits
+            SlotKind::Default => limits.max_inflight.map(|max| {
+                room(
+                    totals.inflight(),
+                    max.saturating_sub(limits.reserved).saturating_sub(cheap),
+                )
+            }),
+            SlotKind::Priority => limits
                 .max_inflight
-                .map(|max| room(totals.inflight(), max.saturating_sub(limits.reserved))),
-            SlotKind::Priority => limits.max_inflight.map(|max| room(totals.inflight(), max)),
+                .map(|max| room(totals.inflight(), max.saturating_sub(cheap))),
             SlotKind::Websocket => limits.max_websocket.map(|max| room(totals.websocket, max)),
         };
         let taken = room.map_or(most, |room| room.min(most));
@@ -385,6 +396,7 @@ mod tests {
     const LIMITS: Limits = Limits {
         max_inflight: Some(4),
         reserved: 1,
+        cheap: 0,
         max_websocket: Some(1),
         per_websocket: 1,
     };
@@ -478,6 +490,7 @@ mod tests {
         let open = Limits {
             max_inflight: None,
             reserved: 0,
+            cheap: 0,
             max_websocket: None,
             per_websocket: 1,
         };

@@ -26,6 +26,7 @@
 //! coalescing's (`coalesce`), scheduled by the registry.
 
 use super::held::{Checked, Place};
+use super::node_time::Metered;
 use super::reply::{Callout, Reply, Target};
 use super::websocket::{Flow, Websocket};
 use super::worker::GateWorker;
@@ -161,6 +162,9 @@ struct HttpRequest {
     /// with the headers (Envoy serves no headers in the body phase).
     dedup_client: Option<String>,
     target: Option<Target>,
+    /// With `nodeTime`: its price, when it got its slot, and whether it
+    /// waits for one.
+    metered: Option<Metered>,
 }
 
 /// What `GateStream::settle` found.
@@ -173,6 +177,32 @@ pub enum Settled {
     ConnectionFull,
     /// Still waiting: the gate has no slot.
     GateFull,
+    /// It waited `nodeTime.waitMs` for a slot in vain: refused.
+    Refuse(Rejection),
+}
+
+/// What one pass over the waiting streams has found full, so that it
+/// tries no slot it knows it cannot get: a heavy request that found none
+/// says nothing of the cheap slots, a cheap one that found none says the
+/// gate is full.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Full {
+    heavy: bool,
+    all: bool,
+}
+
+impl Full {
+    fn blocks(&self, heavy: bool) -> bool {
+        self.all || (heavy && self.heavy)
+    }
+
+    fn found(&mut self, heavy: bool) {
+        if heavy {
+            self.heavy = true;
+        } else {
+            self.all = true;
+        }
+    }
 }
 
 impl Settled {
@@ -216,7 +246,7 @@ impl GateStream {
         let policy = w.gate.policy();
         let class = classify(&policy.internal, &policy.priority, facts);
         if head.upgrade != Upgrade::None {
-            let ticket = match w.admit(store, now, class, true) {
+            let ticket = match w.admit(store, now, class, true, false) {
                 Ok(ticket) => ticket,
                 Err(refusal) => return OnHeaders::Refuse(refusal),
             };
@@ -241,7 +271,7 @@ impl GateStream {
         let ticket = if waits {
             None
         } else {
-            match w.admit(store, now, class, false) {
+            match w.admit(store, now, class, false, false) {
                 Ok(ticket) => Some(ticket),
                 Err(refusal) => return OnHeaders::Refuse(refusal),
             }
@@ -270,6 +300,7 @@ impl GateStream {
             body_pieces: 0,
             dedup_client,
             target: head.target,
+            metered: None,
         });
         OnHeaders::Continue
     }
@@ -292,6 +323,7 @@ impl GateStream {
                     Settled::Through(None) => OnBody::Continue,
                     Settled::Through(Some(bytes)) => OnBody::ContinueWith(bytes),
                     Settled::ConnectionFull | Settled::GateFull => OnBody::Hold,
+                    Settled::Refuse(refusal) => OnBody::Refuse(refusal),
                 }
             }
             State::Idle | State::Tunnel(_) => OnBody::Continue,
@@ -310,7 +342,7 @@ impl GateStream {
         if let State::Http(request) = &mut self.state {
             let place = &mut request.place;
             if place.ticket.is_none() {
-                place.ticket = Some(w.admit(store, now, place.class, false)?);
+                place.ticket = Some(w.admit(store, now, place.class, false, false)?);
             }
             if request.dedup_client.take().is_some() {
                 w.counts.dedup.skipped += 1;
@@ -319,33 +351,55 @@ impl GateStream {
         Ok(())
     }
 
-    /// Retries the slots a held WebSocket's messages wait for. On
+    /// Retries the slots a held WebSocket's messages, or a request held
+    /// for a slot, wait for, unless `full` says there is none. On
     /// `Through` the glue resumes the stream.
     pub fn settle(
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
         now: &mut Now,
+        full: &mut Full,
     ) -> Settled {
         match &mut self.state {
-            State::Websocket(ws) => settle(ws, w, store, now),
+            State::Websocket(_) if full.all => Settled::GateFull,
+            State::Websocket(ws) => {
+                let settled = settle(ws, w, store, now);
+                if settled == Settled::GateFull {
+                    full.found(false);
+                }
+                settled
+            }
+            State::Http(request) => request.settle(w, store, now, full),
             _ => Settled::Through(None),
         }
     }
 
     /// Whether the stream holds data waiting for a slot.
     pub fn waiting(&self) -> bool {
-        matches!(&self.state, State::Websocket(ws) if ws.waiting())
+        match &self.state {
+            State::Websocket(ws) => ws.waiting(),
+            State::Http(request) => request.metered.as_ref().is_some_and(Metered::waits),
+            _ => false,
+        }
     }
 
-    /// Response headers; `end_of_stream` ends the response.
+    /// Response headers (`status`, read only if needed); `end_of_stream`
+    /// ends the response. Returns whether slots were given back, and with
+    /// `nodeTime` the node's time on the request, in µs.
     pub fn response_headers(
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
+        now: &mut Now,
         end_of_stream: bool,
-    ) -> bool {
-        end_of_stream && self.response_ended(w, store)
+        status: impl FnOnce() -> Option<u32>,
+    ) -> (bool, Option<u64>) {
+        let node_us = match &mut self.state {
+            State::Http(request) => request.answered(w, now, status),
+            _ => None,
+        };
+        (end_of_stream && self.response_ended(w, store), node_us)
     }
 
     /// A piece of response body: slots given back (the glue then lets
@@ -394,7 +448,12 @@ impl GateStream {
     pub fn done(&mut self, w: &mut GateWorker, store: &impl SharedStore) {
         match std::mem::take(&mut self.state) {
             State::Idle => {}
-            State::Http(request) => request.place.leave(w, store),
+            State::Http(request) => {
+                if request.metered.as_ref().is_some_and(Metered::waits) {
+                    w.stop_waiting();
+                }
+                request.place.leave(w, store)
+            }
             State::Websocket(ws) => {
                 for _ in 0..ws.at_node() {
                     w.gate.give(ws.kind());
@@ -421,19 +480,30 @@ impl HttpRequest {
             w.counts.bodies_streamed += 1;
             w.note_once("request bodies reach the gate in pieces, so a slow upload holds its slot; put envoy.filters.http.buffer before the gate (see policies/admission-gate.md)");
         }
-        let place = &mut self.place;
-        if place.ticket.is_none() {
+        let mut read = None;
+        if self.place.ticket.is_none() {
             if !end_of_stream {
                 return OnBody::Hold;
             }
-            match w.admit(store, now, place.class, false) {
-                Ok(ticket) => place.ticket = Some(ticket),
+            let heavy = match &w.gate.policy().node_time {
+                Some(node_time) => {
+                    let bytes = body.read(0, size);
+                    let priced = w.meter.price(&bytes, node_time.cheap_below_us);
+                    read = Some(bytes);
+                    self.metered = Some(Metered::new(priced));
+                    !priced.cheap
+                }
+                None => false,
+            };
+            match w.try_admit(store, now, self.place.class, false, heavy) {
+                Ok(ticket) => self.slot_taken(w, now, ticket),
                 Err(refusal) => {
-                    self.dedup_client = None;
-                    return OnBody::Refuse(refusal.answering(&body.read(0, size)));
+                    let refusal = refusal.answering(&read.unwrap_or_else(|| body.read(0, size)));
+                    return self.refused(w, now, refusal);
                 }
             }
         }
+        let place = &mut self.place;
         let (Some(dedup), Some(_)) = (w.dedup.as_ref(), &self.dedup_client) else {
             return OnBody::Continue;
         };
@@ -447,7 +517,7 @@ impl HttpRequest {
             return OnBody::Hold;
         }
         let client = self.dedup_client.take().unwrap_or_default();
-        let request = body.read(0, size);
+        let request = read.unwrap_or_else(|| body.read(0, size));
         match place.check(w, store, now, &client, request, self.target.take()) {
             Checked::Continue => OnBody::Continue,
             Checked::Hold => OnBody::Hold,
@@ -485,6 +555,99 @@ fn settle(
         w.taken(&taken);
     }
     Settled::of(flow)
+}
+
+impl HttpRequest {
+    /// It has its slot: with `nodeTime`, the node's time on it starts now.
+    fn slot_taken(&mut self, w: &mut GateWorker, now: &mut Now, ticket: super::Ticket) {
+        self.place.ticket = Some(ticket);
+        if let Some(metered) = &mut self.metered {
+            metered.since_us = Some(now.us());
+            let counts = &mut w.counts.node_time;
+            match metered.priced.cheap {
+                true => counts.cheap += 1,
+                false => counts.heavy += 1,
+            }
+        }
+    }
+
+    /// The gate is full: with `nodeTime.waitMs` (and no dedup check to
+    /// make) it waits for a slot, if fewer than `maxWaiting` do; else it
+    /// is refused.
+    fn refused(&mut self, w: &mut GateWorker, now: &mut Now, refusal: Rejection) -> OnBody {
+        let wait_ms = w.gate.policy().node_time.as_ref().map_or(0, |n| n.wait_ms);
+        match &mut self.metered {
+            Some(metered) if wait_ms > 0 && self.dedup_client.is_none() && w.start_waiting() => {
+                metered.waiting = Some((now.ms().saturating_add(wait_ms), refusal));
+                OnBody::Hold
+            }
+            metered => {
+                if metered.is_some() {
+                    w.counts.node_time.wait_refused += u64::from(wait_ms > 0);
+                }
+                self.dedup_client = None;
+                w.refused(self.place.class, false);
+                OnBody::Refuse(refusal)
+            }
+        }
+    }
+
+    /// A request waiting for a slot tries again (`Full` permitting), or
+    /// is refused once it has waited `waitMs`.
+    fn settle(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now: &mut Now,
+        full: &mut Full,
+    ) -> Settled {
+        let Some(metered) = &mut self.metered else {
+            return Settled::Through(None);
+        };
+        let Some((until_ms, _)) = &metered.waiting else {
+            return Settled::Through(None);
+        };
+        let heavy = !metered.priced.cheap;
+        if now.ms() >= *until_ms {
+            let refusal = metered.waiting.take().map(|(_, r)| r);
+            w.stop_waiting();
+            w.counts.node_time.wait_refused += 1;
+            w.refused(self.place.class, false);
+            return refusal.map_or(Settled::GateFull, Settled::Refuse);
+        }
+        if full.blocks(heavy) {
+            return Settled::GateFull;
+        }
+        match w.try_admit(store, now, self.place.class, false, heavy) {
+            Ok(ticket) => {
+                metered.waiting = None;
+                w.stop_waiting();
+                w.counts.node_time.waited += 1;
+                self.slot_taken(w, now, ticket);
+                Settled::Through(None)
+            }
+            Err(_) => {
+                full.found(heavy);
+                Settled::GateFull
+            }
+        }
+    }
+
+    /// The node's answer starts: with `nodeTime`, its time on the request,
+    /// learned from if the answer is a success.
+    fn answered(
+        &mut self,
+        w: &mut GateWorker,
+        now: &mut Now,
+        status: impl FnOnce() -> Option<u32>,
+    ) -> Option<u64> {
+        let metered = self.metered.as_mut()?;
+        let us = now.us().saturating_sub(metered.since_us.take()?);
+        if status().is_some_and(|s| (200..300).contains(&s)) {
+            w.meter.learn(metered.priced, us);
+        }
+        Some(us)
+    }
 }
 
 #[cfg(test)]
@@ -575,7 +738,8 @@ mod tests {
             first.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Continue
         );
-        assert!(!first.response_headers(&mut w, &store, false));
+        let headers = first.response_headers(&mut w, &store, &mut Now::fixed(0), false, || None);
+        assert_eq!(headers, (false, None));
         let mut nothing = Bytes(Vec::new());
         assert!(
             first

@@ -9,6 +9,7 @@ use crate::clock::Now;
 use crate::dedup::engage::Engagement;
 use crate::dedup::{finality, Dedup};
 use crate::gate::class::RequestClass;
+use crate::gate::node_time::Meter;
 use crate::rejection::Rejection;
 use crate::shared::{SharedStore, StoreError};
 
@@ -31,6 +32,10 @@ pub struct GateWorker {
     wants_finality: bool,
     /// Where requests go (their `:path` and `:authority`), for the poll.
     target: Option<Target>,
+    /// The methods' learned costs (with `nodeTime`).
+    pub meter: Meter,
+    /// Requests waiting for a slot (`nodeTime.waitMs`).
+    waiting_for_slot: u32,
 }
 
 impl GateWorker {
@@ -54,6 +59,8 @@ impl GateWorker {
             finality_poll: None,
             wants_finality: false,
             target: None,
+            meter: Meter::default(),
+            waiting_for_slot: 0,
         }
     }
 
@@ -179,13 +186,30 @@ impl GateWorker {
         now: &mut Now,
         class: RequestClass,
         upgrade: bool,
+        heavy: bool,
+    ) -> Result<Ticket, Rejection> {
+        let admitted = self.try_admit(store, now, class, upgrade, heavy);
+        if admitted.is_err() {
+            self.refused(class, upgrade);
+        }
+        admitted
+    }
+
+    /// `admit`, with a refusal not counted: the request may wait.
+    pub(super) fn try_admit(
+        &mut self,
+        store: &impl SharedStore,
+        now: &mut Now,
+        class: RequestClass,
+        upgrade: bool,
+        heavy: bool,
     ) -> Result<Ticket, Rejection> {
         let Admission {
             decision,
             cas_retries,
             store_error,
             ..
-        } = self.gate.admit(store, now, class, upgrade);
+        } = self.gate.admit_priced(store, now, class, upgrade, heavy);
         self.counts.store.retried(cas_retries);
         if let Some(e) = store_error {
             self.note_store_error("admission failed closed", &e);
@@ -201,12 +225,43 @@ impl GateWorker {
                 }
                 Ok(ticket)
             }
-            Decision::Reject(rejection) => {
-                self.counts.rejected[class.index()] += 1;
-                self.counts.websocket.rejected += u64::from(upgrade);
-                Err(rejection)
-            }
+            Decision::Reject(rejection) => Err(rejection),
         }
+    }
+
+    /// A request would wait for a slot: whether fewer than `maxWaiting`
+    /// do (then it is counted as waiting).
+    pub(super) fn start_waiting(&mut self) -> bool {
+        let most = self
+            .gate
+            .policy()
+            .node_time
+            .as_ref()
+            .map_or(0, |n| n.max_waiting);
+        let room = self.waiting_for_slot < most;
+        if room {
+            self.waiting_for_slot += 1;
+            self.counts.node_time.waiting += 1;
+        }
+        room
+    }
+
+    /// A request stopped waiting for a slot (it got one, was refused, or
+    /// went).
+    pub(super) fn stop_waiting(&mut self) {
+        self.waiting_for_slot = self.waiting_for_slot.saturating_sub(1);
+        self.counts.node_time.waiting -= 1;
+    }
+
+    /// Whether requests wait for a slot here.
+    pub fn waits_for_slots(&self) -> bool {
+        self.waiting_for_slot > 0
+    }
+
+    /// Counts a refusal.
+    pub(super) fn refused(&mut self, class: RequestClass, upgrade: bool) {
+        self.counts.rejected[class.index()] += 1;
+        self.counts.websocket.rejected += u64::from(upgrade);
     }
 
     pub(super) fn release(&mut self, mut ticket: Ticket) {

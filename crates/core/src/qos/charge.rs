@@ -36,15 +36,18 @@ impl StakeQos {
         self.learn_cost(ticket.key, units / i64::from(calls.max(1)));
     }
 
-    /// The node-time unit: the answer's headers came at `now_us` with
-    /// `status`: the time since admission is the node's time on it (the
-    /// gate keeps the node's queue short, so little of it is waiting), and
-    /// a 200's is a sample of its method's cost (a refusal further on, or
-    /// an error, says nothing of what the method costs).
-    pub fn answered(&self, ticket: &mut Ticket, now_us: u64, status: Option<u32>) {
+    /// The node-time unit: the answer's headers came with `status`, the
+    /// node having taken `took_us` on the request: as the admission gate
+    /// measured it (`gate::node_time`: from when it let the request on,
+    /// with no wait at the gateway in it; 0 for an answer the node did not
+    /// work for), or without a gate in `nodeTime` mode the time since
+    /// admission. A 200's is a sample of its method's cost (a refusal
+    /// further on, an error, or an answer the node did no work for says
+    /// nothing of what the method costs).
+    pub fn answered(&self, ticket: &mut Ticket, took_us: u64, status: Option<u32>) {
         if self.policy.costs.unit == Unit::NodeTime {
-            ticket.node_us = Some(now_us.saturating_sub(ticket.started_us));
-            if status != Some(200) {
+            ticket.node_us = Some(took_us);
+            if status != Some(200) || took_us == 0 {
                 ticket.method = None;
             }
         }

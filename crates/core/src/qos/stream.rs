@@ -209,13 +209,15 @@ impl QosStream {
         qos: &StakeQos,
         now: &mut Now,
         status: impl FnOnce() -> Option<u32>,
+        told_us: impl FnOnce() -> Option<u64>,
     ) {
         let node_time = qos.policy().costs.unit == Unit::NodeTime && self.ticket.is_some();
         if qos.policy().mode == Mode::Reactive || node_time {
             self.upstream_status = status();
         }
         if let (Some(ticket), true) = (&mut self.ticket, node_time) {
-            qos.answered(ticket, now.us(), self.upstream_status);
+            let took_us = told_us().unwrap_or_else(|| now.us().saturating_sub(ticket.started_us));
+            qos.answered(ticket, took_us, self.upstream_status);
         }
     }
 

@@ -75,8 +75,8 @@ fn drive_node_time(policy: &str, callers: &[Caller], run_ms: u64, from_ms: u64) 
             }
         }
         for (done_us, vm, i, mut ticket) in pending.extract_if(.., |p| p.0 <= now * 1000) {
-            vms[vm].answered(&mut ticket, done_us, Some(200));
             let took = done_us - ticket.started_us;
+            vms[vm].answered(&mut ticket, took, Some(200));
             if ticket.started_us >= from_ms * 1000 {
                 run.node_us[i] += took;
                 run.calls[i] += 1;
@@ -191,7 +191,7 @@ fn a_request_is_charged_its_estimate_then_what_it_took() {
     qos.charge_cost(&mut ticket, (units * MILLI as f64) as i64, 1, method);
     assert_eq!(lease(&qos), admitted - 10_000);
     // The node took 35 ms: 15 more are charged.
-    qos.answered(&mut ticket, 1_035_000, Some(200));
+    qos.answered(&mut ticket, 35_000, Some(200));
     qos.finish(1035, ticket, Some(200));
     assert_eq!(lease(&qos), admitted - 25_000);
     assert_eq!(
@@ -205,9 +205,20 @@ fn a_request_is_charged_its_estimate_then_what_it_took() {
     };
     let before = lease(&qos) + ticket.charged;
     qos.charge_cost(&mut ticket, 20_000, 1, method);
-    qos.answered(&mut ticket, 1_101_000, Some(503));
+    qos.answered(&mut ticket, 1_000, Some(503));
     qos.finish(1101, ticket, Some(503));
     assert_eq!(lease(&qos), before - 1_000);
+    assert_eq!(qos.samples.0[&method_key("eth_getLogs")], (1, 35_000));
+    // The gate answered it with another request's answer and says the
+    // node took 0: its estimate comes back, and nothing is learned.
+    let Verdict::Admit(mut ticket) = qos.admit_at(&store, 1_150_000, &who).verdict else {
+        panic!("the lease holds more")
+    };
+    let before = lease(&qos) + ticket.charged;
+    qos.charge_cost(&mut ticket, 20_000, 1, method);
+    qos.answered(&mut ticket, 0, Some(200));
+    qos.finish(1151, ticket, Some(200));
+    assert_eq!(lease(&qos), before);
     assert_eq!(qos.samples.0[&method_key("eth_getLogs")], (1, 35_000));
     // A batch of two: its estimates, once, then the one time it took.
     let Verdict::Admit(mut ticket) = qos.admit_at(&store, 1_200_000, &who).verdict else {
@@ -219,7 +230,7 @@ fn a_request_is_charged_its_estimate_then_what_it_took() {
     assert_eq!((units, method), (40.0, Some(method_key("eth_getLogs"))));
     qos.charge_cost(&mut ticket, 40_000, 2, method);
     assert_eq!(lease(&qos), before - 40_000);
-    qos.answered(&mut ticket, 1_250_000, Some(200));
+    qos.answered(&mut ticket, 50_000, Some(200));
     qos.finish(1250, ticket, Some(200));
     assert_eq!(lease(&qos), before - 50_000);
     assert_eq!(qos.samples.0[&method_key("eth_getLogs")], (3, 85_000));

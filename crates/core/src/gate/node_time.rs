@@ -1,0 +1,303 @@
+//! The gate in the node's time (policy `nodeTime`): what a request costs
+//! the node, measured where the node's work begins and ends.
+//!
+//! A request holds its slot from when the gate lets it on to when the
+//! node's answer starts: that span is the node's time on it, with no wait
+//! at the gateway in it (a request that waited for a slot is measured from
+//! when it got one). The gate
+//!
+//! - **measures** each answer's node time and tells the filters before it
+//!   in the `x-stakegate-node-us` response header: stake QoS charges it
+//!   instead of its own clock, which would count the wait here. A request
+//!   the gate answers itself (a coalesced waiter, a reused answer) is told
+//!   `0`: the node did no work for it;
+//! - **learns** each method's cost from those times (per worker: it only
+//!   sorts calls into cheap and heavy, so no record is shared);
+//! - **keeps slots for cheap calls** (`cheapSlots`): a request whose calls
+//!   are all known and together cost at most `cheapBelowMs` may take every
+//!   slot; any other may not take the last `cheapSlots`, so heavy calls can
+//!   never fill the node and a light caller's call finds a slot free;
+//! - **lets a request wait** for a slot (`waitMs`, at most `maxWaiting` per
+//!   worker) rather than shedding it: the requests that reach the gate were
+//!   admitted by stake QoS in their stakes' shares, and shedding whoever
+//!   comes next when the gate is full would undo that. Waiting requests go
+//!   on oldest first; one still waiting after `waitMs` is refused with 503.
+
+use crate::qos::cost::{Costs, Estimates, Unit};
+use crate::rejection::Rejection;
+use crate::shared::{Reader, Record};
+use crate::validate::{ensure, Fields, PolicyError};
+use serde::Deserialize;
+
+/// The response header that carries the node's time on a request, in µs.
+pub const NODE_US_HEADER: &str = "x-stakegate-node-us";
+/// How often a worker with requests waiting looks for a slot freed on
+/// another worker (its own releases wake them at once).
+pub const WAIT_TICK_MS: u64 = 5;
+pub const MAX_WAIT_MS: u64 = 60_000;
+pub const MAX_WAITING: u32 = 100_000;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(super) struct NodeTimeDoc {
+    #[serde(default)]
+    cheap_slots: Option<u32>,
+    #[serde(default)]
+    cheap_below_ms: Option<f64>,
+    #[serde(default)]
+    wait_ms: Option<u64>,
+    #[serde(default)]
+    max_waiting: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeTimePolicy {
+    pub cheap_slots: u32,
+    pub cheap_below_us: u64,
+    pub wait_ms: u64,
+    pub max_waiting: u32,
+}
+
+impl NodeTimePolicy {
+    /// Compiles the block; `slots` is what public default traffic may take
+    /// (`maxInflight` less `reserved`, `None` in pass-through), and the
+    /// block needs `decideOnBody`, which gives the gate the whole body to
+    /// price and to hold.
+    pub(super) fn compile(
+        doc: NodeTimeDoc,
+        slots: Option<u32>,
+        decide_on_body: bool,
+        f: &mut Fields,
+    ) -> Result<Self, PolicyError> {
+        ensure(decide_on_body, "nodeTime", || {
+            "needs decideOnBody: true (the gate prices and holds a request by its whole body)"
+                .into()
+        })?;
+        let cheap_slots = f.or("nodeTime.cheapSlots", doc.cheap_slots, 1);
+        if let Some(slots) = slots {
+            ensure(cheap_slots < slots, "nodeTime.cheapSlots", || {
+                format!("must be less than maxInflight less reserved ({slots}), or heavy calls could never run; got {cheap_slots}")
+            })?;
+        }
+        let cheap_below_ms = f.finite(
+            "nodeTime.cheapBelowMs",
+            doc.cheap_below_ms,
+            1.0,
+            0.0,
+            60_000.0,
+        )?;
+        let wait_ms = f.range("nodeTime.waitMs", doc.wait_ms, 1000, 0, MAX_WAIT_MS)?;
+        let max_waiting = f.range("nodeTime.maxWaiting", doc.max_waiting, 1024, 0, MAX_WAITING)?;
+        Ok(Self {
+            cheap_slots,
+            cheap_below_us: (cheap_below_ms * 1000.0).round() as u64,
+            wait_ms,
+            max_waiting,
+        })
+    }
+}
+
+/// One worker's learned costs per method.
+#[derive(Debug, Default)]
+pub struct Meter {
+    learned: Estimates,
+}
+
+/// What the gate knows of a request's cost before it runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Priced {
+    /// Every call's method is known and together they cost at most
+    /// `cheapBelowMs`.
+    pub cheap: bool,
+    /// The method, if every call is of one (what its time teaches).
+    pub method: Option<u64>,
+    pub calls: u32,
+}
+
+impl Meter {
+    /// Prices a whole body: a method not measured yet, or a body the
+    /// strict reader does not take, is not cheap.
+    pub fn price(&self, body: &[u8], cheap_below_us: u64) -> Priced {
+        let unknown = Costs {
+            unit: Unit::NodeTime,
+            table: Default::default(),
+            default: f64::INFINITY,
+        };
+        let (ms, method) = unknown.of_body(body, &self.learned);
+        Priced {
+            cheap: ms * 1000.0 <= cheap_below_us as f64,
+            method,
+            calls: crate::jsonrpc::calls(body).max(1),
+        }
+    }
+
+    /// A request priced `priced` took the node `us`.
+    pub fn learn(&mut self, priced: Priced, us: u64) {
+        if let Some(method) = priced.method {
+            self.learned.learn(method, priced.calls, us as f64 / 1000.0);
+        }
+    }
+
+    /// The learned estimate of `method`, in ms.
+    pub fn estimate(&self, method: u64) -> Option<f64> {
+        self.learned.get(method)
+    }
+}
+
+/// The VMs with requests waiting for a slot, each with when it last said
+/// so: a VM that frees a slot and has no request of its own waiting gives
+/// its spare slots back and wakes them (`SLOT_WAKE` on their wake queues),
+/// rather than leaving them to find it at their next tick.
+///
+/// Layout: count `u16`, then per VM its number `u32` and the time `u64`
+/// (ms), little-endian. An entry older than the stale-slot TTL is a VM
+/// that went away.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Waiters(pub Vec<(u32, u64)>);
+
+pub const WAITERS_KEY: &str = "stakegate.admission_gate.v1.waiters";
+/// The wake message that says a slot is free.
+pub const SLOT_WAKE: &[u8] = b"slot";
+
+impl Waiters {
+    /// Lists `vm` as waiting at `now_ms`, or takes it off.
+    pub fn set(&mut self, vm: u32, waiting: bool, now_ms: u64) {
+        self.0.retain(|(v, _)| *v != vm);
+        if waiting {
+            self.0.push((vm, now_ms));
+        }
+    }
+
+    /// The VMs other than `me` that said they wait within `ttl_ms`.
+    pub fn others(&self, me: u32, now_ms: u64, ttl_ms: u64) -> Vec<u32> {
+        self.0
+            .iter()
+            .filter(|(vm, at)| *vm != me && now_ms.saturating_sub(*at) <= ttl_ms)
+            .map(|(vm, _)| *vm)
+            .collect()
+    }
+}
+
+impl Record for Waiters {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(2 + 12 * self.0.len());
+        out.extend_from_slice(&(self.0.len() as u16).to_le_bytes());
+        for (vm, at) in &self.0 {
+            out.extend_from_slice(&vm.to_le_bytes());
+            out.extend_from_slice(&at.to_le_bytes());
+        }
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        if bytes.is_empty() {
+            return Ok(Self::default());
+        }
+        let count = bytes
+            .get(..2)
+            .map(|b| usize::from(u16::from_le_bytes([b[0], b[1]])))
+            .ok_or("waiters: too short")?;
+        if bytes.len() != 2 + 12 * count {
+            return Err(format!(
+                "waiters: {} bytes for {count} entries",
+                bytes.len()
+            ));
+        }
+        let mut r = Reader(&bytes[2..]);
+        Ok(Self((0..count).map(|_| (r.u32(), r.u64())).collect()))
+    }
+}
+
+/// A request under `nodeTime`: its price, when it got its slot (µs), and
+/// while it waits for one, until when (ms) and its refusal then.
+#[derive(Debug)]
+pub(super) struct Metered {
+    pub priced: Priced,
+    pub since_us: Option<u64>,
+    pub waiting: Option<(u64, Rejection)>,
+}
+
+impl Metered {
+    pub fn new(priced: Priced) -> Self {
+        Self {
+            priced,
+            since_us: None,
+            waiting: None,
+        }
+    }
+
+    pub fn waits(&self) -> bool {
+        self.waiting.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qos::cost::method_key;
+
+    const BLOCK: &[u8] = br#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}"#;
+    const PROOF: &[u8] = br#"{"jsonrpc":"2.0","id":2,"method":"eth_getProof","params":[]}"#;
+
+    #[test]
+    fn a_method_is_cheap_once_measured_cheap_and_a_batch_by_its_sum() {
+        let mut meter = Meter::default();
+        let first = meter.price(BLOCK, 1000);
+        assert!(!first.cheap, "not measured yet: heavy until known");
+        assert_eq!(first.method, Some(method_key("eth_blockNumber")));
+        meter.learn(first, 200);
+        assert!(meter.price(BLOCK, 1000).cheap);
+        meter.learn(meter.price(PROOF, 1000), 40_000);
+        assert!(!meter.price(PROOF, 1000).cheap);
+        assert_eq!(meter.estimate(method_key("eth_getProof")), Some(40.0));
+        let five: Vec<String> = (0..5)
+            .map(|i| format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"eth_blockNumber"}}"#))
+            .collect();
+        let batch = format!("[{}]", five.join(","));
+        let priced = meter.price(batch.as_bytes(), 1000);
+        assert!(priced.cheap, "5 x 0.2 ms is 1 ms");
+        assert_eq!(priced.calls, 5);
+        assert!(!meter.price(batch.as_bytes(), 999).cheap);
+        assert!(!meter.price(b"not json", 1000).cheap);
+    }
+
+    #[test]
+    fn waiters_round_trip_and_age_out() {
+        let mut waiters = Waiters::default();
+        waiters.set(1, true, 1000);
+        waiters.set(2, true, 5000);
+        waiters.set(3, true, 5000);
+        waiters.set(3, false, 5000);
+        let back = Waiters::decode(&waiters.encode()).unwrap();
+        assert_eq!(back, waiters);
+        assert_eq!(back.others(2, 6000, 10_000), [1]);
+        assert_eq!(back.others(3, 12_000, 10_000), [2], "1 went away");
+        assert!(Waiters::decode(&[1, 0, 7]).is_err());
+    }
+
+    #[test]
+    fn the_block_needs_decide_on_body_and_leaves_heavy_calls_a_slot() {
+        let compile = |json: &str, slots, body| {
+            let doc: NodeTimeDoc = serde_json::from_str(json).unwrap();
+            NodeTimePolicy::compile(doc, slots, body, &mut Fields::default())
+        };
+        let err = compile("{}", Some(8), false).unwrap_err().to_string();
+        assert!(err.starts_with("nodeTime: needs decideOnBody"), "{err}");
+        let err = compile(r#"{"cheapSlots": 8}"#, Some(8), true).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("nodeTime.cheapSlots: must be less than"),
+            "{err}"
+        );
+        let policy = compile(r#"{"cheapBelowMs": 0.5}"#, Some(8), true).unwrap();
+        assert_eq!(
+            policy,
+            NodeTimePolicy {
+                cheap_slots: 1,
+                cheap_below_us: 500,
+                wait_ms: 1000,
+                max_waiting: 1024
+            }
+        );
+    }
+}

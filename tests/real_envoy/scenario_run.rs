@@ -185,8 +185,9 @@ fn a_fleet_shares_one_capacity_by_stake_and_keeps_serving_without_redis() {
 
 /// scenarios/node-time-shares.toml and node-time-qos.toml, shortened: the
 /// same four callers of methods from 0.2 ms to 40 ms through the whole
-/// gateway, with QoS sharing calls, then node time. rpc-node says what each
-/// answer cost it, and the load generator sums it per client.
+/// gateway, with QoS sharing calls, then node time (and the gate in
+/// `nodeTime`). rpc-node says what each answer cost it, and the load
+/// generator sums it per client.
 #[test]
 fn shares_of_node_time_follow_stake_where_shares_of_calls_do_not() {
     let out = tempfile::tempdir().unwrap();
@@ -228,6 +229,10 @@ fn shares_of_node_time_follow_stake_where_shares_of_calls_do_not() {
         share(&node_time, "call") > share(&calls, "call"),
         "eth_call's caller gets more of the node"
     );
+    // The gate keeps a slot for cheap calls and lets heavy ones wait for
+    // theirs: it never sheds the light caller.
+    let light = client(&node_time, "light");
+    assert_eq!(light["status_counts"]["503"], 0, "{light}");
 }
 
 /// scenarios/node-time-cost-change.toml, shortened: eth_call's cost goes

@@ -320,11 +320,8 @@ impl HttpContext for GateHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let node_us = self.with(|r| {
-            r.response_headers(self.id, end_of_stream, || {
-                host::response_header(":status").and_then(|s| s.parse().ok())
-            })
-        });
+        let node_us =
+            self.with(|r| r.response_headers(self.id, end_of_stream, host::response_header));
         if let Some(us) = node_us {
             host::set_response_header(NODE_US_HEADER, &us.to_string());
         }

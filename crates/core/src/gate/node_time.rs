@@ -23,11 +23,12 @@
 //!   comes next when the gate is full would undo that. Waiting requests go
 //!   on oldest first; one still waiting after `waitMs` is refused with 503.
 
-use crate::qos::cost::{Costs, Estimates, Unit};
+use crate::qos::cost::{Costs, Estimates, Unit, MAX_METHODS};
 use crate::rejection::Rejection;
 use crate::shared::{Reader, Record};
-use crate::validate::{ensure, Fields, PolicyError};
+use crate::validate::{ensure, header_name, Fields, PolicyError};
 use serde::Deserialize;
+use std::collections::HashSet;
 
 /// The response header that carries the node's time on a request, in µs.
 pub const NODE_US_HEADER: &str = "x-stakegate-node-us";
@@ -48,6 +49,8 @@ pub(super) struct NodeTimeDoc {
     wait_ms: Option<u64>,
     #[serde(default)]
     max_waiting: Option<u32>,
+    #[serde(default)]
+    service_time_header: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +59,10 @@ pub struct NodeTimePolicy {
     pub cheap_below_us: u64,
     pub wait_ms: u64,
     pub max_waiting: u32,
+    /// A response header in which the node says its time on the request,
+    /// in µs: used instead of the gate's clock, which also counts the hop
+    /// to the node and back.
+    pub service_time_header: Option<String>,
 }
 
 impl NodeTimePolicy {
@@ -88,7 +95,17 @@ impl NodeTimePolicy {
         )?;
         let wait_ms = f.range("nodeTime.waitMs", doc.wait_ms, 1000, 0, MAX_WAIT_MS)?;
         let max_waiting = f.range("nodeTime.maxWaiting", doc.max_waiting, 1024, 0, MAX_WAITING)?;
+        let service_time_header = f.or_else(
+            "nodeTime.serviceTimeHeader",
+            doc.service_time_header.map(Some),
+            "none: the gate's clock",
+            || None,
+        );
+        let service_time_header = service_time_header
+            .map(|name| header_name("nodeTime.serviceTimeHeader", name))
+            .transpose()?;
         Ok(Self {
+            service_time_header,
             cheap_slots,
             cheap_below_us: (cheap_below_ms * 1000.0).round() as u64,
             wait_ms,
@@ -97,10 +114,14 @@ impl NodeTimePolicy {
     }
 }
 
-/// One worker's learned costs per method.
+/// One worker's learned costs per method, and the methods it is learning
+/// now: the first call of a method not measured yet goes as cheap (a
+/// probe), so that a light method is not held behind heavy ones until its
+/// first answer; the others wait for that answer, as heavy.
 #[derive(Debug, Default)]
 pub struct Meter {
     learned: Estimates,
+    probing: HashSet<u64>,
 }
 
 /// What the gate knows of a request's cost before it runs.
@@ -112,22 +133,33 @@ pub struct Priced {
     /// The method, if every call is of one (what its time teaches).
     pub method: Option<u64>,
     pub calls: u32,
+    /// The first call of a method not measured yet (`method`).
+    pub probe: bool,
 }
 
 impl Meter {
-    /// Prices a whole body: a method not measured yet, or a body the
-    /// strict reader does not take, is not cheap.
-    pub fn price(&self, body: &[u8], cheap_below_us: u64) -> Priced {
+    /// Prices a whole body: a body the strict reader does not take is not
+    /// cheap, nor is a method not measured yet unless its call is the
+    /// method's probe (one at a time, while the table has room).
+    pub fn price(&mut self, body: &[u8], cheap_below_us: u64) -> Priced {
         let unknown = Costs {
             unit: Unit::NodeTime,
             table: Default::default(),
             default: f64::INFINITY,
         };
         let (ms, method) = unknown.of_body(body, &self.learned);
+        let calls = crate::jsonrpc::calls(body).max(1);
+        let probe = match method {
+            Some(key) if ms.is_infinite() && calls == 1 && self.learned.len() < MAX_METHODS => {
+                self.probing.insert(key)
+            }
+            _ => false,
+        };
         Priced {
-            cheap: ms * 1000.0 <= cheap_below_us as f64,
+            cheap: probe || ms * 1000.0 <= cheap_below_us as f64,
             method,
-            calls: crate::jsonrpc::calls(body).max(1),
+            calls,
+            probe,
         }
     }
 
@@ -135,6 +167,15 @@ impl Meter {
     pub fn learn(&mut self, priced: Priced, us: u64) {
         if let Some(method) = priced.method {
             self.learned.learn(method, priced.calls, us as f64 / 1000.0);
+        }
+        self.ended(priced);
+    }
+
+    /// A request priced `priced` is over, learned from or not: a probe
+    /// makes room for the method's next.
+    pub fn ended(&mut self, priced: Priced) {
+        if let (true, Some(method)) = (priced.probe, priced.method) {
+            self.probing.remove(&method);
         }
     }
 
@@ -144,14 +185,18 @@ impl Meter {
     }
 }
 
-/// The VMs with requests waiting for a slot, each with when it last said
-/// so: a VM that frees a slot and has no request of its own waiting gives
-/// its spare slots back and wakes them (`SLOT_WAKE` on their wake queues),
-/// rather than leaving them to find it at their next tick.
+/// The VMs with requests waiting for a slot, each with its oldest waiting
+/// request's deadline (ms): requests wait oldest first across VMs, not only
+/// within one. A VM that frees a slot serves its own oldest only if no
+/// other VM's is older; else (and when it has none waiting) it gives its
+/// spare slots back and wakes the VMs whose requests are older
+/// (`SLOT_WAKE` on their wake queues). A VM that runs all its waiting
+/// requests' slots itself would starve another VM's clients.
 ///
-/// Layout: count `u16`, then per VM its number `u32` and the time `u64`
-/// (ms), little-endian. An entry older than the stale-slot TTL is a VM
-/// that went away.
+/// Layout: count `u16`, then per VM its number `u32` and the deadline
+/// `u64`, little-endian. An entry past its deadline by the stale-slot TTL
+/// is a VM that went away (a live one refuses its requests at their
+/// deadline and takes its entry off).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Waiters(pub Vec<(u32, u64)>);
 
@@ -160,19 +205,24 @@ pub const WAITERS_KEY: &str = "stakegate.admission_gate.v1.waiters";
 pub const SLOT_WAKE: &[u8] = b"slot";
 
 impl Waiters {
-    /// Lists `vm` as waiting at `now_ms`, or takes it off.
-    pub fn set(&mut self, vm: u32, waiting: bool, now_ms: u64) {
+    /// Sets `vm`'s oldest deadline (`None`: nothing waits there).
+    pub fn set(&mut self, vm: u32, oldest: Option<u64>) {
         self.0.retain(|(v, _)| *v != vm);
-        if waiting {
-            self.0.push((vm, now_ms));
+        if let Some(deadline) = oldest {
+            self.0.push((vm, deadline));
         }
     }
 
-    /// The VMs other than `me` that said they wait within `ttl_ms`.
-    pub fn others(&self, me: u32, now_ms: u64, ttl_ms: u64) -> Vec<u32> {
+    /// The live VMs other than `me` whose oldest request is older than
+    /// `than` (any, if `than` is `None`).
+    pub fn older(&self, me: u32, than: Option<u64>, now_ms: u64, ttl_ms: u64) -> Vec<u32> {
         self.0
             .iter()
-            .filter(|(vm, at)| *vm != me && now_ms.saturating_sub(*at) <= ttl_ms)
+            .filter(|(vm, deadline)| {
+                *vm != me
+                    && deadline.saturating_add(ttl_ms) >= now_ms
+                    && than.is_none_or(|than| *deadline < than)
+            })
             .map(|(vm, _)| *vm)
             .collect()
     }
@@ -243,12 +293,25 @@ mod tests {
     fn a_method_is_cheap_once_measured_cheap_and_a_batch_by_its_sum() {
         let mut meter = Meter::default();
         let first = meter.price(BLOCK, 1000);
-        assert!(!first.cheap, "not measured yet: heavy until known");
+        assert!(first.cheap && first.probe, "its first call probes");
         assert_eq!(first.method, Some(method_key("eth_blockNumber")));
+        let second = meter.price(BLOCK, 1000);
+        assert!(
+            !second.cheap,
+            "not measured yet: heavy until its probe's answer"
+        );
+        meter.ended(second);
         meter.learn(first, 200);
         assert!(meter.price(BLOCK, 1000).cheap);
-        meter.learn(meter.price(PROOF, 1000), 40_000);
+        let proof = meter.price(PROOF, 1000);
+        assert!(proof.probe);
+        meter.learn(proof, 40_000);
         assert!(!meter.price(PROOF, 1000).cheap);
+        // A probe that ended unanswered lets the next call probe.
+        let call = br#"{"jsonrpc":"2.0","id":3,"method":"eth_call"}"#;
+        let probe = meter.price(call, 1000);
+        meter.ended(probe);
+        assert!(meter.price(call, 1000).probe);
         assert_eq!(meter.estimate(method_key("eth_getProof")), Some(40.0));
         let five: Vec<String> = (0..5)
             .map(|i| format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"eth_blockNumber"}}"#))
@@ -262,16 +325,22 @@ mod tests {
     }
 
     #[test]
-    fn waiters_round_trip_and_age_out() {
+    fn waiters_round_trip_and_say_who_waited_longer() {
         let mut waiters = Waiters::default();
-        waiters.set(1, true, 1000);
-        waiters.set(2, true, 5000);
-        waiters.set(3, true, 5000);
-        waiters.set(3, false, 5000);
+        waiters.set(1, Some(1000));
+        waiters.set(2, Some(5000));
+        waiters.set(3, Some(5000));
+        waiters.set(3, None);
         let back = Waiters::decode(&waiters.encode()).unwrap();
         assert_eq!(back, waiters);
-        assert_eq!(back.others(2, 6000, 10_000), [1]);
-        assert_eq!(back.others(3, 12_000, 10_000), [2], "1 went away");
+        assert_eq!(back.older(2, None, 4000, 10_000), [1]);
+        assert_eq!(
+            back.older(1, Some(4000), 4000, 10_000),
+            [2; 0],
+            "1 is oldest"
+        );
+        assert_eq!(back.older(9, Some(6000), 4000, 10_000), [1, 2]);
+        assert_eq!(back.older(9, None, 12_000, 10_000), [2], "1 went away");
         assert!(Waiters::decode(&[1, 0, 7]).is_err());
     }
 
@@ -296,7 +365,8 @@ mod tests {
                 cheap_slots: 1,
                 cheap_below_us: 500,
                 wait_ms: 1000,
-                max_waiting: 1024
+                max_waiting: 1024,
+                service_time_header: None,
             }
         );
     }

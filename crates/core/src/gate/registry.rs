@@ -80,9 +80,9 @@ pub struct Registry<S: SharedStore> {
     last_heartbeat_ms: u64,
     /// When dedup's engagement tick last ran.
     last_engage_ms: u64,
-    /// When this VM last said requests wait for a slot here (`None`: it
-    /// said none do).
-    announced_ms: Option<u64>,
+    /// The oldest waiting request's deadline this VM last said in shared
+    /// data (`node_time::Waiters`).
+    announced: Option<u64>,
     /// The requests held for an answer, as the last snapshot gave them.
     waiting_reported: i64,
 }
@@ -107,7 +107,7 @@ impl<S: SharedStore> Registry<S> {
             todo: Vec::new(),
             last_heartbeat_ms: now_ms,
             last_engage_ms: 0,
-            announced_ms: None,
+            announced: None,
             waiting_reported: 0,
         }
     }
@@ -189,8 +189,7 @@ impl<S: SharedStore> Registry<S> {
                 if waits && !self.waiting.contains(&id) {
                     self.waiting.push(id);
                     if self.slots_wait() {
-                        let now_ms = now.ms();
-                        self.announce(now_ms);
+                        self.announce();
                     }
                 }
                 Then::Pause
@@ -216,21 +215,21 @@ impl<S: SharedStore> Registry<S> {
         }
     }
 
-    /// Stream `id`'s response headers (`status` read only if needed):
-    /// with `nodeTime`, the node's time on it to tell the filters before
-    /// the gate (`node_time::NODE_US_HEADER`).
+    /// Stream `id`'s response headers (`header` reads one, only if
+    /// needed): with `nodeTime`, the node's time on it to tell the filters
+    /// before the gate (`node_time::NODE_US_HEADER`).
     pub fn response_headers(
         &mut self,
         id: u32,
         end_of_stream: bool,
-        status: impl FnOnce() -> Option<u32>,
+        header: impl FnMut(&str) -> Option<String>,
     ) -> Option<u64> {
         let now = &mut Now::lazy_us(self.clock);
         let (w, store) = (&mut self.worker, &self.store);
         let stream = self.streams.get_mut(&id)?;
-        let (released, node_us) = stream.response_headers(w, store, now, end_of_stream, status);
+        let (released, node_us) = stream.response_headers(w, store, now, end_of_stream, header);
         if released {
-            self.retry_waiting();
+            self.retry(false);
         }
         node_us
     }
@@ -248,7 +247,7 @@ impl<S: SharedStore> Registry<S> {
         let answered =
             stream.response_body(&mut self.worker, &self.store, size, end_of_stream, body);
         if answered.released {
-            self.retry_waiting();
+            self.retry(false);
         }
         answered.replace
     }
@@ -261,7 +260,7 @@ impl<S: SharedStore> Registry<S> {
             .get_mut(&id)
             .is_some_and(|s| s.response_trailers(w, store));
         if released {
-            self.retry_waiting();
+            self.retry(false);
         }
     }
 
@@ -271,18 +270,38 @@ impl<S: SharedStore> Registry<S> {
     pub fn done(&mut self, id: u32) {
         if let Some(mut stream) = self.streams.remove(&id) {
             stream.done(&mut self.worker, &self.store);
-            self.retry_waiting();
+            self.retry(false);
         }
     }
 
     /// Lets the streams waiting for a slot retry, oldest first: those that
     /// get their slots resume (or are closed, if they never can), requests
-    /// that waited `nodeTime.waitMs` in vain are refused. With nothing
-    /// waiting here and requests allowed to wait, this VM's spare slots go
-    /// back to the shared pool at once, for the other workers' waiters.
+    /// that waited `nodeTime.waitMs` in vain are refused. Called from the
+    /// root context (a tick, a wake), never in a stream's callback: a
+    /// refusal is a local reply, which runs the refused stream's response
+    /// through this VM's filters at once, and Envoy must not call into a
+    /// VM from inside its own call.
     pub fn retry_waiting(&mut self) {
+        self.retry(true);
+    }
+
+    /// `retry_waiting`; a slot freed in a stream's callback lets waiting
+    /// streams go on (a resume runs only the filters after the gate), but
+    /// refuses none (`expire` false: the next tick does).
+    ///
+    /// With nothing waiting here and requests allowed to wait, this VM's
+    /// spare slots go back to the shared pool at once, for the other
+    /// workers' waiters.
+    fn retry(&mut self, expire: bool) {
         let now = &mut Now::lazy_us(self.clock);
-        let mut full = Full::default();
+        let mut full = Full::expiring(expire);
+        if self.slots_wait() {
+            // Another VM's requests waited longer: its turn for heavy slots.
+            let now_ms = now.ms();
+            if self.defer_to_older(now_ms) {
+                full.found(true);
+            }
+        }
         let mut i = 0;
         while i < self.waiting.len() {
             let id = self.waiting[i];
@@ -303,11 +322,7 @@ impl<S: SharedStore> Registry<S> {
             }
         }
         if self.slots_wait() {
-            let now_ms = now.ms();
-            if self.waiting.is_empty() {
-                self.hand_over_slots(now_ms);
-            }
-            self.announce(now_ms);
+            self.announce();
         }
     }
 
@@ -478,27 +493,33 @@ impl<S: SharedStore> Registry<S> {
         policy.node_time.as_ref().is_some_and(|n| n.wait_ms > 0)
     }
 
-    /// Says in shared data whether requests wait for a slot here (when
-    /// that changed, or a heartbeat has passed since), so that a VM that
-    /// frees one wakes this one.
-    fn announce(&mut self, now_ms: u64) {
-        let waiting = !self.waiting.is_empty();
-        let heartbeat_ms = self.worker.gate.policy().heartbeat_ms;
-        let due = match self.announced_ms {
-            None => waiting,
-            Some(at) => !waiting || now_ms.saturating_sub(at) >= heartbeat_ms,
-        };
-        let (Some(vm), true) = (self.worker.gate.vm(), due) else {
+    /// This VM's oldest waiting request's deadline (requests that wait for
+    /// a slot by `nodeTime.waitMs`).
+    fn oldest_deadline(&self) -> Option<u64> {
+        self.waiting
+            .iter()
+            .find_map(|id| self.streams.get(id)?.waits_until())
+    }
+
+    /// Says in shared data when this VM's oldest waiting request must go
+    /// (when that changed), so that the other VMs serve the oldest first
+    /// and wake this one when they free a slot it should have.
+    fn announce(&mut self) {
+        let oldest = self.oldest_deadline();
+        let Some(vm) = self.worker.gate.vm() else {
             return;
         };
+        if oldest == self.announced {
+            return;
+        }
         let updated = update(&self.store, WAITERS_KEY, |w: &mut Waiters| {
-            w.set(vm, waiting, now_ms);
+            w.set(vm, oldest);
             Change::Write(())
         });
         match updated {
             Ok(u) => {
                 self.worker.counts.store.retried(u.retries);
-                self.announced_ms = waiting.then_some(now_ms);
+                self.announced = oldest;
             }
             Err((e, _)) => self
                 .worker
@@ -506,28 +527,30 @@ impl<S: SharedStore> Registry<S> {
         }
     }
 
-    /// Nothing waits here for a slot: if requests wait on other VMs, this
-    /// VM's spare slots go back to the shared pool and those VMs are woken.
-    fn hand_over_slots(&mut self, now_ms: u64) {
-        let (Some(me), true) = (self.worker.gate.vm(), self.slots_wait()) else {
-            return;
+    /// The VMs whose oldest waiting request is older than this VM's; if
+    /// there are any, this VM's spare slots go back to the shared pool and
+    /// those VMs are woken to take them.
+    fn defer_to_older(&mut self, now_ms: u64) -> bool {
+        let Some(me) = self.worker.gate.vm() else {
+            return false;
         };
         let ttl_ms = self.worker.gate.policy().stale_slot_ttl_ms;
-        let others = match read::<Waiters>(&self.store, WAITERS_KEY) {
-            Ok((waiters, _)) => waiters.others(me, now_ms, ttl_ms),
+        let older = match read::<Waiters>(&self.store, WAITERS_KEY) {
+            Ok((waiters, _)) => waiters.older(me, self.oldest_deadline(), now_ms, ttl_ms),
             Err(e) => {
                 self.worker.note_store_error("reading waiting requests", &e);
-                return;
+                return false;
             }
         };
-        if others.is_empty() {
-            return;
+        if older.is_empty() {
+            return false;
         }
         match self.worker.gate.give_back(&self.store, now_ms) {
             Ok(retries) => self.worker.counts.store.retried(retries),
             Err(e) => self.worker.note_store_error("giving spare slots back", &e),
         }
-        self.todo.push(Do::Wake(others, SLOT_WAKE.to_vec()));
+        self.todo.push(Do::Wake(older, SLOT_WAKE.to_vec()));
+        true
     }
 
     /// The plugin is being deleted: spare slots go back at once.
@@ -643,11 +666,16 @@ mod tests {
         format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}"}}"#).into_bytes()
     }
 
+    /// A 200's headers.
+    fn ok(name: &str) -> Option<String> {
+        (name == ":status").then(|| "200".into())
+    }
+
     /// Stream `id`'s answer comes whole at `ms`: the node's time on it, as
     /// told.
     fn answer(r: &mut Rig, id: u32, ms: u64) -> Option<u64> {
         at_ms(ms);
-        r.response_headers(id, true, || Some(200))
+        r.response_headers(id, true, ok)
     }
 
     #[test]
@@ -655,7 +683,7 @@ mod tests {
         let policy = r#"{"maxInflight": 2, "decideOnBody": true, "nodeTime": {"cheapSlots": 1, "waitMs": 100}}"#;
         let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
         let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
-        // Unknown methods are heavy until measured: each is told its time.
+        // A method's first call probes it (as cheap): each is told its time.
         at_ms(1000);
         assert_eq!(send(&mut r, 1, &call(1, "eth_getProof")), Then::Continue);
         assert_eq!(answer(&mut r, 1, 1040), Some(40_000));
@@ -683,7 +711,7 @@ mod tests {
         r.done(3);
         assert_eq!(r.take().0, [Do::Resume(4, None)]);
         at_ms(1150);
-        assert_eq!(r.response_headers(4, false, || Some(200)), Some(10_000));
+        assert_eq!(r.response_headers(4, false, ok), Some(10_000));
         // The other waited its 100 ms in vain: refused with its own id.
         at_ms(1200);
         r.retry_waiting();
@@ -698,7 +726,8 @@ mod tests {
             (counts.waited, counts.wait_refused, counts.waiting),
             (1, 1, 0)
         );
-        assert_eq!((counts.cheap, counts.heavy), (2, 4));
+        // The probes of the two methods went as cheap.
+        assert_eq!((counts.cheap, counts.heavy), (4, 2));
     }
 
     /// Stream `id` opens a public WebSocket.

@@ -189,14 +189,23 @@ pub enum Settled {
 pub struct Full {
     heavy: bool,
     all: bool,
+    /// Requests that waited `waitMs` are refused in this pass.
+    expire: bool,
 }
 
 impl Full {
+    pub fn expiring(expire: bool) -> Self {
+        Self {
+            expire,
+            ..Self::default()
+        }
+    }
+
     fn blocks(&self, heavy: bool) -> bool {
         self.all || (heavy && self.heavy)
     }
 
-    fn found(&mut self, heavy: bool) {
+    pub(super) fn found(&mut self, heavy: bool) {
         if heavy {
             self.heavy = true;
         } else {
@@ -375,6 +384,14 @@ impl GateStream {
         }
     }
 
+    /// Until when a request waiting for a slot (`nodeTime.waitMs`) waits.
+    pub fn waits_until(&self) -> Option<u64> {
+        match &self.state {
+            State::Http(request) => request.metered.as_ref()?.waiting.as_ref().map(|w| w.0),
+            _ => None,
+        }
+    }
+
     /// Whether the stream holds data waiting for a slot.
     pub fn waiting(&self) -> bool {
         match &self.state {
@@ -384,19 +401,19 @@ impl GateStream {
         }
     }
 
-    /// Response headers (`status`, read only if needed); `end_of_stream`
-    /// ends the response. Returns whether slots were given back, and with
-    /// `nodeTime` the node's time on the request, in µs.
+    /// Response headers (`header` reads one, only if needed);
+    /// `end_of_stream` ends the response. Returns whether slots were given
+    /// back, and with `nodeTime` the node's time on the request, in µs.
     pub fn response_headers(
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
         now: &mut Now,
         end_of_stream: bool,
-        status: impl FnOnce() -> Option<u32>,
+        header: impl FnMut(&str) -> Option<String>,
     ) -> (bool, Option<u64>) {
         let node_us = match &mut self.state {
-            State::Http(request) => request.answered(w, now, status),
+            State::Http(request) => request.answered(w, now, header),
             _ => None,
         };
         (end_of_stream && self.response_ended(w, store), node_us)
@@ -449,8 +466,11 @@ impl GateStream {
         match std::mem::take(&mut self.state) {
             State::Idle => {}
             State::Http(request) => {
-                if request.metered.as_ref().is_some_and(Metered::waits) {
-                    w.stop_waiting();
+                if let Some(metered) = &request.metered {
+                    if metered.waits() {
+                        w.stop_waiting();
+                    }
+                    w.meter.ended(metered.priced);
                 }
                 request.place.leave(w, store)
             }
@@ -608,7 +628,7 @@ impl HttpRequest {
             return Settled::Through(None);
         };
         let heavy = !metered.priced.cheap;
-        if now.ms() >= *until_ms {
+        if full.expire && now.ms() >= *until_ms {
             let refusal = metered.waiting.take().map(|(_, r)| r);
             w.stop_waiting();
             w.counts.node_time.wait_refused += 1;
@@ -633,17 +653,25 @@ impl HttpRequest {
         }
     }
 
-    /// The node's answer starts: with `nodeTime`, its time on the request,
-    /// learned from if the answer is a success.
+    /// The node's answer starts: with `nodeTime`, its time on the request
+    /// (as the node says in `serviceTimeHeader`, else since the request got
+    /// its slot), learned from if the answer is a success.
     fn answered(
         &mut self,
         w: &mut GateWorker,
         now: &mut Now,
-        status: impl FnOnce() -> Option<u32>,
+        mut header: impl FnMut(&str) -> Option<String>,
     ) -> Option<u64> {
         let metered = self.metered.as_mut()?;
-        let us = now.us().saturating_sub(metered.since_us.take()?);
-        if status().is_some_and(|s| (200..300).contains(&s)) {
+        let since_us = metered.since_us.take()?;
+        let node_time = w.gate.policy().node_time.as_ref()?;
+        let us = node_time
+            .service_time_header
+            .as_deref()
+            .and_then(|name| header(name)?.trim().parse().ok())
+            .unwrap_or_else(|| now.us().saturating_sub(since_us));
+        let ok = header(":status").and_then(|s| s.parse::<u32>().ok());
+        if ok.is_some_and(|s| (200..300).contains(&s)) {
             w.meter.learn(metered.priced, us);
         }
         Some(us)
@@ -738,7 +766,7 @@ mod tests {
             first.headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
             OnHeaders::Continue
         );
-        let headers = first.response_headers(&mut w, &store, &mut Now::fixed(0), false, || None);
+        let headers = first.response_headers(&mut w, &store, &mut Now::fixed(0), false, |_| None);
         assert_eq!(headers, (false, None));
         let mut nothing = Bytes(Vec::new());
         assert!(

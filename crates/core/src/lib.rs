@@ -21,6 +21,7 @@
 
 pub mod baseline;
 pub mod clock;
+pub mod cost;
 pub mod dedup;
 pub mod gate;
 pub mod jsonrpc;

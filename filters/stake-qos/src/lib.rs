@@ -31,7 +31,7 @@ use fleet::FleetLink;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::clock::Now;
-use stakegate_core::gate::node_time::NODE_US_HEADER;
+use stakegate_core::cost::NODE_US_HEADER;
 use stakegate_core::qos::counts::{Counts, Snapshot, METRICS};
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;

@@ -23,15 +23,14 @@
 //!   comes next when the gate is full would undo that. Waiting requests go
 //!   on oldest first; one still waiting after `waitMs` is refused with 503.
 
-use crate::qos::cost::{Costs, Estimates, Unit, MAX_METHODS};
+pub use crate::cost::NODE_US_HEADER;
+use crate::cost::{Costs, Estimates, Unit, MAX_METHODS};
 use crate::rejection::Rejection;
 use crate::shared::{Reader, Record};
 use crate::validate::{ensure, header_name, Fields, PolicyError};
 use serde::Deserialize;
 use std::collections::HashSet;
 
-/// The response header that carries the node's time on a request, in µs.
-pub const NODE_US_HEADER: &str = "x-stakegate-node-us";
 /// How often a worker with requests waiting looks for a slot freed on
 /// another worker (its own releases wake them at once).
 pub const WAIT_TICK_MS: u64 = 5;
@@ -98,7 +97,7 @@ impl NodeTimePolicy {
         let service_time_header = f.or_else(
             "nodeTime.serviceTimeHeader",
             doc.service_time_header.map(Some),
-            "none: the gate's clock",
+            "none",
             || None,
         );
         let service_time_header = service_time_header
@@ -284,7 +283,7 @@ impl Metered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qos::cost::method_key;
+    use crate::cost::method_key;
 
     const BLOCK: &[u8] = br#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}"#;
     const PROOF: &[u8] = br#"{"jsonrpc":"2.0","id":2,"method":"eth_getProof","params":[]}"#;

@@ -3,9 +3,9 @@
 //! it took (settled when it ends), and the calls sent on a WebSocket; and
 //! how an upgrade leaves the requests in flight. Touches no shared data.
 
-use super::cost::Unit;
 use super::page::MILLI;
 use super::{Connection, Reason, StakeQos, Throttled, Ticket, COST_SMOOTHING};
+use crate::cost::Unit;
 
 impl StakeQos {
     /// A batch admitted on one call turned out to hold `calls`: the rest

@@ -91,7 +91,6 @@
 //! not report stay local and go with its next report.
 
 mod charge;
-pub mod cost;
 pub mod counts;
 pub mod fair;
 pub mod fleet;
@@ -105,9 +104,9 @@ mod round;
 pub mod state;
 pub mod stream;
 
+use crate::cost::{Estimates, Samples, Unit, ESTIMATES_KEY};
 use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
 use crate::shared::{read, update, SharedStore, StoreError, Write};
-use cost::{Estimates, Samples, Unit, ESTIMATES_KEY};
 use fleet::{FleetShare, FleetView, FLEET_KEY};
 use identity::Identity;
 use light::{LightState, LIGHT_KEY};

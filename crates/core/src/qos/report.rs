@@ -19,8 +19,8 @@
 //! during a swap) has 34-byte entries without `units` (its calls cost one
 //! each) and no samples; version 1 not the trailer either.
 
-use super::cost::Samples;
 use super::page::MILLI;
+use crate::cost::Samples;
 use crate::shared::{Reader, StoreError};
 
 pub const QUEUE: &str = "stakegate.stake_qos.v3.reports";

@@ -13,13 +13,13 @@
 //! identity, no body read, no clock read; its body's size gives its calls'
 //! bound.
 
-use super::cost::Unit;
 use super::identity::{anonymous, identify, Identity};
 use super::light::BodyBound;
 use super::page::MILLI;
 use super::policy::Mode;
 use super::{Admission, Connection, StakeQos, Throttled, Ticket, Verdict};
 use crate::clock::Now;
+use crate::cost::Unit;
 use crate::jsonrpc;
 use crate::request::{Body, RequestFacts};
 use crate::shared::{SharedStore, StoreError};

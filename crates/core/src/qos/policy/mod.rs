@@ -2,8 +2,8 @@
 //! validated runtime values. The format is documented in
 //! `policies/stake-qos.md`.
 
-use super::cost::{method_key, Costs, Unit, MAX_METHODS};
 use super::fleet::{FleetDoc, FleetPolicy};
+use crate::cost::{method_key, Costs, Unit, MAX_METHODS};
 use crate::request::Cidr;
 use crate::validate::{
     ensure, finite_range, header_name, max_len, non_empty, parse_json, range, FieldDoc, Fields,

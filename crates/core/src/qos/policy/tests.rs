@@ -1,5 +1,5 @@
 use super::*;
-use crate::qos::cost::{method_key, Unit};
+use crate::cost::{method_key, Unit};
 
 const KEY_HASH: &str = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
 

@@ -2,7 +2,6 @@
 //! workers' reports off the queue, predict each active identity's demand,
 //! find the water level, and grant every active identity its part.
 
-use super::cost::{Estimates, Samples, Unit, ESTIMATES_KEY};
 use super::fair::{self, Claim};
 use super::fleet::{Demand, FleetShare, Report, RoundFleet};
 use super::light::{LightState, LIGHT_KEY};
@@ -11,6 +10,7 @@ use super::policy::{Mode, QosPolicy};
 use super::reactive::{self, Finished};
 use super::report::{self, Delta, ReportQueue};
 use super::state::{step_load, QosState, ACTIVE_KEY, DEMAND_KEY, STATE_KEY};
+use crate::cost::{Estimates, Samples, Unit, ESTIMATES_KEY};
 use crate::shared::{read, update, update_from, Change, Record, SharedStore, StoreError, Write};
 use std::collections::{BTreeMap, HashMap};
 

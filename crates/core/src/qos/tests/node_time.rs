@@ -3,8 +3,8 @@
 //! its methods' estimates when its body is read and what it took when it
 //! ends, the estimates learned by the round.
 
-use super::super::cost::method_key;
 use super::*;
+use crate::cost::method_key;
 use crate::qos::report::MemoryQueue;
 use crate::shared::MemoryStore;
 

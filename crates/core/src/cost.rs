@@ -1,4 +1,7 @@
-//! What a call costs, in the unit shares are cut in (`Unit`).
+//! What a call costs, in the unit stake QoS cuts shares in (`Unit`), and
+//! the per-method estimates learned from measured node time, which the
+//! admission gate also keeps (`gate::node_time`) to tell cheap calls from
+//! heavy ones.
 //!
 //! - **Calls**: every call costs 1.
 //! - **Node time**: a call costs the node's time on it, in ms. It is known
@@ -23,6 +26,9 @@ use crate::shared::{Reader, Record};
 use std::collections::HashMap;
 
 pub const ESTIMATES_KEY: &str = "stakegate.stake_qos.v3.costs";
+/// The response header in which the admission gate tells the filters
+/// before it the node's time on a request, in µs (`gate::node_time`).
+pub const NODE_US_HEADER: &str = "x-stakegate-node-us";
 const VERSION: u8 = 1;
 const ENTRY_LEN: usize = 16;
 /// Methods learned at most; a method past it keeps `defaultCost` (a client

@@ -64,6 +64,17 @@ pub trait SharedStore {
     fn store(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<Write, StoreError>;
 }
 
+/// Several holders of one store (tests: VMs over one shared data).
+impl<S: SharedStore> SharedStore for &S {
+    fn load(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        (**self).load(key)
+    }
+
+    fn store(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<Write, StoreError> {
+        (**self).store(key, value, cas)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreError {
     /// The host refused a call (a status other than CAS mismatch).

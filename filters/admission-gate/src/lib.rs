@@ -209,9 +209,10 @@ impl RootContext for GateRoot {
             }
         }
         if !vm.borrow_mut().registry.heartbeat_due(now) {
-            // Requests waiting for a slot look for one freed elsewhere.
+            // Requests waiting for a slot look for one freed elsewhere, and
+            // an idle VM hands its spare slots to other VMs' waiters.
             with(vm, self.context_id, false, |r| {
-                if r.has_waiting() {
+                if r.retries_on_tick() {
                     r.retry_waiting();
                 }
             });

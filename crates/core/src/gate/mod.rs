@@ -56,7 +56,7 @@ use crate::shared::{update, Change, SharedStore, StoreError};
 use class::RequestClass;
 use drain::DrainRate;
 use policy::GatePolicy;
-use shards::{ShardTable, SlotKind, Spare, Totals};
+use shards::{ShardTable, SlotKind, Slots, Spare, Totals};
 
 /// The shared-data key; the layout version is part of it and of the value.
 pub const SHARED_KEY: &str = "stakegate.admission_gate.v1.shards";
@@ -411,9 +411,14 @@ impl InflightGate {
 
     /// Gives this VM's spare slots back to the shared pool now, so that a
     /// request waiting on another worker can take them (`nodeTime.waitMs`).
-    pub fn give_back(&mut self, store: &impl SharedStore, now_ms: u64) -> Result<u32, StoreError> {
-        let (Some(vm), false) = (self.vm, self.spare.is_empty()) else {
-            return Ok(0);
+    /// Returns the CAS retries, or `None` if there were none to give.
+    pub fn give_back(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+    ) -> Result<Option<u32>, StoreError> {
+        let (Some(vm), false) = (self.vm, self.spare.slots == Slots::default()) else {
+            return Ok(None);
         };
         let spare = self.spare;
         let updated = update(store, SHARED_KEY, |table: &mut ShardTable| {
@@ -422,7 +427,7 @@ impl InflightGate {
         })
         .map_err(|(e, _)| e)?;
         self.spare = Spare::default();
-        Ok(updated.retries)
+        Ok(Some(updated.retries))
     }
 
     /// This VM's plugin is being deleted (a swap, a reload): gives its

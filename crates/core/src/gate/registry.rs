@@ -326,10 +326,11 @@ impl<S: SharedStore> Registry<S> {
         }
     }
 
-    /// Whether streams wait for a slot here (the glue retries them at
-    /// every tick).
-    pub fn has_waiting(&self) -> bool {
-        !self.waiting.is_empty()
+    /// Whether the glue retries the waiting streams at every tick: when
+    /// some wait here, and whenever requests may wait for a slot, so that
+    /// an idle VM hands its spare slots to VMs whose requests wait.
+    pub fn retries_on_tick(&self) -> bool {
+        !self.waiting.is_empty() || self.slots_wait()
     }
 
     /// The next leader's callout to send from the root context, skipping
@@ -527,9 +528,9 @@ impl<S: SharedStore> Registry<S> {
         }
     }
 
-    /// The VMs whose oldest waiting request is older than this VM's; if
-    /// there are any, this VM's spare slots go back to the shared pool and
-    /// those VMs are woken to take them.
+    /// Whether another VM's oldest waiting request is older than this
+    /// VM's; if so, this VM's spare slots go back to the shared pool and
+    /// those VMs are woken to take them (if there were any).
     fn defer_to_older(&mut self, now_ms: u64) -> bool {
         let Some(me) = self.worker.gate.vm() else {
             return false;
@@ -546,10 +547,13 @@ impl<S: SharedStore> Registry<S> {
             return false;
         }
         match self.worker.gate.give_back(&self.store, now_ms) {
-            Ok(retries) => self.worker.counts.store.retried(retries),
+            Ok(Some(retries)) => {
+                self.worker.counts.store.retried(retries);
+                self.todo.push(Do::Wake(older, SLOT_WAKE.to_vec()));
+            }
+            Ok(None) => {}
             Err(e) => self.worker.note_store_error("giving spare slots back", &e),
         }
-        self.todo.push(Do::Wake(older, SLOT_WAKE.to_vec()));
         true
     }
 
@@ -728,6 +732,67 @@ mod tests {
         );
         // The probes of the two methods went as cheap.
         assert_eq!((counts.cheap, counts.heavy), (4, 2));
+    }
+
+    #[test]
+    fn a_freed_slot_goes_to_the_worker_whose_request_waited_longest() {
+        let policy = r#"{"maxInflight": 2, "decideOnBody": true, "nodeTime": {"cheapSlots": 1}}"#;
+        let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
+        let store = MemoryStore::default();
+        let mut a = Registry::new(policy.clone(), 1, &store, clock_us);
+        let mut b = Registry::new(policy, 2, &store, clock_us);
+        let send = |r: &mut Registry<&MemoryStore>, id: u32| {
+            assert_eq!(r.headers(id, &mut Public, post()), OnHeaders::Continue);
+            let body = call(id, "eth_getProof");
+            r.request_body(id, body.len(), true, &mut Bytes(body))
+        };
+        // Each worker's probe learns eth_getProof (40 ms): heavy from then.
+        for r in [&mut a, &mut b] {
+            at_ms(1000);
+            assert_eq!(send(r, 1), Then::Continue);
+            at_ms(1040);
+            assert_eq!(r.response_headers(1, true, ok), Some(40_000));
+            r.done(1);
+        }
+        // B keeps its probe's slot as a spare: A's heavy request waits, until
+        // B's next tick hands the spare over and wakes A.
+        at_ms(1045);
+        assert_eq!(send(&mut a, 2), Then::Pause);
+        a.take();
+        b.retry_waiting();
+        let wake_a = Do::Wake(vec![a.worker.gate.vm().unwrap()], SLOT_WAKE.to_vec());
+        assert_eq!(b.take().0, std::slice::from_ref(&wake_a));
+        a.woken(SLOT_WAKE);
+        assert_eq!(a.take().0, [Do::Resume(2, None)]);
+        // B's request waits first, then A's.
+        at_ms(1050);
+        assert_eq!(send(&mut b, 3), Then::Pause);
+        at_ms(1060);
+        assert_eq!(send(&mut a, 4), Then::Pause);
+        a.take();
+        b.take();
+        // A's own request ends: the slot is B's, whose request waited
+        // longer; A hands it over and wakes B.
+        at_ms(1090);
+        a.response_headers(2, true, ok);
+        a.done(2);
+        let (dos, _) = a.take();
+        assert_eq!(
+            dos,
+            [Do::Wake(
+                vec![b.worker.gate.vm().unwrap()],
+                SLOT_WAKE.to_vec()
+            )]
+        );
+        b.woken(SLOT_WAKE);
+        assert_eq!(b.take().0, [Do::Resume(3, None)]);
+        // B's ends: A's request is the oldest now, and B has none waiting.
+        at_ms(1130);
+        b.response_headers(3, true, ok);
+        b.done(3);
+        assert_eq!(b.take().0, [wake_a]);
+        a.woken(SLOT_WAKE);
+        assert_eq!(a.take().0, [Do::Resume(4, None)]);
     }
 
     /// Stream `id` opens a public WebSocket.

@@ -71,6 +71,35 @@ fn a_stake_qos_cost_table_is_checked_field_by_field() {
 }
 
 #[test]
+fn a_gate_in_node_time_is_checked_in_the_module() {
+    let good = r#"{"maxInflight": 6, "decideOnBody": true, "nodeTime": {"serviceTimeHeader": "x-node-service-us"}}"#;
+    let output = check(&gate(), good);
+    assert!(output.status.success(), "{}", stderr(&output));
+    for (policy, says) in [
+        (
+            r#"{"maxInflight": 6, "nodeTime": {}}"#,
+            "nodeTime: needs decideOnBody: true",
+        ),
+        (
+            r#"{"maxInflight": 6, "reserved": 2, "decideOnBody": true, "nodeTime": {"cheapSlots": 4}}"#,
+            "nodeTime.cheapSlots: must be less than maxInflight less reserved (4)",
+        ),
+        (
+            r#"{"maxInflight": 6, "decideOnBody": true, "nodeTime": {"waitMs": 600000}}"#,
+            "nodeTime.waitMs: must be between 0 and 60000",
+        ),
+        (
+            r#"{"maxInflight": 6, "decideOnBody": true, "nodeTime": {"serviceTimeHeader": "bad header"}}"#,
+            "nodeTime.serviceTimeHeader",
+        ),
+    ] {
+        let output = check(&gate(), policy);
+        assert!(!output.status.success(), "{policy}");
+        assert!(stderr(&output).contains(says), "{policy}: {}", stderr(&output));
+    }
+}
+
+#[test]
 fn a_module_that_is_not_proxy_wasm_is_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
     let plain = dir.path().join("plain.wasm");

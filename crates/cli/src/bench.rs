@@ -122,6 +122,9 @@ const GATE_DEDUP: &str =
 /// The same, engaged whatever the node: every call checked, and each sent
 /// by the gate's callout.
 const GATE_DEDUP_ENGAGED: &str = r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536, "engageAfterMs": 0}, "decideOnBody": true}"#;
+/// The gate with dedup, and in node time: each answer timed and told to
+/// QoS, cheap calls kept a slot.
+const GATE_NODE_TIME: &str = r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536}, "decideOnBody": true, "nodeTime": {}}"#;
 const QOS_BELOW: &str = r#"{"capacityRps": 10000000, "decideOnBody": true}"#;
 /// Below its threshold, identifying every request (as it does from
 /// `identifyAbove` of capacity on, a tenth of it for calls like these).
@@ -232,8 +235,8 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
         ),
         chain(
             "full chain, node time",
-            "stake QoS sharing node time (capacityNodeMs), then the gate with dedup, with a quick node",
-            vec![qos(QOS_NODE_TIME)?, gate(GATE_DEDUP)?],
+            "stake QoS sharing node time (capacityNodeMs), then the gate with dedup in nodeTime, with a quick node",
+            vec![qos(QOS_NODE_TIME)?, gate(GATE_NODE_TIME)?],
             false,
         ),
         chain(

@@ -95,7 +95,11 @@ fn a_gate_in_node_time_is_checked_in_the_module() {
     ] {
         let output = check(&gate(), policy);
         assert!(!output.status.success(), "{policy}");
-        assert!(stderr(&output).contains(says), "{policy}: {}", stderr(&output));
+        assert!(
+            stderr(&output).contains(says),
+            "{policy}: {}",
+            stderr(&output)
+        );
     }
 }
 

@@ -83,6 +83,8 @@ pub struct Registry<S: SharedStore> {
     /// The oldest waiting request's deadline this VM last said in shared
     /// data (`node_time::Waiters`).
     announced: Option<u64>,
+    /// The waiters record as last read, and when (ms).
+    waiters_seen: Option<(u64, Waiters)>,
     /// The requests held for an answer, as the last snapshot gave them.
     waiting_reported: i64,
 }
@@ -108,6 +110,7 @@ impl<S: SharedStore> Registry<S> {
             last_heartbeat_ms: now_ms,
             last_engage_ms: 0,
             announced: None,
+            waiters_seen: None,
             waiting_reported: 0,
         }
     }
@@ -536,13 +539,25 @@ impl<S: SharedStore> Registry<S> {
             return false;
         };
         let ttl_ms = self.worker.gate.policy().stale_slot_ttl_ms;
-        let older = match read::<Waiters>(&self.store, WAITERS_KEY) {
-            Ok((waiters, _)) => waiters.older(me, self.oldest_deadline(), now_ms, ttl_ms),
-            Err(e) => {
-                self.worker.note_store_error("reading waiting requests", &e);
-                return false;
+        // Read at most once a wait tick: a release is every request's.
+        let fresh = self
+            .waiters_seen
+            .as_ref()
+            .is_some_and(|(at, _)| now_ms.saturating_sub(*at) < WAIT_TICK_MS);
+        if !fresh {
+            match read::<Waiters>(&self.store, WAITERS_KEY) {
+                Ok((waiters, _)) => self.waiters_seen = Some((now_ms, waiters)),
+                Err(e) => {
+                    self.worker.note_store_error("reading waiting requests", &e);
+                    return false;
+                }
             }
-        };
+        }
+        let oldest = self.oldest_deadline();
+        let older = self
+            .waiters_seen
+            .as_ref()
+            .map_or_else(Vec::new, |(_, w)| w.older(me, oldest, now_ms, ttl_ms));
         if older.is_empty() {
             return false;
         }

@@ -177,11 +177,6 @@ impl Meter {
             self.probing.remove(&method);
         }
     }
-
-    /// The learned estimate of `method`, in ms.
-    pub fn estimate(&self, method: u64) -> Option<f64> {
-        self.learned.get(method)
-    }
 }
 
 /// The VMs with requests waiting for a slot, each with its oldest waiting
@@ -311,7 +306,7 @@ mod tests {
         let probe = meter.price(call, 1000);
         meter.ended(probe);
         assert!(meter.price(call, 1000).probe);
-        assert_eq!(meter.estimate(method_key("eth_getProof")), Some(40.0));
+        assert_eq!(meter.learned.get(method_key("eth_getProof")), Some(40.0));
         let five: Vec<String> = (0..5)
             .map(|i| format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"eth_blockNumber"}}"#))
             .collect();

@@ -253,11 +253,6 @@ impl GateWorker {
         self.counts.node_time.waiting -= 1;
     }
 
-    /// Whether requests wait for a slot here.
-    pub fn waits_for_slots(&self) -> bool {
-        self.waiting_for_slot > 0
-    }
-
     /// Counts a refusal.
     pub(super) fn refused(&mut self, class: RequestClass, upgrade: bool) {
         self.counts.rejected[class.index()] += 1;

@@ -602,9 +602,9 @@ impl HttpRequest {
                 OnBody::Hold
             }
             metered => {
-                if metered.is_some() {
-                    w.counts.node_time.wait_refused += u64::from(wait_ms > 0);
-                }
+                // It would have waited, but `maxWaiting` already do.
+                let full = metered.is_some() && wait_ms > 0 && self.dedup_client.is_none();
+                w.counts.node_time.wait_refused += u64::from(full);
                 self.dedup_client = None;
                 w.refused(self.place.class, false);
                 OnBody::Refuse(refusal)

@@ -4,7 +4,7 @@
 //! A request holds its slot from when the gate lets it on to when the
 //! node's answer starts: that span is the node's time on it, with no wait
 //! at the gateway in it (a request that waited for a slot is measured from
-//! when it got one). The gate
+//! when it got one), or the node says it (`serviceTimeHeader`). The gate
 //!
 //! - **measures** each answer's node time and tells the filters before it
 //!   in the `x-stakegate-node-us` response header: stake QoS charges it
@@ -21,7 +21,8 @@
 //!   worker) rather than shedding it: the requests that reach the gate were
 //!   admitted by stake QoS in their stakes' shares, and shedding whoever
 //!   comes next when the gate is full would undo that. Waiting requests go
-//!   on oldest first; one still waiting after `waitMs` is refused with 503.
+//!   on oldest first, across workers too (`Waiters`); one still waiting
+//!   after `waitMs` is refused with 503.
 
 pub use crate::cost::NODE_US_HEADER;
 use crate::cost::{Costs, Estimates, Unit, MAX_METHODS};
@@ -31,8 +32,10 @@ use crate::validate::{ensure, header_name, Fields, PolicyError};
 use serde::Deserialize;
 use std::collections::HashSet;
 
-/// How often a worker with requests waiting looks for a slot freed on
-/// another worker (its own releases wake them at once).
+/// How often each worker ticks while requests may wait: its waiting
+/// requests look for a slot freed on another worker (its own releases and
+/// other workers' wakes let them go at once), and an idle worker hands its
+/// spare slots to other workers' waiting requests.
 pub const WAIT_TICK_MS: u64 = 5;
 pub const MAX_WAIT_MS: u64 = 60_000;
 pub const MAX_WAITING: u32 = 100_000;

@@ -284,7 +284,7 @@ impl InflightGate {
     /// `take_between`; a `heavy` request leaves the cheap slots free. It
     /// takes no spare: the shared write returns them first, and only the
     /// shared count says whether a cheap slot would be taken.
-    fn take_slots(
+    pub fn take_slots(
         &mut self,
         store: &impl SharedStore,
         now: &mut Now,
@@ -464,6 +464,27 @@ mod tests {
             Decision::Admit(ticket) => ticket,
             Decision::Reject(_) => panic!("rejected: {admission:?}"),
         }
+    }
+
+    #[test]
+    fn heavy_requests_and_socket_messages_leave_the_cheap_slot() {
+        let policy = r#"{"maxInflight": 3, "decideOnBody": true, "nodeTime": {"cheapSlots": 1}}"#;
+        let mut g = gate(policy, 1);
+        let store = MemoryStore::default();
+        let now = &mut Now::fixed(0);
+        let heavy = |g: &mut InflightGate, now: &mut Now| {
+            g.admit_priced(&store, now, RequestClass::Default, false, true)
+        };
+        let _one = ticket(heavy(&mut g, now));
+        let socket = g.take_slots(&store, now, SlotKind::Default, 1, 2, true);
+        assert_eq!(
+            (socket.ok, socket.count),
+            (true, 1),
+            "one of two: the last is kept"
+        );
+        assert!(matches!(heavy(&mut g, now).decision, Decision::Reject(_)));
+        let cheap = g.admit_priced(&store, now, RequestClass::Default, false, false);
+        let _cheap = ticket(cheap);
     }
 
     #[test]

@@ -311,7 +311,9 @@ impl Websocket {
             return (Flow::ConnectionFull, None);
         }
         let most = messages.len().min(allowance);
-        let taken = gate.take_between(store, now, self.kind, least as u32, most as u32);
+        // A socket's messages are not priced: as heavy, they never take
+        // the slots kept for cheap calls (`nodeTime.cheapSlots`).
+        let taken = gate.take_slots(store, now, self.kind, least as u32, most as u32, true);
         if !taken.ok {
             self.note_wait(counts);
             return (Flow::GateFull, Some(taken));

@@ -203,12 +203,53 @@ pub struct Scanner {
 impl Scanner {
     /// Reads the next piece of the message.
     pub fn push(&mut self, bytes: &[u8]) {
-        for &b in bytes {
+        let mut rest = bytes;
+        while let Some((&b, after)) = rest.split_first() {
             if self.invalid {
                 return;
             }
+            let run = self.plain_run(rest);
+            if run > 0 {
+                self.at += run;
+                rest = &rest[run..];
+                continue;
+            }
             self.byte(b);
             self.at += 1;
+            rest = after;
+        }
+    }
+
+    /// How many of `bytes`' first bytes change nothing but the offset (and
+    /// what a kept string keeps): a string's plain characters, a number's
+    /// digits, whitespace between tokens. The bytes between a message's
+    /// quotes are most of it, so they are skipped as a run, not one by one.
+    fn plain_run(&mut self, bytes: &[u8]) -> usize {
+        match self.token {
+            Token::Text {
+                escape: false,
+                hex: 0,
+            } => {
+                let run = bytes
+                    .iter()
+                    .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                    .unwrap_or(bytes.len());
+                if self.keep.is_some() {
+                    let room = MAX_KEPT.saturating_sub(self.kept.len());
+                    self.kept.extend_from_slice(&bytes[..run.min(room)]);
+                    self.kept_overflow |= run > room;
+                }
+                run
+            }
+            Token::Number => bytes
+                .iter()
+                .position(|b| !matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                .unwrap_or(bytes.len()),
+            Token::None => bytes
+                .iter()
+                .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+                .unwrap_or(bytes.len()),
+            _ => 0,
         }
     }
 
@@ -482,9 +523,8 @@ impl Scanner {
             Some(Keep::Method) => {
                 let raw = std::mem::take(&mut self.kept);
                 let method = (!self.kept_overflow)
-                    .then(|| decode(&raw))
+                    .then(|| decode_string(raw))
                     .flatten()
-                    .map(|chars| chars.into_iter().collect::<String>())
                     .filter(|m| m.len() <= MAX_METHOD);
                 if let Some(entry) = self.entries.last_mut() {
                     entry.method = method;
@@ -549,6 +589,9 @@ fn key_is(raw: &[u8], name: &str) -> bool {
     if raw.len() > MAX_KEY {
         return false;
     }
+    if raw.is_ascii() && !raw.contains(&b'\\') {
+        return raw.eq_ignore_ascii_case(name.as_bytes());
+    }
     let Some(chars) = decode(raw) else {
         return false;
     };
@@ -563,6 +606,15 @@ fn fold(c: char) -> char {
         '\u{017F}' => 's',
         c => c.to_ascii_lowercase(),
     }
+}
+
+/// A string token's contents (escapes as written) decoded; `None` as
+/// `decode`.
+fn decode_string(raw: Vec<u8>) -> Option<String> {
+    if raw.contains(&b'\\') {
+        return decode(&raw).map(String::from_iter);
+    }
+    String::from_utf8(raw).ok()
 }
 
 /// A string token's contents (escapes as written) decoded to characters;

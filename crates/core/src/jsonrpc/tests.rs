@@ -1,3 +1,4 @@
+use super::scan::Scanner;
 use super::*;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -117,6 +118,24 @@ fn keys_are_read_as_any_node_reads_them() {
     );
     let numeric_method = Summary::of(br#"{"method":"eth_call","method":7,"id":1}"#);
     assert_eq!(numeric_method.entries[0].method, None);
+    // A method name is kept up to 128 characters, in whatever pieces.
+    for (len, kept) in [(128, true), (129, false), (5000, false)] {
+        let message = format!(r#"{{"method":"{}","id":1}}"#, "m".repeat(len));
+        for piece in [1, 7, message.len()] {
+            let mut scanner = Scanner::default();
+            message
+                .as_bytes()
+                .chunks(piece)
+                .for_each(|p| scanner.push(p));
+            let summary = scanner.finish();
+            assert!(summary.valid);
+            assert_eq!(
+                summary.entries[0].method.is_some(),
+                kept,
+                "{len} in {piece}s"
+            );
+        }
+    }
 }
 
 #[test]

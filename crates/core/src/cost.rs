@@ -90,24 +90,38 @@ impl Costs {
 
     /// What a body's calls are charged: each method's cost, and a body the
     /// strict reader does not take is its calls at the default.
-    pub fn of_body(&self, body: &[u8], learned: &Estimates) -> (f64, Option<u64>) {
-        match crate::jsonrpc::Request::read(body) {
-            Some(request) => {
-                let total = request
-                    .calls
-                    .iter()
-                    .map(|c| self.of(c.method, learned))
-                    .sum();
-                let first = request.calls.first().map(|c| method_key(c.method));
-                let one_method = request
-                    .calls
-                    .iter()
-                    .all(|c| Some(method_key(c.method)) == first);
-                (total, first.filter(|_| one_method))
-            }
-            None => (f64::from(crate::jsonrpc::calls(body)) * self.default, None),
+    pub fn of_body(&self, body: &[u8], learned: &Estimates) -> BodyCost {
+        let Some(request) = crate::jsonrpc::Request::read(body) else {
+            let calls = crate::jsonrpc::calls(body);
+            return BodyCost {
+                units: f64::from(calls) * self.default,
+                method: None,
+                calls,
+            };
+        };
+        let units = request
+            .calls
+            .iter()
+            .map(|c| self.of(c.method, learned))
+            .sum();
+        let mut keys = request.calls.iter().map(|c| method_key(c.method));
+        let first = keys.next();
+        BodyCost {
+            units,
+            method: first.filter(|&first| keys.all(|key| key == first)),
+            calls: u32::try_from(request.calls.len()).unwrap_or(u32::MAX),
         }
     }
+}
+
+/// What a body's calls cost together, in the unit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BodyCost {
+    pub units: f64,
+    /// The method, if every call is of one.
+    pub method: Option<u64>,
+    /// Its calls (at least one).
+    pub calls: u32,
 }
 
 /// The learned node-time estimates, per method, in ms.
@@ -264,20 +278,25 @@ mod tests {
         };
         let mut learned = Estimates::default();
         let single = br#"{"jsonrpc":"2.0","id":1,"method":"eth_getLogs"}"#;
+        let cost = |units, method: Option<&str>, calls| BodyCost {
+            units,
+            method: method.map(method_key),
+            calls,
+        };
         assert_eq!(
             costs.of_body(single, &learned),
-            (20.0, Some(method_key("eth_getLogs")))
+            cost(20.0, Some("eth_getLogs"), 1)
         );
         learned.learn(method_key("eth_getLogs"), 4, 100.0);
-        assert_eq!(costs.of_body(single, &learned).0, 25.0, "learned first");
+        assert_eq!(costs.of_body(single, &learned).units, 25.0, "learned first");
         let mixed = br#"[{"id":1,"method":"eth_getLogs"},{"id":2,"method":"eth_new"}]"#;
-        assert_eq!(costs.of_body(mixed, &learned), (35.0, None));
-        assert_eq!(costs.of_body(b"[1,2,3]", &learned), (30.0, None));
+        assert_eq!(costs.of_body(mixed, &learned), cost(35.0, None, 2));
+        assert_eq!(costs.of_body(b"[1,2,3]", &learned), cost(30.0, None, 3));
         let calls = Costs {
             unit: Unit::Calls,
             table: HashMap::new(),
             default: 1.0,
         };
-        assert_eq!(calls.of_body(mixed, &learned).0, 2.0);
+        assert_eq!(calls.of_body(mixed, &learned).units, 2.0);
     }
 }

@@ -244,10 +244,16 @@ fn charge(qos: &mut StakeQos, ticket: &mut Ticket, size: usize, body: &mut impl 
         }
         return;
     }
-    let whole = body.read(0, size);
-    let (units, method) = qos.policy().costs.of_body(&whole, qos.learned());
-    let calls = jsonrpc::calls(&whole);
-    qos.charge_cost(ticket, (units * MILLI as f64) as i64, calls, method);
+    let cost = qos
+        .policy()
+        .costs
+        .of_body(&body.read(0, size), qos.learned());
+    qos.charge_cost(
+        ticket,
+        (cost.units * MILLI as f64) as i64,
+        cost.calls,
+        cost.method,
+    );
 }
 
 /// Admits `identity`'s request: what was decided, and the ticket if it

@@ -93,8 +93,13 @@ fn drive_node_time(policy: &str, callers: &[Caller], run_ms: u64, from_ms: u64) 
                 if let Verdict::Admit(mut ticket) = vms[vm].admit_at(&store, now_us, &c.id).verdict
                 {
                     let body = c.body();
-                    let (units, method) = vms[vm].policy().costs.of_body(&body, vms[vm].learned());
-                    vms[vm].charge_cost(&mut ticket, (units * MILLI as f64) as i64, 1, method);
+                    let cost = vms[vm].policy().costs.of_body(&body, vms[vm].learned());
+                    vms[vm].charge_cost(
+                        &mut ticket,
+                        (cost.units * MILLI as f64) as i64,
+                        1,
+                        cost.method,
+                    );
                     let took_us = (c.cost_ms(now) * 1000.0) as u64;
                     pending.push((now_us + took_us, vm, i, ticket));
                 }
@@ -187,8 +192,9 @@ fn a_request_is_charged_its_estimate_then_what_it_took() {
     // Admitted on one call at the default (10 ms); its body says 20 ms.
     assert_eq!(ticket.charged, 10_000);
     let body = br#"{"jsonrpc":"2.0","id":1,"method":"eth_getLogs"}"#;
-    let (units, method) = qos.policy().costs.of_body(body, qos.learned());
-    qos.charge_cost(&mut ticket, (units * MILLI as f64) as i64, 1, method);
+    let cost = qos.policy().costs.of_body(body, qos.learned());
+    let method = cost.method;
+    qos.charge_cost(&mut ticket, (cost.units * MILLI as f64) as i64, 1, method);
     assert_eq!(lease(&qos), admitted - 10_000);
     // The node took 35 ms: 15 more are charged.
     qos.answered(&mut ticket, 35_000, Some(200));
@@ -226,8 +232,12 @@ fn a_request_is_charged_its_estimate_then_what_it_took() {
     };
     let before = lease(&qos) + ticket.charged;
     let batch = br#"[{"id":1,"method":"eth_getLogs"},{"id":2,"method":"eth_getLogs"}]"#;
-    let (units, method) = qos.policy().costs.of_body(batch, qos.learned());
-    assert_eq!((units, method), (40.0, Some(method_key("eth_getLogs"))));
+    let cost = qos.policy().costs.of_body(batch, qos.learned());
+    assert_eq!(
+        (cost.units, cost.method, cost.calls),
+        (40.0, Some(method_key("eth_getLogs")), 2)
+    );
+    let method = cost.method;
     qos.charge_cost(&mut ticket, 40_000, 2, method);
     assert_eq!(lease(&qos), before - 40_000);
     qos.answered(&mut ticket, 50_000, Some(200));

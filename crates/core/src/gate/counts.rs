@@ -55,6 +55,9 @@ pub struct NodeTimeCounts {
     pub cheap: u64,
     /// Requests admitted as heavy.
     pub heavy: u64,
+    /// Requests admitted on a spare slot while the gate was not busy,
+    /// without a price.
+    pub unpriced: u64,
     /// Requests that waited for a slot and got one.
     pub waited: u64,
     /// Requests refused with 503 after waiting `waitMs`, or because
@@ -176,6 +179,7 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "dedup.finalized", kind: Kind::Gauge, read: |s, _| set(s.finalized().map(|f| f.unwrap_or(0))) },
     Metric { name: "node_time.cheap", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.cheap) },
     Metric { name: "node_time.heavy", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.heavy) },
+    Metric { name: "node_time.unpriced", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.unpriced) },
     Metric { name: "node_time.waited", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.waited) },
     Metric { name: "node_time.wait_refused", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.wait_refused) },
     Metric { name: "node_time.waiting", kind: Kind::Gauge, read: |s, _| match s.counts.node_time.waiting { 0 => Reading::Skip, change => Reading::Change(change) } },

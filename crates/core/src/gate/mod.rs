@@ -158,6 +158,12 @@ impl InflightGate {
         &self.policy
     }
 
+    /// Whether this VM holds a spare `kind` slot (its next request of that
+    /// kind takes it without touching shared data).
+    pub fn has_spare(&self, kind: SlotKind) -> bool {
+        self.spare.slots.count(kind) > 0
+    }
+
     /// This VM's shard id, once joined.
     pub fn vm(&self) -> Option<u32> {
         self.vm

@@ -25,7 +25,7 @@
 //!   after `waitMs` is refused with 503.
 
 pub use crate::cost::NODE_US_HEADER;
-use crate::cost::{Costs, Estimates, Unit, MAX_METHODS};
+use crate::cost::{BodyCost, Costs, Estimates, Unit, MAX_METHODS};
 use crate::rejection::Rejection;
 use crate::shared::{Reader, Record};
 use crate::validate::{ensure, header_name, Fields, PolicyError};
@@ -149,8 +149,11 @@ impl Meter {
             table: Default::default(),
             default: f64::INFINITY,
         };
-        let (ms, method) = unknown.of_body(body, &self.learned);
-        let calls = crate::jsonrpc::calls(body).max(1);
+        let BodyCost {
+            units: ms,
+            method,
+            calls,
+        } = unknown.of_body(body, &self.learned);
         let probe = match method {
             Some(key) if ms.is_infinite() && calls == 1 && self.learned.len() < MAX_METHODS => {
                 self.probing.insert(key)
@@ -255,17 +258,74 @@ impl Record for Waiters {
     }
 }
 
-/// A request under `nodeTime`: its price, when it got its slot (µs), and
-/// while it waits for one, until when (ms) and its refusal then.
+/// Whether the gate is busy: it prices every request while it is, and
+/// otherwise only those that take a slot from the shared pool.
+///
+/// Reading and pricing a body is most of what `nodeTime` costs a request
+/// (`make bench`). A price decides only whether a request may take one of
+/// the last `cheapSlots`, and a request that takes one of its worker's
+/// spare slots adds nothing to the count in flight, so far from the limit
+/// it needs none. The gate is busy from when a slot write or heartbeat
+/// shows `threshold` requests in flight (half the public slots, or fewer
+/// if the cheap slots are more than half) until `STANDBY_MS` pass without
+/// one showing it. What that gives up: a worker's spares may go to heavy
+/// requests until its next heartbeat or slot write shows the others made
+/// the gate busy, and an unpriced request's answer teaches nothing (every
+/// request that takes a slot from the pool is priced, so the costs stay
+/// learned).
+#[derive(Debug, Default)]
+pub struct Busy {
+    engaged: bool,
+    last_ms: u64,
+}
+
+/// The gate stands by again after this long without being busy.
+pub const STANDBY_MS: u64 = 5_000;
+
+impl Busy {
+    /// From how many requests in flight the gate is busy, of `slots` that
+    /// public default traffic may take (`None`: pass-through, never).
+    pub fn threshold(slots: Option<u32>, cheap_slots: u32) -> u32 {
+        slots.map_or(u32::MAX, |slots| {
+            slots
+                .saturating_sub(cheap_slots)
+                .min(slots.div_ceil(2))
+                .max(1)
+        })
+    }
+
+    /// A slot write or heartbeat at `now_ms` found `inflight` in flight.
+    pub fn seen(&mut self, inflight: u32, threshold: u32, now_ms: u64) {
+        if inflight >= threshold {
+            self.engaged = true;
+            self.last_ms = now_ms;
+        }
+    }
+
+    /// At a tick: standing by once `STANDBY_MS` passed without being busy.
+    pub fn tick(&mut self, now_ms: u64) {
+        if self.engaged && now_ms.saturating_sub(self.last_ms) >= STANDBY_MS {
+            self.engaged = false;
+        }
+    }
+
+    pub fn engaged(&self) -> bool {
+        self.engaged
+    }
+}
+
+/// A request under `nodeTime`: its price (`None` if it took a spare slot
+/// while the gate was not busy), when it got its slot (µs), and while it
+/// waits for one, until when (ms) and its refusal then.
 #[derive(Debug)]
 pub(super) struct Metered {
-    pub priced: Priced,
+    pub priced: Option<Priced>,
     pub since_us: Option<u64>,
     pub waiting: Option<(u64, Rejection)>,
 }
 
 impl Metered {
-    pub fn new(priced: Priced) -> Self {
+    pub fn new(priced: Option<Priced>) -> Self {
         Self {
             priced,
             since_us: None,
@@ -319,6 +379,22 @@ mod tests {
         assert_eq!(priced.calls, 5);
         assert!(!meter.price(batch.as_bytes(), 999).cheap);
         assert!(!meter.price(b"not json", 1000).cheap);
+    }
+
+    #[test]
+    fn the_gate_is_busy_from_half_its_slots_or_its_heavy_slots_and_stands_by_later() {
+        assert_eq!(Busy::threshold(Some(6), 1), 3);
+        assert_eq!(Busy::threshold(Some(8), 6), 2, "heavy calls may take 2");
+        assert_eq!(Busy::threshold(Some(2), 1), 1);
+        assert_eq!(Busy::threshold(None, 1), u32::MAX, "pass-through");
+        let mut busy = Busy::default();
+        busy.seen(2, 3, 100);
+        assert!(!busy.engaged());
+        busy.seen(3, 3, 200);
+        busy.tick(200 + STANDBY_MS - 1);
+        assert!(busy.engaged());
+        busy.tick(200 + STANDBY_MS);
+        assert!(!busy.engaged());
     }
 
     #[test]

@@ -53,6 +53,14 @@ pub struct Slots {
 pub type Totals = Slots;
 
 impl Slots {
+    pub fn count(&self, kind: SlotKind) -> u32 {
+        match kind {
+            SlotKind::Default => self.default,
+            SlotKind::Priority => self.priority,
+            SlotKind::Websocket => self.websocket,
+        }
+    }
+
     fn count_mut(&mut self, kind: SlotKind) -> &mut u32 {
         match kind {
             SlotKind::Default => &mut self.default,

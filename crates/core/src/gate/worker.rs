@@ -9,7 +9,7 @@ use crate::clock::Now;
 use crate::dedup::engage::Engagement;
 use crate::dedup::{finality, Dedup};
 use crate::gate::class::RequestClass;
-use crate::gate::node_time::Meter;
+use crate::gate::node_time::{Busy, Meter};
 use crate::rejection::Rejection;
 use crate::shared::{SharedStore, StoreError};
 
@@ -36,6 +36,10 @@ pub struct GateWorker {
     pub meter: Meter,
     /// Requests waiting for a slot (`nodeTime.waitMs`).
     waiting_for_slot: u32,
+    /// Whether the gate is busy (with `nodeTime`), and from how many in
+    /// flight.
+    pub busy: Busy,
+    busy_threshold: u32,
 }
 
 impl GateWorker {
@@ -49,6 +53,13 @@ impl GateWorker {
             .dedup
             .as_ref()
             .map(|d| Engagement::new(d.engage_after_ms, d.standby_after_ms));
+        let busy_threshold = policy.node_time.as_ref().map_or(u32::MAX, |n| {
+            let limits = policy.limits;
+            let slots = limits
+                .max_inflight
+                .map(|m| m.saturating_sub(limits.reserved));
+            Busy::threshold(slots, n.cheap_slots)
+        });
         Self {
             gate,
             dedup,
@@ -61,6 +72,8 @@ impl GateWorker {
             target: None,
             meter: Meter::default(),
             waiting_for_slot: 0,
+            busy: Busy::default(),
+            busy_threshold,
         }
     }
 
@@ -206,10 +219,14 @@ impl GateWorker {
     ) -> Result<Ticket, Rejection> {
         let Admission {
             decision,
+            totals,
             cas_retries,
             store_error,
-            ..
         } = self.gate.admit_priced(store, now, class, upgrade, heavy);
+        if let Some(totals) = totals {
+            self.busy
+                .seen(totals.inflight(), self.busy_threshold, now.ms());
+        }
         self.counts.store.retried(cas_retries);
         if let Some(e) = store_error {
             self.note_store_error("admission failed closed", &e);
@@ -292,6 +309,9 @@ impl GateWorker {
             }) => {
                 self.counts.store.retried(cas_retries);
                 self.counts.expired_slots += expired_slots;
+                self.busy
+                    .seen(totals.inflight(), self.busy_threshold, now_ms);
+                self.busy.tick(now_ms);
                 if expired_slots > 0 {
                     self.log.push(format!(
                         "reclaimed {expired_slots} slots held by a worker that stopped heartbeating"

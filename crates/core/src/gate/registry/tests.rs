@@ -1,4 +1,5 @@
 use super::*;
+use crate::gate::node_time::STANDBY_MS;
 use crate::gate::stream::Upgrade;
 use crate::request::testing::{Bytes, Public};
 use crate::shared::MemoryStore;
@@ -270,4 +271,53 @@ fn sockets_waiting_for_a_slot_go_on_oldest_first_as_answers_free_slots() {
     // Socket 2 closes with its call at the node: socket 3 goes on.
     r.done(2);
     assert_eq!(r.take().0, [Do::Resume(3, None)]);
+}
+
+#[test]
+fn far_from_full_a_request_on_a_spare_slot_is_not_priced() {
+    let policy = r#"{"maxInflight": 8, "decideOnBody": true, "nodeTime": {"cheapSlots": 1}}"#;
+    let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
+    let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
+    let counts = |r: &Rig| {
+        let c = &r.worker.counts.node_time;
+        (c.cheap, c.heavy, c.unpriced)
+    };
+    // From the pool: priced (a probe), and its answer teaches its cost.
+    at_ms(1000);
+    assert_eq!(send(&mut r, 1, &call(1, "eth_getProof")), Then::Continue);
+    assert_eq!(answer(&mut r, 1, 1040), Some(40_000));
+    r.done(1);
+    // On the spare slot it left, with 1 of 8 in flight: not priced, still
+    // timed for stake QoS.
+    assert_eq!(send(&mut r, 2, &call(2, "eth_getProof")), Then::Continue);
+    assert_eq!(counts(&r), (1, 0, 1));
+    // Three more from the pool make 4 in flight, half the slots: busy.
+    for id in 3..6 {
+        assert_eq!(
+            send(&mut r, id, &call(id, "eth_blockNumber")),
+            Then::Continue
+        );
+    }
+    assert!(r.worker.busy.engaged());
+    assert_eq!(answer(&mut r, 2, 1050), Some(10_000));
+    r.done(2);
+    // Now a heavy call is priced and leaves the spare slot for cheap ones
+    // (the two eth_blockNumber after its probe were heavy until it was
+    // measured).
+    assert_eq!(send(&mut r, 6, &call(6, "eth_getProof")), Then::Continue);
+    assert_eq!(counts(&r), (2, 3, 1));
+    for id in 3..7 {
+        answer(&mut r, id, 1060);
+        r.done(id);
+    }
+    // A heartbeat 5 s after it was last busy, with nothing in flight:
+    // standing by again.
+    at_ms(1060 + STANDBY_MS);
+    r.heartbeat();
+    assert!(!r.worker.busy.engaged());
+    assert_eq!(send(&mut r, 7, &call(7, "eth_getProof")), Then::Continue);
+    assert_eq!(counts(&r), (2, 4, 1), "the heartbeat took the spares back");
+    r.done(7);
+    assert_eq!(send(&mut r, 8, &call(8, "eth_getProof")), Then::Continue);
+    assert_eq!(counts(&r), (2, 4, 2));
 }

@@ -470,7 +470,9 @@ impl GateStream {
                     if metered.waits() {
                         w.stop_waiting();
                     }
-                    w.meter.ended(metered.priced);
+                    if let Some(priced) = metered.priced {
+                        w.meter.ended(priced);
+                    }
                 }
                 request.place.leave(w, store)
             }
@@ -507,11 +509,17 @@ impl HttpRequest {
             }
             let heavy = match &w.gate.policy().node_time {
                 Some(node_time) => {
-                    let bytes = body.read(0, size);
-                    let priced = w.meter.price(&bytes, node_time.cheap_below_us);
-                    read = Some(bytes);
+                    // Priced only if it may take a slot from the pool or
+                    // the gate is busy (`node_time::Busy`).
+                    let spare = w.gate.has_spare(super::slot_of(self.place.class));
+                    let priced = (w.busy.engaged() || !spare).then(|| {
+                        let bytes = body.read(0, size);
+                        let priced = w.meter.price(&bytes, node_time.cheap_below_us);
+                        read = Some(bytes);
+                        priced
+                    });
                     self.metered = Some(Metered::new(priced));
-                    !priced.cheap
+                    priced.is_some_and(|p| !p.cheap)
                 }
                 None => false,
             };
@@ -584,9 +592,10 @@ impl HttpRequest {
         if let Some(metered) = &mut self.metered {
             metered.since_us = Some(now.us());
             let counts = &mut w.counts.node_time;
-            match metered.priced.cheap {
-                true => counts.cheap += 1,
-                false => counts.heavy += 1,
+            match metered.priced {
+                Some(priced) if priced.cheap => counts.cheap += 1,
+                Some(_) => counts.heavy += 1,
+                None => counts.unpriced += 1,
             }
         }
     }
@@ -627,7 +636,7 @@ impl HttpRequest {
         let Some((until_ms, _)) = &metered.waiting else {
             return Settled::Through(None);
         };
-        let heavy = !metered.priced.cheap;
+        let heavy = metered.priced.is_some_and(|p| !p.cheap);
         if full.expire && now.ms() >= *until_ms {
             let refusal = metered.waiting.take().map(|(_, r)| r);
             w.stop_waiting();
@@ -670,9 +679,12 @@ impl HttpRequest {
             .as_deref()
             .and_then(|name| header(name)?.trim().parse().ok())
             .unwrap_or_else(|| now.us().saturating_sub(since_us));
-        let ok = header(":status").and_then(|s| s.parse::<u32>().ok());
-        if ok.is_some_and(|s| (200..300).contains(&s)) {
-            w.meter.learn(metered.priced, us);
+        // Only a priced request's answer teaches its method's cost.
+        if let Some(priced) = metered.priced {
+            let ok = header(":status").and_then(|s| s.parse::<u32>().ok());
+            if ok.is_some_and(|s| (200..300).contains(&s)) {
+                w.meter.learn(priced, us);
+            }
         }
         Some(us)
     }

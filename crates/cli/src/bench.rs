@@ -53,6 +53,10 @@ pub struct FiltersArgs {
     /// every request, the other way to a shared engine.
     #[arg(long)]
     pub ratelimit: Option<PathBuf>,
+    /// Only the chains whose names contain one of these (repeatable), with
+    /// no filter and the no-op Wasm filter the ratios need.
+    #[arg(long = "only")]
+    pub only: Vec<String>,
 }
 
 /// One filter of a chain.
@@ -166,7 +170,7 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
         refuses,
     };
     Ok([
-        chain("no filter", "Envoy answering by itself", vec![], false),
+        chain(NO_FILTER, "Envoy answering by itself", vec![], false),
         chain(
             "local_ratelimit",
             "Envoy's own rate limit, a bucket that never empties",
@@ -228,6 +232,18 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
             true,
         ),
         chain(
+            "gate + dedup, node time",
+            "the gate with dedup in nodeTime: each body priced, each answer timed",
+            vec![gate(GATE_NODE_TIME)?],
+            false,
+        ),
+        chain(
+            "QoS node time",
+            "stake QoS sharing node time, below its threshold",
+            vec![qos(QOS_NODE_TIME)?],
+            false,
+        ),
+        chain(
             "full chain",
             "stake QoS, then the gate with dedup, as a gateway with a quick node runs",
             vec![qos(QOS_BELOW)?, gate(GATE_DEDUP)?],
@@ -258,6 +274,7 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
     .collect())
 }
 
+const NO_FILTER: &str = "no filter";
 const NOOP: &str = "no-op Wasm";
 const RATELIMIT: &str = "envoyproxy/ratelimit";
 
@@ -335,7 +352,13 @@ fn machine() -> String {
 }
 
 pub fn filters(args: &FiltersArgs) -> anyhow::Result<()> {
-    run_chains(args, &chains(args)?, &args.out)
+    let mut chains = chains(args)?;
+    if !args.only.is_empty() {
+        chains.retain(|c| {
+            [NO_FILTER, NOOP].contains(&c.name) || args.only.iter().any(|o| c.name.contains(o))
+        });
+    }
+    run_chains(args, &chains, &args.out)
 }
 
 /// The host calls the filters make, one kind per chain (`FilterConfig` of
@@ -358,7 +381,7 @@ fn host_call_chains() -> anyhow::Result<Vec<Chain>> {
     };
     Ok(vec![
         Chain {
-            name: "no filter",
+            name: NO_FILTER,
             what: "Envoy answering by itself",
             elements: vec![],
             refuses: false,

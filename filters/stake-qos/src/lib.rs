@@ -275,9 +275,9 @@ impl HttpContext for QosHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let Ok(worker) = self.worker.try_borrow() {
+        if let Ok(mut worker) = self.worker.try_borrow_mut() {
             self.stream.response_headers(
-                &worker.qos,
+                &mut worker.qos,
                 &mut Now::lazy_us(now_us),
                 || host::response_header(":status").and_then(|s| s.parse().ok()),
                 || {
@@ -286,6 +286,7 @@ impl HttpContext for QosHttp {
                     host::remove_response_header(NODE_US_HEADER);
                     told.parse().ok()
                 },
+                || host::remove_response_header(NODE_US_HEADER),
             );
         }
         Action::Continue

@@ -316,15 +316,34 @@ impl StakeQos {
     }
 
     /// A request counted without an identity: its first call, or more of
-    /// its calls' bound as its body arrives.
+    /// its calls' bound as its body arrives. In another unit than calls
+    /// its bound is its time instead (`count_time`).
     pub fn count(&mut self, calls: u32, new_request: bool) {
-        self.counted = self.counted.saturating_add(calls);
+        if self.policy.costs.unit == Unit::Calls {
+            self.counted = self.counted.saturating_add(calls);
+        }
         self.counted_requests += u64::from(new_request);
     }
 
-    /// More of an identified request's calls' bound.
+    /// More of an identified request's calls' bound (in calls).
     pub fn bound(&mut self, calls: u32) {
-        self.bound = self.bound.saturating_add(calls);
+        if self.policy.costs.unit == Unit::Calls {
+            self.bound = self.bound.saturating_add(calls);
+        }
+    }
+
+    /// In node time, a request's bound: `us` from its headers (or
+    /// admission) to its answer's, by this worker's clock, which also
+    /// counts the way to the node and any wait at the gateway, so never
+    /// less than the node's time on it. `counted`: it was not identified.
+    pub fn bound_time(&mut self, us: u64, counted: bool) {
+        let us = u32::try_from(us).unwrap_or(u32::MAX);
+        let into = if counted {
+            &mut self.counted
+        } else {
+            &mut self.bound
+        };
+        *into = into.saturating_add(us);
     }
 
     /// Requests counted without an identity since the last call.

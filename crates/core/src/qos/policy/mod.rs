@@ -417,13 +417,13 @@ fn rates(doc: &Document, mode: Mode, f: &mut Fields) -> Result<Rates, PolicyErro
             ))
         }
         (Mode::Reactive, _) => 0.0,
-        (Mode::Proactive, Some(above)) if unit != Unit::Calls && above != 0.0 => {
+        (Mode::Proactive, Some(above)) if unit == Unit::Cost && above != 0.0 => {
             return Err(PolicyError::new(
                 "identifyAbove",
-                "a call's cost is known only from its method, so with capacityNodeMs or capacityCost every request is identified: leave it out or set 0",
+                "a call's cost is known only from its method, so with capacityCost every request is identified: leave it out or set 0",
             ))
         }
-        (Mode::Proactive, _) if unit != Unit::Calls => 0.0,
+        (Mode::Proactive, _) if unit == Unit::Cost => 0.0,
         (Mode::Proactive, above) => f.finite(
             "identifyAbove",
             above,

@@ -41,7 +41,7 @@ fn the_capacity_field_names_the_unit() {
     assert_eq!(node.costs.unit, Unit::NodeTime);
     assert_eq!(node.capacity_rps, 7600.0);
     assert_eq!(node.costs.default, DEFAULT_NODE_MS);
-    assert_eq!(node.identify_above, 0.0, "every request is identified");
+    assert_eq!(node.identify_above, 0.5, "counted far below, by time");
     assert_eq!(node.costs.table[&method_key("eth_getLogs")], 20.0);
     let large = parse(r#"{"capacityNodeMs": 100000000}"#).unwrap();
     assert_eq!(
@@ -50,6 +50,7 @@ fn the_capacity_field_names_the_unit() {
     );
     let cost = parse(r#"{"capacityCost": 5000, "costs": {"a": 10, "b": 26}}"#).unwrap();
     assert_eq!((cost.costs.unit, cost.costs.default), (Unit::Cost, 26.0));
+    assert_eq!(cost.identify_above, 0.0, "every request is identified");
 }
 
 /// Each case's error contains its text.
@@ -97,7 +98,7 @@ fn a_bad_capacity_or_cost_table_is_refused_with_the_field_and_the_reason() {
             "defaultCost: must be between 0.001 and 1000000; got 0",
         ),
         (
-            r#"{"capacityNodeMs": 8000, "identifyAbove": 0.5}"#,
+            r#"{"capacityCost": 8000, "identifyAbove": 0.5}"#,
             "identifyAbove: a call's cost is known only from its method",
         ),
     ]);

@@ -288,7 +288,7 @@ pub(super) fn run(
 ) -> Result<(QosState, RoundReport), StoreError> {
     let pages = policy.max_identities.div_ceil(ENTRIES_PER_PAGE as u32);
     let mut report = RoundReport::default();
-    let taken = take_reports(queue, &mut report)?;
+    let taken = take_reports(queue, policy.costs.unit, &mut report)?;
     let (active_before, active_cas) = read_active(store)?;
     let visit = pages_to_visit(pages, &active_before, &taken.deltas);
     let intervals = intervals.clamp(1, MAX_CATCH_UP) as f64;
@@ -382,7 +382,11 @@ struct Taken {
 }
 
 /// Takes the workers' reports off the queue (at most `MAX_REPORTS`).
-fn take_reports(queue: &impl ReportQueue, report: &mut RoundReport) -> Result<Taken, StoreError> {
+fn take_reports(
+    queue: &impl ReportQueue,
+    unit: Unit,
+    report: &mut RoundReport,
+) -> Result<Taken, StoreError> {
     let mut taken = Taken {
         deltas: HashMap::new(),
         finished: Finished::default(),
@@ -399,7 +403,12 @@ fn take_reports(queue: &impl ReportQueue, report: &mut RoundReport) -> Result<Ta
         let Ok(worker) = report::decode(&bytes) else {
             continue;
         };
-        taken.arrivals += u64::from(worker.counted);
+        // Counted without an identity: calls, or in node time µs (as
+        // thousandths of a node ms, the unit's own).
+        match unit {
+            Unit::Calls => taken.arrivals += u64::from(worker.counted),
+            _ => taken.units = taken.units.saturating_add(u64::from(worker.counted)),
+        }
         taken.bound += u64::from(worker.counted) + u64::from(worker.bound);
         for (key, (calls, us)) in worker.samples.0 {
             taken.samples.add(key, calls, us);
@@ -616,7 +625,12 @@ fn count_or_identify(
 ) -> Result<bool, StoreError> {
     let (previous, _) = read::<LightState>(store, LIGHT_KEY)?;
     let bound_ema = step_load(previous.bound_ema, bound, intervals, policy.load_smoothing);
-    let bound_rps = bound_ema * 1000.0 / policy.refill_interval_ms as f64;
+    // Calls, or in node time µs (thousandths of the unit).
+    let per_unit = match policy.costs.unit {
+        Unit::Calls => 1.0,
+        _ => MILLI as f64,
+    };
+    let bound_rps = bound_ema * 1000.0 / policy.refill_interval_ms as f64 / per_unit;
     let light = LightState {
         counting: policy.identify_above > 0.0
             && !state.throttling

@@ -139,6 +139,11 @@ impl Estimates {
         self.by_method.len()
     }
 
+    /// The dearest method's estimate, in ms.
+    pub fn max(&self) -> Option<f64> {
+        self.by_method.values().map(|(ms, _)| *ms).reduce(f64::max)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.by_method.is_empty()
     }

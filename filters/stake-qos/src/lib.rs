@@ -275,9 +275,9 @@ impl HttpContext for QosHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let Ok(mut worker) = self.worker.try_borrow_mut() {
+        if let Ok(worker) = self.worker.try_borrow() {
             self.stream.response_headers(
-                &mut worker.qos,
+                &worker.qos,
                 &mut Now::lazy_us(now_us),
                 || host::response_header(":status").and_then(|s| s.parse().ok()),
                 || {

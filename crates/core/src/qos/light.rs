@@ -20,14 +20,10 @@
 //! threshold: nobody is throttled while QoS counts, batches or not.
 //!
 //! **In node time** (`capacityNodeMs`) a body's size bounds its calls but
-//! not what they cost, so the bound is time instead: a counted request's
-//! span from its headers to its answer's, an identified one's from its
-//! admission, by the worker's clock (never less than the node's time on
-//! it), reported in µs in the same fields and compared with
-//! `identifyAbove` of the capacity in node ms. The counted time is load. A
-//! request's time is known only at its answer, so the bound lags the
-//! requests in flight by their latency. With `capacityCost` every request
-//! is identified.
+//! not what they cost, so each call of the bound counts at the dearest
+//! cost known (`defaultCost`, the `costs` table, the learned estimates),
+//! in µs, in the same fields, compared with `identifyAbove` of the
+//! capacity in node ms. With `capacityCost` every request is identified.
 //!
 //! **What it costs.** A typical single call of 150 to 300 bytes bounds at
 //! 5 to 10 calls, so QoS starts identifying at about a tenth of capacity for

@@ -265,6 +265,10 @@ pub struct StakeQos {
     /// requests' calls, since the last report.
     counted: u32,
     bound: u32,
+    /// What one call of the bound counts (`light`): 1 in calls; in node
+    /// time the dearest call known, in µs: the default cost, the policy's
+    /// table and the learned estimates, whichever is most.
+    call_bound: u32,
     /// Requests counted without an identity, for the metrics.
     counted_requests: u64,
     last_sweep_ms: u64,
@@ -282,6 +286,7 @@ impl StakeQos {
         let pages = policy.max_identities.div_ceil(ENTRIES_PER_PAGE as u32);
         let mut state = QosState::default();
         state.settle_capacity(&policy);
+        let call_bound = call_bound(&policy, &Estimates::default());
         Self {
             policy,
             pages,
@@ -293,6 +298,7 @@ impl StakeQos {
             counting: false,
             counted: 0,
             bound: 0,
+            call_bound,
             counted_requests: 0,
             last_sweep_ms: 0,
             learned: Estimates::default(),
@@ -316,34 +322,17 @@ impl StakeQos {
     }
 
     /// A request counted without an identity: its first call, or more of
-    /// its calls' bound as its body arrives. In another unit than calls
-    /// its bound is its time instead (`count_time`).
+    /// its calls' bound as its body arrives, each at `call_bound`.
     pub fn count(&mut self, calls: u32, new_request: bool) {
-        if self.policy.costs.unit == Unit::Calls {
-            self.counted = self.counted.saturating_add(calls);
-        }
+        let units = calls.saturating_mul(self.call_bound);
+        self.counted = self.counted.saturating_add(units);
         self.counted_requests += u64::from(new_request);
     }
 
-    /// More of an identified request's calls' bound (in calls).
+    /// More of an identified request's calls' bound, each at `call_bound`.
     pub fn bound(&mut self, calls: u32) {
-        if self.policy.costs.unit == Unit::Calls {
-            self.bound = self.bound.saturating_add(calls);
-        }
-    }
-
-    /// In node time, a request's bound: `us` from its headers (or
-    /// admission) to its answer's, by this worker's clock, which also
-    /// counts the way to the node and any wait at the gateway, so never
-    /// less than the node's time on it. `counted`: it was not identified.
-    pub fn bound_time(&mut self, us: u64, counted: bool) {
-        let us = u32::try_from(us).unwrap_or(u32::MAX);
-        let into = if counted {
-            &mut self.counted
-        } else {
-            &mut self.bound
-        };
-        *into = into.saturating_add(us);
+        let units = calls.saturating_mul(self.call_bound);
+        self.bound = self.bound.saturating_add(units);
     }
 
     /// Requests counted without an identity since the last call.
@@ -634,6 +623,7 @@ impl StakeQos {
             self.policy.identify_above > 0.0 && read::<LightState>(store, LIGHT_KEY)?.0.counting;
         if self.policy.costs.unit == Unit::NodeTime {
             self.learned = read::<Estimates>(store, ESTIMATES_KEY)?.0;
+            self.call_bound = call_bound(&self.policy, &self.learned);
         }
         let interval = self.policy.refill_interval_ms;
         if state.round_ms != 0 && now_ms < state.round_ms.saturating_add(interval) {
@@ -760,6 +750,27 @@ pub fn concurrency_allowance(floor: u32, headroom: f64, share_rps: f64, latency_
     }
     let bdp = share_rps * f64::from(latency_us) / 1e6 * (1.0 + headroom);
     (bdp.ceil().min(f64::from(u32::MAX)) as u32).max(floor)
+}
+
+/// What one call of the bound counts (`light`): 1 in calls; in node time
+/// the dearest call known, in µs (a call no estimate covers costs the
+/// default).
+fn call_bound(policy: &QosPolicy, learned: &Estimates) -> u32 {
+    let costs = &policy.costs;
+    match costs.unit {
+        Unit::Calls | Unit::Cost => 1,
+        Unit::NodeTime => {
+            let dearest = costs
+                .table
+                .values()
+                .copied()
+                .chain(learned.max())
+                .fold(costs.default, f64::max);
+            (dearest * MILLI as f64)
+                .ceil()
+                .clamp(1.0, f64::from(u32::MAX)) as u32
+        }
+    }
 }
 
 #[cfg(test)]

@@ -67,8 +67,6 @@ pub struct QosStream {
     upgraded: Option<(Connection, Option<FrameReader>)>,
     /// Counted without an identity (`light`).
     counted: bool,
-    /// In node time, when a counted request's headers came (µs).
-    counted_since_us: Option<u64>,
     /// The bound of its calls counted so far.
     bound: BodyBound,
 }
@@ -90,9 +88,6 @@ impl QosStream {
         if upgrade.is_none() && qos.counting() {
             self.counted = true;
             qos.count(self.bound.at_least_one(), true);
-            if qos.policy().costs.unit == Unit::NodeTime {
-                self.counted_since_us = Some(now.us());
-            }
             return None;
         }
         qos.bound(self.bound.at_least_one());
@@ -209,31 +204,29 @@ impl QosStream {
     /// Response headers: in reactive mode the upstream's status (503 and
     /// 429 are back-pressure); in the node-time unit, the status and the
     /// time the request took until them (`told_us`: as the admission gate
-    /// told it, the header then removed), and its bound by this worker's
-    /// clock (`light`). The status is read only then. A request counted
-    /// without an identity reads nothing; the gate's header is only
-    /// removed (`drop_told`).
+    /// told it, the header then removed). The status is read only then. In
+    /// node time a request counted without an identity reads nothing: the
+    /// gate's header is only removed (`drop_told`).
     pub fn response_headers(
         &mut self,
-        qos: &mut StakeQos,
+        qos: &StakeQos,
         now: &mut Now,
         status: impl FnOnce() -> Option<u32>,
         told_us: impl FnOnce() -> Option<u64>,
         drop_told: impl FnOnce(),
     ) {
-        if let Some(since_us) = self.counted_since_us.take() {
-            qos.bound_time(now.us().saturating_sub(since_us), true);
+        let unit = qos.policy().costs.unit;
+        if self.counted && unit == Unit::NodeTime {
             drop_told();
             return;
         }
-        let node_time = qos.policy().costs.unit == Unit::NodeTime && self.ticket.is_some();
+        let node_time = unit == Unit::NodeTime && self.ticket.is_some();
         if qos.policy().mode == Mode::Reactive || node_time {
             self.upstream_status = status();
         }
         if let (Some(ticket), true) = (&mut self.ticket, node_time) {
-            let clock_us = now.us().saturating_sub(ticket.started_us);
-            qos.answered(ticket, told_us().unwrap_or(clock_us), self.upstream_status);
-            qos.bound_time(clock_us, false);
+            let took_us = told_us().unwrap_or_else(|| now.us().saturating_sub(ticket.started_us));
+            qos.answered(ticket, took_us, self.upstream_status);
         }
     }
 
@@ -546,65 +539,35 @@ mod tests {
     }
 
     #[test]
-    fn in_node_time_a_counted_request_is_bounded_by_its_time() {
+    fn in_node_time_a_counted_request_is_bounded_by_its_calls_at_the_dearest_cost() {
         let store = MemoryStore::default();
-        let policy = br#"{"capacityNodeMs": 4000, "decideOnBody": true}"#;
+        let policy =
+            br#"{"capacityNodeMs": 4000, "decideOnBody": true, "costs": {"eth_getLogs": 20}}"#;
         let mut qos = StakeQos::new(QosPolicy::parse(policy).unwrap(), 1);
         qos.counting = true;
         let mut facts = Watched::default();
+        let mut now = Now::lazy_us(|| panic!("no clock read"));
         let mut post = QosStream::default();
-        let started = post.headers(
-            &mut qos,
-            &store,
-            &mut Now::fixed_us(1_000),
-            &mut facts,
-            false,
-        );
-        assert!(started.is_none());
-        post.body(
-            &mut qos,
-            &store,
-            &mut Now::fixed_us(1_100),
-            95,
-            true,
-            &mut Unread,
-        );
+        assert!(post
+            .headers(&mut qos, &store, &mut now, &mut facts, false)
+            .is_none());
+        post.body(&mut qos, &store, &mut now, 95, true, &mut Unread);
         let mut dropped = false;
         post.response_headers(
-            &mut qos,
-            &mut Now::fixed_us(6_000),
+            &qos,
+            &mut now,
             || panic!("no status read"),
             || panic!("the gate's header is not read"),
             || dropped = true,
         );
-        post.done(&mut qos, &mut Now::fixed_us(7_000));
+        post.done(&mut qos, &mut now);
         assert!(dropped, "the gate's header does not reach the client");
         assert_eq!(facts.addresses, 0);
-        // Its 5 ms, not its calls' bound, in µs.
+        // 95 bytes: at most 4 calls, each at most 20 ms (the table's
+        // dearest, above the 10 ms default), in µs.
         assert_eq!(
             (qos.counted, qos.bound, qos.take_counted_requests()),
-            (5_000, 0, 1)
+            (80_000, 0, 1)
         );
-
-        // Identified, its bound is its time by this worker's clock, the
-        // gate's measure is what it is charged.
-        qos.counting = false;
-        let mut call = QosStream::default();
-        call.headers(
-            &mut qos,
-            &store,
-            &mut Now::fixed_us(10_000),
-            &mut Client(&[]),
-            true,
-        );
-        call.response_headers(
-            &mut qos,
-            &mut Now::fixed_us(13_000),
-            || Some(200),
-            || Some(2_000),
-            || panic!("read, not dropped"),
-        );
-        assert_eq!(call.ticket.as_ref().and_then(|t| t.node_us), Some(2_000));
-        assert_eq!((qos.counted, qos.bound), (5_000, 3_000));
     }
 }

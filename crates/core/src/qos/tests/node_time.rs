@@ -247,38 +247,45 @@ fn a_request_is_charged_its_estimate_then_what_it_took() {
 }
 
 #[test]
-fn in_node_time_qos_counts_below_identify_above_by_the_time_requests_took() {
-    // 1000 node ms/s: 20,000 µs a round; identifying from 10,000.
-    let policy = QosPolicy::parse(br#"{"capacityNodeMs": 1000, "loadSmoothing": 4}"#).unwrap();
+fn in_node_time_qos_counts_below_identify_above_by_calls_at_the_dearest_cost() {
+    // 1000 node ms/s: 20,000 µs a round; identifying from 10,000, which is
+    // 20 calls of the bound at the 0.5 ms default.
+    let json = br#"{"capacityNodeMs": 1000, "defaultCost": 0.5, "loadSmoothing": 4}"#;
+    let policy = QosPolicy::parse(json).unwrap();
     let (store, queue) = (MemoryStore::default(), MemoryQueue::default());
     let mut qos = StakeQos::new(policy, 1);
     let mut now = 1000;
-    let mut rounds = |qos: &mut StakeQos, n: usize, us: u64, counted: bool| -> Vec<bool> {
+    let mut rounds = |qos: &mut StakeQos, n: usize, calls: u32, counted: bool| -> Vec<bool> {
         (0..n)
             .map(|_| {
-                qos.bound_time(us, counted);
-                // A call's bound is not counted in this unit.
-                qos.count(5, true);
+                match counted {
+                    true => qos.count(calls, true),
+                    false => qos.bound(calls),
+                }
                 now += 20;
                 qos.tick(&store, &queue, now).unwrap();
                 qos.counting()
             })
             .collect()
     };
-    let quiet = rounds(&mut qos, 20, 5_000, true);
-    assert!(quiet[5..].iter().all(|&c| c), "5 of 10 node ms a round");
-    let busy = rounds(&mut qos, 20, 12_000, true);
-    assert!(!busy[19], "12 node ms a round: identifies");
+    let quiet = rounds(&mut qos, 20, 5, true);
+    assert!(quiet[5..].iter().all(|&c| c), "2.5 of 10 node ms a round");
+    let busy = rounds(&mut qos, 20, 30, true);
+    assert!(!busy[19], "15 node ms a round: identifies");
     assert!(
         !qos.state.throttling,
-        "the counted time is load, below 0.95"
+        "the counted bound is load, below 0.95"
     );
-    let identified = rounds(&mut qos, 20, 12_000, false);
+    let identified = rounds(&mut qos, 20, 30, false);
     assert!(identified.iter().all(|&c| !c), "{identified:?}");
-    let calm = rounds(&mut qos, 20, 5_000, false);
+    let calm = rounds(&mut qos, 20, 5, false);
     assert!(calm[19], "back to counting");
-    // Counted time is the load: over the threshold, QoS throttles (and so
+    // The counted bound is load: over the threshold, QoS throttles (and so
     // identifies).
-    let over = rounds(&mut qos, 40, 30_000, true);
+    let over = rounds(&mut qos, 40, 60, true);
     assert!(qos.state.throttling && !over[39]);
+    // A dearer method learned raises every call's bound.
+    let mut learned = Estimates::default();
+    learned.learn(method_key("eth_getProof"), 1, 40.0);
+    assert_eq!(super::super::call_bound(&qos.policy, &learned), 40_000);
 }

@@ -171,6 +171,26 @@ impl Estimates {
     }
 }
 
+impl Estimates {
+    /// A method's estimate held at its dearest recent call (the admission
+    /// gate's): `ms` if that is above the held value once decayed to its
+    /// share `kept`, else that decayed value; past `MAX_METHODS`, new
+    /// methods are not learned.
+    pub fn hold(&mut self, key: u64, ms: f64, kept: f64) {
+        let full = self.by_method.len() >= MAX_METHODS;
+        match self.by_method.get_mut(&key) {
+            Some((held, seen)) => {
+                *held = ms.max(*held * kept);
+                *seen = seen.saturating_add(1);
+            }
+            None if !full => {
+                self.by_method.insert(key, (ms, 1));
+            }
+            None => {}
+        }
+    }
+}
+
 impl Record for Estimates {
     fn encode(&self) -> Vec<u8> {
         let mut entries: Vec<_> = self.by_method.iter().collect();

@@ -30,7 +30,7 @@ use crate::rejection::Rejection;
 use crate::shared::{Reader, Record};
 use crate::validate::{ensure, header_name, Fields, PolicyError};
 use serde::Deserialize;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// How often each worker ticks while requests may wait: its waiting
 /// requests look for a slot freed on another worker (its own releases and
@@ -120,11 +120,22 @@ impl NodeTimePolicy {
 /// now: the first call of a method not measured yet goes as cheap (a
 /// probe), so that a light method is not held behind heavy ones until its
 /// first answer; the others wait for that answer, as heavy.
+///
+/// A method's cost is held at its dearest recent call, halving every
+/// `HELD_HALF_LIFE_MS` without a dearer one: a mean would let a client
+/// that floods a heavy method with calls the node refuses at once (fast
+/// errors) make it look cheap, and then every client's heavy calls of it
+/// would take the cheap slots.
 #[derive(Debug, Default)]
 pub struct Meter {
     learned: Estimates,
+    /// When each method's cost was last measured (ms).
+    measured_ms: HashMap<u64, u64>,
     probing: HashSet<u64>,
 }
+
+/// How fast a method's held cost falls while no call as dear comes.
+pub const HELD_HALF_LIFE_MS: u64 = 1_000;
 
 /// What the gate knows of a request's cost before it runs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -168,10 +179,14 @@ impl Meter {
         }
     }
 
-    /// A request priced `priced` took the node `us`.
-    pub fn learn(&mut self, priced: Priced, us: u64) {
+    /// A request priced `priced` took the node `us`, measured at `now_ms`.
+    pub fn learn(&mut self, priced: Priced, us: u64, now_ms: u64) {
         if let Some(method) = priced.method {
-            self.learned.learn(method, priced.calls, us as f64 / 1000.0);
+            let since = self.measured_ms.insert(method, now_ms);
+            let elapsed = since.map_or(0, |at| now_ms.saturating_sub(at));
+            let kept = 0.5_f64.powf(elapsed as f64 / HELD_HALF_LIFE_MS as f64);
+            let per_call = us as f64 / 1000.0 / f64::from(priced.calls.max(1));
+            self.learned.hold(method, per_call, kept);
         }
         self.ended(priced);
     }
@@ -358,11 +373,11 @@ mod tests {
             "not measured yet: heavy until its probe's answer"
         );
         meter.ended(second);
-        meter.learn(first, 200);
+        meter.learn(first, 200, 0);
         assert!(meter.price(BLOCK, 1000).cheap);
         let proof = meter.price(PROOF, 1000);
         assert!(proof.probe);
-        meter.learn(proof, 40_000);
+        meter.learn(proof, 40_000, 0);
         assert!(!meter.price(PROOF, 1000).cheap);
         // A probe that ended unanswered lets the next call probe.
         let call = br#"{"jsonrpc":"2.0","id":3,"method":"eth_call"}"#;
@@ -379,6 +394,28 @@ mod tests {
         assert_eq!(priced.calls, 5);
         assert!(!meter.price(batch.as_bytes(), 999).cheap);
         assert!(!meter.price(b"not json", 1000).cheap);
+    }
+
+    #[test]
+    fn quick_errors_cannot_make_a_heavy_method_cheap_faster_than_its_cost_decays() {
+        let mut meter = Meter::default();
+        let probe = meter.price(PROOF, 1000);
+        meter.learn(probe, 40_000, 0);
+        // A flood of calls answered at once (the node refusing their
+        // params), all within a second: still heavy.
+        for ms in 0..1000 {
+            let quick = meter.price(PROOF, 1000);
+            meter.learn(quick, 100, ms);
+        }
+        assert!(!meter.price(PROOF, 1000).cheap);
+        // A real one resets it; with no call as dear for 6 s more it has
+        // halved 6 times, below 1 ms: cheap, which it then really is.
+        let real = meter.price(PROOF, 1000);
+        meter.learn(real, 40_000, 1000);
+        assert!(!meter.price(PROOF, 1000).cheap);
+        let quick = meter.price(PROOF, 1000);
+        meter.learn(quick, 100, 7000);
+        assert!(meter.price(PROOF, 1000).cheap);
     }
 
     #[test]

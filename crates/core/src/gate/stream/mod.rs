@@ -683,7 +683,7 @@ impl HttpRequest {
         if let Some(priced) = metered.priced {
             let ok = header(":status").and_then(|s| s.parse::<u32>().ok());
             if ok.is_some_and(|s| (200..300).contains(&s)) {
-                w.meter.learn(priced, us);
+                w.meter.learn(priced, us, now.ms());
             }
         }
         Some(us)

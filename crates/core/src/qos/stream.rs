@@ -497,52 +497,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_counted_request_is_neither_identified_nor_timed_nor_read() {
+    /// A request of 95 bytes in two pieces counted under `policy`, to its
+    /// end, asked nothing but whether it upgrades: QoS, and whether the
+    /// gate's node-time header was removed.
+    fn counted(policy: &[u8]) -> (StakeQos, bool) {
         let store = MemoryStore::default();
-        let mut qos = StakeQos::new(QosPolicy::parse(br#"{"capacityRps": 1000}"#).unwrap(), 1);
-        qos.counting = true;
-        let mut facts = Watched::default();
-        let mut now = Now::lazy_us(|| panic!("no clock read"));
-        let mut post = QosStream::default();
-        assert!(post
-            .headers(&mut qos, &store, &mut now, &mut facts, false)
-            .is_none());
-        // 95 bytes in two pieces: at most 4 calls, the first counted at the
-        // headers.
-        assert!(post
-            .body(&mut qos, &store, &mut now, 40, false, &mut Unread)
-            .decided
-            .is_none());
-        post.body(&mut qos, &store, &mut now, 95, true, &mut Unread);
-        post.done(&mut qos, &mut now);
-        assert_eq!(facts.headers, ["upgrade"], "only whether it upgrades");
-        assert_eq!(facts.addresses, 0);
-        assert!(!now.was_read());
-        assert_eq!(
-            (qos.counted, qos.bound, qos.take_counted_requests()),
-            (4, 0, 1)
-        );
-        assert_eq!(qos.local_identities(), 0);
-
-        // An upgrade is identified all the same (its allowance is per
-        // identity), and so is everything once QoS identifies.
-        let mut socket = QosStream::default();
-        let decided = socket.headers(
-            &mut qos,
-            &store,
-            &mut Now::fixed(0),
-            &mut Client(&[("upgrade", "websocket")]),
-            false,
-        );
-        assert!(decided.is_some() && qos.local_identities() == 1);
-    }
-
-    #[test]
-    fn in_node_time_a_counted_request_is_bounded_by_its_calls_at_the_dearest_cost() {
-        let store = MemoryStore::default();
-        let policy =
-            br#"{"capacityNodeMs": 4000, "decideOnBody": true, "costs": {"eth_getLogs": 20}}"#;
         let mut qos = StakeQos::new(QosPolicy::parse(policy).unwrap(), 1);
         qos.counting = true;
         let mut facts = Watched::default();
@@ -550,6 +509,10 @@ mod tests {
         let mut post = QosStream::default();
         assert!(post
             .headers(&mut qos, &store, &mut now, &mut facts, false)
+            .is_none());
+        assert!(post
+            .body(&mut qos, &store, &mut now, 40, false, &mut Unread)
+            .decided
             .is_none());
         post.body(&mut qos, &store, &mut now, 95, true, &mut Unread);
         let mut dropped = false;
@@ -561,10 +524,43 @@ mod tests {
             || dropped = true,
         );
         post.done(&mut qos, &mut now);
-        assert!(dropped, "the gate's header does not reach the client");
+        assert!(!now.was_read());
         assert_eq!(facts.addresses, 0);
-        // 95 bytes: at most 4 calls, each at most 20 ms (the table's
-        // dearest, above the 10 ms default), in µs.
+        assert_eq!(facts.headers, ["upgrade"], "only whether it upgrades");
+        (qos, dropped)
+    }
+
+    #[test]
+    fn a_counted_request_is_neither_identified_nor_timed_nor_read() {
+        let (mut qos, dropped) = counted(br#"{"capacityRps": 1000}"#);
+        // 95 bytes: at most 4 calls, the first counted at the headers.
+        assert_eq!(
+            (qos.counted, qos.bound, qos.take_counted_requests()),
+            (4, 0, 1)
+        );
+        assert_eq!(qos.local_identities(), 0);
+        assert!(!dropped, "in calls the gate's header is left alone");
+
+        // An upgrade is identified all the same (its allowance is per
+        // identity), and so is everything once QoS identifies.
+        let mut socket = QosStream::default();
+        let decided = socket.headers(
+            &mut qos,
+            &MemoryStore::default(),
+            &mut Now::fixed(0),
+            &mut Client(&[("upgrade", "websocket")]),
+            false,
+        );
+        assert!(decided.is_some() && qos.local_identities() == 1);
+    }
+
+    #[test]
+    fn in_node_time_a_counted_request_is_bounded_by_its_calls_at_the_dearest_cost() {
+        let policy = br#"{"capacityNodeMs": 4000, "costs": {"eth_getLogs": 20}}"#;
+        let (mut qos, dropped) = counted(policy);
+        assert!(dropped, "the gate's header does not reach the client");
+        // At most 4 calls, each at most 20 ms (the table's dearest, above
+        // the 10 ms default), in µs.
         assert_eq!(
             (qos.counted, qos.bound, qos.take_counted_requests()),
             (80_000, 0, 1)

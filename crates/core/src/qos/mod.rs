@@ -464,6 +464,7 @@ impl StakeQos {
                 need,
                 share_rps,
                 latency_us,
+                allowance,
             ));
             return admission;
         }
@@ -494,7 +495,7 @@ impl StakeQos {
         local.dry_round = Some(round);
         let (lease, latency_us) = (local.lease, local.latency_us);
         admission.verdict =
-            Verdict::Throttle(self.throttled(Reason::Rate, lease, need, share_rps, latency_us));
+            Verdict::Throttle(self.throttled(Reason::Rate, lease, need, share_rps, latency_us, 0));
         admission
     }
 
@@ -550,7 +551,10 @@ impl StakeQos {
 
     /// A 429: `tokens` left in the lease and `need` for a call (thousandths
     /// of the unit), `share_rps` the identity's share (the unit per
-    /// second).
+    /// second), `allowance` its concurrency allowance (`Reason::Concurrency`).
+    /// Its `RateLimit-Policy` and `RateLimit` headers describe the limit
+    /// that refused it: the share in calls per second at this call's cost,
+    /// or the requests in flight, or the WebSockets open.
     fn throttled(
         &mut self,
         reason: Reason,
@@ -558,6 +562,7 @@ impl StakeQos {
         need: i64,
         share_rps: f64,
         latency_us: u32,
+        allowance: u32,
     ) -> Throttled {
         let jitter = self.jitter.next_unit();
         let max = self.policy.retry_after_max_s;
@@ -581,16 +586,33 @@ impl StakeQos {
             Reason::Concurrency => "too many requests in flight for this client's stake share",
             Reason::Websockets => "too many WebSockets open for this client",
         };
-        let quota_per_s = share_rps.round() as u64;
-        let remaining = (tokens.max(0) / MILLI) as u64;
+        let (name, quota, remaining, unit) = match reason {
+            Reason::Rate => {
+                let calls_per_s = share_rps / (need as f64 / MILLI as f64);
+                let left = (tokens.max(0) / need) as u64;
+                ("stake", calls_per_s.round() as u64, left, ";w=1")
+            }
+            Reason::Concurrency => (
+                "concurrency",
+                u64::from(allowance),
+                0,
+                ";qu=\"concurrent-requests\"",
+            ),
+            Reason::Websockets => (
+                "websockets",
+                u64::from(self.policy.websockets_per_identity),
+                0,
+                ";qu=\"concurrent-requests\"",
+            ),
+        };
         Throttled {
             reason,
             rejection: Rejection {
                 headers: vec![
-                    ("ratelimit-policy", format!("\"stake\";q={quota_per_s};w=1")),
+                    ("ratelimit-policy", format!("\"{name}\";q={quota}{unit}")),
                     (
                         "ratelimit",
-                        format!("\"stake\";r={remaining};t={retry_after_s}"),
+                        format!("\"{name}\";r={remaining};t={retry_after_s}"),
                     ),
                 ],
                 ..Rejection::new(

@@ -454,15 +454,50 @@ fn an_identity_holds_at_most_its_websocket_allowance_open() {
 #[test]
 fn throttled_answers_carry_retry_after_and_ratelimit_headers() {
     let mut qos = StakeQos::new(policy(100), 7);
-    let t = qos.throttled(Reason::Rate, 200, MILLI, 2.0, 0).rejection;
+    let t = qos.throttled(Reason::Rate, 200, MILLI, 2.0, 0, 0).rejection;
     assert_eq!(t.status, 429);
     assert!(t.retry_after_s >= 1);
-    let [(_, policy_header), (_, limit)] = &t.headers[..] else {
-        panic!("{:?}", t.headers)
-    };
-    assert_eq!(policy_header, "\"stake\";q=2;w=1");
-    assert_eq!(limit, &format!("\"stake\";r=0;t={}", t.retry_after_s));
     assert!(t.body.contains("-32005"));
+    // Each header describes the limit that refused, never another one.
+    let headers = |t: &Rejection| match &t.headers[..] {
+        [(_, policy), (_, limit)] => (policy.clone(), limit.clone()),
+        other => panic!("{other:?}"),
+    };
+    let t_of = |t: &Rejection| t.retry_after_s;
+    assert_eq!(
+        headers(&t),
+        (
+            "\"stake\";q=2;w=1".into(),
+            format!("\"stake\";r=0;t={}", t_of(&t))
+        )
+    );
+    // A share of 40 node ms/s, a call costing 20 ms, 50 ms left: 2 calls
+    // per second, 2 calls left.
+    let t = qos
+        .throttled(Reason::Rate, 50 * MILLI, 20 * MILLI, 40.0, 0, 0)
+        .rejection;
+    assert_eq!(headers(&t).0, "\"stake\";q=2;w=1");
+    assert!(headers(&t).1.starts_with("\"stake\";r=2;"));
+    let t = qos
+        .throttled(Reason::Concurrency, 5 * MILLI, MILLI, 100.0, 1000, 4)
+        .rejection;
+    assert_eq!(
+        headers(&t),
+        (
+            "\"concurrency\";q=4;qu=\"concurrent-requests\"".into(),
+            format!("\"concurrency\";r=0;t={}", t_of(&t))
+        )
+    );
+    let t = qos
+        .throttled(Reason::Websockets, 0, MILLI, 0.0, 0, 0)
+        .rejection;
+    assert_eq!(
+        headers(&t).0,
+        format!(
+            "\"websockets\";q={};qu=\"concurrent-requests\"",
+            qos.policy.websockets_per_identity
+        )
+    );
 }
 
 mod round_property {

@@ -12,9 +12,9 @@
 //! u32 (calls, admitted or refused), `completions` u32, `latency_sum_ms`
 //! u32, `overloads` u32 (upstream 503 or 429), `units` u64 (what the
 //! arrivals cost, in thousandths of the policy's unit: `qos::cost`); then
-//! `counted` u32 (calls counted without an identity, as their bound:
-//! `qos::light`) and `bound` u32 (the bound of the identified requests'
-//! calls); then the node-time samples: count `u16`, and 20-byte entries of
+//! `counted` u32 (the bound of the calls counted without an identity:
+//! `qos::light`; in node time µs, each call at the dearest cost known) and
+//! `bound` u32 (the same for the identified requests' calls); then the node-time samples: count `u16`, and 20-byte entries of
 //! method key u64, calls u32, µs u64. Version 2 (an earlier module's,
 //! during a swap) has 34-byte entries without `units` (its calls cost one
 //! each) and no samples; version 1 not the trailer either.
@@ -68,9 +68,10 @@ impl Delta {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WorkerReport {
     pub deltas: Vec<Delta>,
-    /// Calls counted without an identity (each request's bound).
+    /// The bound of the calls counted without an identity (in calls, or
+    /// in node time µs).
     pub counted: u32,
-    /// The bound of the identified requests' calls.
+    /// The bound of the identified requests' calls, in the same.
     pub bound: u32,
     /// Node time measured per method (the node-time unit).
     pub samples: Samples,

@@ -10,7 +10,7 @@ use stakegate_core::dedup::answer::Answer;
 use stakegate_core::dedup::key;
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::jsonrpc::Request;
-use stakegate_core::rejection::{Rejection, LIMIT_EXCEEDED};
+use stakegate_core::rejection::{Rejection, Rule, LIMIT_EXCEEDED};
 
 fuzz_target!(|data: &[u8]| {
     let Some(request) = Request::read(data) else {
@@ -59,7 +59,8 @@ fuzz_target!(|data: &[u8]| {
     // A refusal answering this body is JSON: for one call, its own id (or
     // null where a JSON reader refuses the id); for a batch, an array with
     // one error per call that has an id.
-    let refusal = Rejection::new(429, 1, LIMIT_EXCEEDED, "duplicate").answering(data);
+    let refusal =
+        Rejection::new(Rule::DedupWaiters, 429, 1, LIMIT_EXCEEDED, "duplicate").answering(data);
     let value: serde_json::Value =
         serde_json::from_str(&refusal.body).expect("the refusal's body is JSON");
     let ids: Vec<&[u8]> = request.calls.iter().filter_map(|c| request.id(c)).collect();

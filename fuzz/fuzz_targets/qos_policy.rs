@@ -31,6 +31,7 @@ fuzz_target!(|data: &[u8]| {
                 stake: *stake,
                 tier: 0,
                 staked: i > 1,
+                name: None,
             };
             if let Verdict::Admit(ticket) = qos.admit(&store, now, &identity).verdict {
                 qos.charge(&ticket, u32::MAX);

@@ -119,6 +119,16 @@ fn a_rejection_is_a_fast_503_with_retry_after_and_a_json_rpc_error() {
         .as_str()
         .unwrap()
         .contains("in-flight request limit"));
+    // It says which limit refused, and how full it was.
+    let data = &body["error"]["data"];
+    assert_eq!(data["rule"], "gate-inflight");
+    assert_eq!(data["retryAfter"], retry_after);
+    assert_eq!(
+        (data["inFlight"].as_u64(), data["limit"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(rejected.header("x-stakegate-rule"), Some("gate-inflight"));
+    assert_eq!(rejected.header("x-stakegate-limit"), Some("1"));
 
     assert_eq!(held.join().unwrap(), 200);
     assert!(settles_to_zero(&envoy));

@@ -77,11 +77,14 @@ fn stake_shares_hold_in_a_real_envoy() {
 
 #[test]
 fn a_throttled_request_gets_429_with_retry_after_and_ratelimit_headers() {
-    let (_node, envoy) = node_behind_qos(r#"{"capacityRps": 20}"#);
+    let key_hash = stakegate_core::request::sha256_hex(b"desk-7-key");
+    let (_node, envoy) = node_behind_qos(&format!(
+        r#"{{"capacityRps": 20, "stakes": [{{"apiKeySha256": "{key_hash}", "name": "desk-7", "stake": 5000}}]}}"#
+    ));
     let url = envoy.url("public").unwrap();
     // Back to back requests soon push the load estimate over 95 % of 20 rps.
     let throttled = (0..2000)
-        .map(|_| http::post(&url, &[], CALL).unwrap())
+        .map(|_| http::post(&url, &[("x-api-key", "desk-7-key")], CALL).unwrap())
         .find(|answer| answer.status != 200)
         .expect("a request is throttled");
     assert_eq!(throttled.status, 429);
@@ -91,13 +94,26 @@ fn a_throttled_request_gets_429_with_retry_after_and_ratelimit_headers() {
     assert!(throttled
         .header("ratelimit-policy")
         .unwrap()
-        .starts_with("\"stake\";q="));
+        .starts_with("\"stake-share\";q="));
     assert!(throttled.header("ratelimit").unwrap().contains(";t="));
     let body: serde_json::Value = serde_json::from_str(&throttled.body).unwrap();
     assert_eq!(body["error"]["code"], -32005);
+    // Why: the rule, the identity's name (never its key), its share and
+    // its rate, in the body and in headers.
+    let data = &body["error"]["data"];
+    assert_eq!(data["rule"], "stake-share");
+    assert_eq!(data["identity"], "desk-7");
+    assert_eq!(data["retryAfter"], retry_after);
+    let share = data["share"].as_f64().unwrap();
+    assert!(share > 0.0 && share <= 20.0, "share {share}");
+    assert!(data["rate"].as_f64().unwrap() > 0.0, "{data}");
+    assert!(!throttled.body.contains("desk-7-key") && !throttled.body.contains(&key_hash));
+    assert_eq!(throttled.header("x-stakegate-rule"), Some("stake-share"));
+    assert_eq!(throttled.header("x-stakegate-identity"), Some("desk-7"));
+    assert!(throttled.header("x-stakegate-share").is_some());
     assert!(eventually(Duration::from_secs(2), || {
         envoy
-            .stat("wasmcustom.stakegate.qos.throttled.unstaked")
+            .stat("wasmcustom.stakegate.qos.throttled.staked")
             .unwrap()
             > 0
     }));

@@ -5,6 +5,11 @@
 //! has `id: null`; once the body is known (`Rejection::answering`) it
 //! answers the request's own `id`, and a batch gets an array with one error
 //! per call, each with its call's `id`.
+//!
+//! Every rejection says why: the `Rule` that refused it and what that rule
+//! knew (`Fact`s: the identity's configured name, its share and rate, the
+//! requests in flight against the limit), in the error's `data` and in
+//! `x-stakegate-*` headers (policies/refusals.md).
 
 use crate::jsonrpc::Request;
 
@@ -21,7 +26,105 @@ pub struct Rejection {
     /// The JSON-RPC error's code and message.
     pub code: i32,
     pub message: &'static str,
+    /// The limit that refused it.
+    pub rule: Rule,
+    /// The error's `data` object, rendered: the rule, `retryAfter` and the
+    /// facts.
+    pub data: String,
     pub body: String,
+}
+
+/// Which limit refused a request: `data.rule` and `x-stakegate-rule`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// QoS: the identity is over its stake share.
+    StakeShare,
+    /// QoS: the identity has its concurrency allowance in flight.
+    Concurrency,
+    /// QoS: the identity has `websocketsPerIdentity` WebSockets open.
+    Websockets,
+    /// The gate: the node has its in-flight limit.
+    GateInflight,
+    /// The gate: `maxWebsocket` connections are open.
+    GateWebsockets,
+    /// The gate's coalescing: too many identical requests are waiting.
+    DedupWaiters,
+    /// The request can never be served as sent.
+    InvalidRequest,
+}
+
+impl Rule {
+    pub const ALL: [Rule; 7] = [
+        Rule::StakeShare,
+        Rule::Concurrency,
+        Rule::Websockets,
+        Rule::GateInflight,
+        Rule::GateWebsockets,
+        Rule::DedupWaiters,
+        Rule::InvalidRequest,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::StakeShare => "stake-share",
+            Rule::Concurrency => "concurrency",
+            Rule::Websockets => "websockets",
+            Rule::GateInflight => "gate-inflight",
+            Rule::GateWebsockets => "gate-websockets",
+            Rule::DedupWaiters => "dedup-waiters",
+            Rule::InvalidRequest => "invalid-request",
+        }
+    }
+}
+
+/// What the refusing rule knew, in `data` and a header each.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fact {
+    /// The identity's name in the stake table, or `unstaked`; never a key.
+    Identity(String),
+    /// Its share, in calls per second at this call's cost.
+    Share(f64),
+    /// Its rate as the last refill round saw it, in calls per second.
+    Rate(f64),
+    /// Requests (or WebSockets) in flight that the limit counts.
+    Inflight(u32),
+    /// The limit.
+    Limit(u32),
+}
+
+impl Fact {
+    fn names(&self) -> (&'static str, &'static str) {
+        match self {
+            Fact::Identity(_) => ("identity", "x-stakegate-identity"),
+            Fact::Share(_) => ("share", "x-stakegate-share"),
+            Fact::Rate(_) => ("rate", "x-stakegate-rate"),
+            Fact::Inflight(_) => ("inFlight", "x-stakegate-inflight"),
+            Fact::Limit(_) => ("limit", "x-stakegate-limit"),
+        }
+    }
+
+    /// The value as JSON, and as a header value (printable ASCII).
+    fn values(&self) -> (String, String) {
+        let number = |x: f64| {
+            let x = if x.is_finite() { x.max(0.0) } else { 0.0 };
+            let text = format!("{}", (x * 100.0).round() / 100.0);
+            (text.clone(), text)
+        };
+        match self {
+            Fact::Identity(name) => {
+                let mut json = String::from("\"");
+                push_json_escaped(&mut json, name);
+                json.push('"');
+                let header = name
+                    .chars()
+                    .map(|c| if (' '..='~').contains(&c) { c } else { '?' })
+                    .collect();
+                (json, header)
+            }
+            Fact::Share(x) | Fact::Rate(x) => number(*x),
+            Fact::Inflight(n) | Fact::Limit(n) => (n.to_string(), n.to_string()),
+        }
+    }
 }
 
 impl Rejection {
@@ -32,16 +135,47 @@ impl Rejection {
     /// A request that can never be served as sent.
     pub const BAD_REQUEST: u32 = 400;
 
-    /// A rejection with no headers of its own, its body answering
+    /// A rejection by `rule` that knows no facts, its body answering
     /// `id: null`.
-    pub fn new(status: u32, retry_after_s: u32, code: i32, message: &'static str) -> Self {
+    pub fn new(
+        rule: Rule,
+        status: u32,
+        retry_after_s: u32,
+        code: i32,
+        message: &'static str,
+    ) -> Self {
+        Self::explained(rule, status, retry_after_s, code, message, &[])
+    }
+
+    /// A rejection by `rule`, with what it knew: `x-stakegate-rule` and a
+    /// header per fact, and the error's `data`
+    /// (`{"rule":..,"retryAfter":..,<facts>}`).
+    pub fn explained(
+        rule: Rule,
+        status: u32,
+        retry_after_s: u32,
+        code: i32,
+        message: &'static str,
+        facts: &[Fact],
+    ) -> Self {
+        let mut headers = Vec::with_capacity(1 + facts.len());
+        headers.push(("x-stakegate-rule", rule.name().to_string()));
+        let mut data = format!(r#"{{"rule":"{}","retryAfter":{retry_after_s}"#, rule.name());
+        for fact in facts {
+            let ((json_name, header), (json, text)) = (fact.names(), fact.values());
+            data.push_str(&format!(r#","{json_name}":{json}"#));
+            headers.push((header, text));
+        }
+        data.push('}');
         Self {
             status,
             retry_after_s,
-            headers: Vec::new(),
+            headers,
             code,
             message,
-            body: json_rpc_error_body(None, code, message),
+            rule,
+            body: error_body(None, code, message, &data),
+            data,
         }
     }
 
@@ -68,11 +202,11 @@ impl Rejection {
             .collect();
         self.body = match (read.batch, ids.as_slice()) {
             (_, []) => return self,
-            (false, [id]) => json_rpc_error_body(*id, self.code, self.message),
+            (false, [id]) => error_body(*id, self.code, self.message, &self.data),
             _ => {
                 let errors: Vec<String> = ids
                     .iter()
-                    .map(|id| json_rpc_error_body(*id, self.code, self.message))
+                    .map(|id| error_body(*id, self.code, self.message, &self.data))
                     .collect();
                 format!("[{}]", errors.join(","))
             }
@@ -93,14 +227,24 @@ pub const INVALID_REQUEST: i32 = -32600;
 /// `id` is the request's id as raw JSON (`7`, `"abc"`), or `None` when it is
 /// not known (the decision came before the body).
 pub fn json_rpc_error_body(id: Option<&str>, code: i32, message: &str) -> String {
-    let mut body = String::with_capacity(64 + message.len());
+    error_body(id, code, message, "")
+}
+
+/// `json_rpc_error_body` with the error's `data` (raw JSON; empty: none).
+fn error_body(id: Option<&str>, code: i32, message: &str, data: &str) -> String {
+    let mut body = String::with_capacity(64 + message.len() + data.len());
     body.push_str(r#"{"jsonrpc":"2.0","id":"#);
     body.push_str(id.unwrap_or("null"));
     body.push_str(r#","error":{"code":"#);
     body.push_str(&code.to_string());
     body.push_str(r#","message":""#);
     push_json_escaped(&mut body, message);
-    body.push_str("\"}}");
+    body.push('"');
+    if !data.is_empty() {
+        body.push_str(r#","data":"#);
+        body.push_str(data);
+    }
+    body.push_str("}}");
     body
 }
 
@@ -200,9 +344,11 @@ mod tests {
 
     #[test]
     fn a_rejection_answers_each_call_of_what_it_refuses() {
-        let refused = || Rejection::new(503, 1, LIMIT_EXCEEDED, "full");
+        let refused = || Rejection::new(Rule::GateInflight, 503, 1, LIMIT_EXCEEDED, "full");
         let error = |id: &str| {
-            format!(r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32005,"message":"full"}}}}"#)
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32005,"message":"full","data":{{"rule":"gate-inflight","retryAfter":1}}}}}}"#
+            )
         };
         assert_eq!(refused().body, error("null"));
         let one = refused().answering(br#"{"jsonrpc":"2.0","id":"a-1","method":"eth_call"}"#);
@@ -228,6 +374,45 @@ mod tests {
         ] {
             assert_eq!(refused().answering(unanswerable).body, error("null"));
         }
+    }
+
+    #[test]
+    fn a_rejection_says_its_rule_and_facts_in_data_and_headers() {
+        let refused = Rejection::explained(
+            Rule::StakeShare,
+            429,
+            3,
+            LIMIT_EXCEEDED,
+            "over",
+            &[
+                Fact::Identity("desk \"b\"\u{e9}".into()),
+                Fact::Share(12.345),
+                Fact::Rate(f64::NAN),
+                Fact::Limit(8),
+            ],
+        )
+        .answering(br#"{"jsonrpc":"2.0","id":4,"method":"eth_call"}"#);
+        let body: serde_json::Value = serde_json::from_str(&refused.body).unwrap();
+        assert_eq!(body["id"], 4);
+        assert_eq!(
+            body["error"]["data"],
+            serde_json::json!({"rule": "stake-share", "retryAfter": 3,
+                "identity": "desk \"b\"\u{e9}", "share": 12.35, "rate": 0, "limit": 8})
+        );
+        let header = |name: &str| {
+            refused
+                .headers
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(header("x-stakegate-rule"), Some("stake-share"));
+        // A header value is printable ASCII whatever the name holds.
+        assert_eq!(header("x-stakegate-identity"), Some("desk \"b\"?"));
+        assert_eq!(header("x-stakegate-share"), Some("12.35"));
+        assert_eq!(header("x-stakegate-limit"), Some("8"));
+        let names: std::collections::HashSet<_> = Rule::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(names.len(), Rule::ALL.len());
     }
 
     #[test]

@@ -150,9 +150,12 @@ fn a_rejection_carries_retry_after_and_the_json_rpc_error() {
     assert_eq!(reply.header("content-type"), Some("application/json"));
     assert!(reply.header("retry-after").unwrap().parse::<u32>().unwrap() >= 1);
     assert_eq!(
-        String::from_utf8(reply.body).unwrap(),
-        r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32005,"message":"the node is at its in-flight request limit, retry later"}}"#
+        String::from_utf8(reply.body.clone()).unwrap(),
+        r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32005,"message":"the node is at its in-flight request limit, retry later","data":{"rule":"gate-inflight","retryAfter":"#.to_string()
+            + reply.header("retry-after").unwrap()
+            + r#","inFlight":1,"limit":1}}}"#
     );
+    assert_eq!(reply.header("x-stakegate-rule"), Some("gate-inflight"));
 }
 
 #[test]

@@ -63,7 +63,7 @@ pub mod table;
 use crate::gate::shards::ShardTable;
 use crate::gate::SHARED_KEY as SHARDS_KEY;
 use crate::jsonrpc::{self, same_id, Request};
-use crate::rejection::{Rejection, LIMIT_EXCEEDED};
+use crate::rejection::{Fact, Rejection, Rule, LIMIT_EXCEEDED};
 use crate::request::{sha256_hex, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
 use answer::{Answer, Id};
@@ -409,7 +409,7 @@ impl Dedup {
                         }
                         State::InFlight if standing && waiting => (Verdict::Wait, false),
                         State::InFlight if standing && e.waiters >= policy.max_waiters => {
-                            (Verdict::Refuse(self.refusal()), false)
+                            (Verdict::Refuse(self.refusal(e.waiters)), false)
                         }
                         State::InFlight if standing => {
                             e.waiters += 1;
@@ -660,12 +660,14 @@ impl Dedup {
         }
     }
 
-    fn refusal(&self) -> Rejection {
-        Rejection::new(
+    fn refusal(&self, waiters: u32) -> Rejection {
+        Rejection::explained(
+            Rule::DedupWaiters,
             Rejection::TOO_MANY_REQUESTS,
             1,
             LIMIT_EXCEEDED,
             "too many identical requests are waiting for the node's answer; retry after the retry-after header",
+            &[Fact::Inflight(waiters), Fact::Limit(self.policy.max_waiters)],
         )
     }
 }

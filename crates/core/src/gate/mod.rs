@@ -51,7 +51,7 @@ pub mod worker;
 
 use crate::clock::Now;
 use crate::dedup::engage::AtNode;
-use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
+use crate::rejection::{retry_after_s, Fact, Jitter, Rejection, Rule, LIMIT_EXCEEDED};
 use crate::shared::{update, Change, SharedStore, StoreError};
 use class::RequestClass;
 use drain::DrainRate;
@@ -353,12 +353,14 @@ impl InflightGate {
         cas_retries: u32,
         store_error: Option<StoreError>,
     ) -> Admission {
-        let (held, message) = match slot {
+        let (rule, held, message) = match slot {
             SlotKind::Websocket => (
+                Rule::GateWebsockets,
                 totals.websocket,
                 "websocket connection limit reached, retry later",
             ),
             _ => (
+                Rule::GateInflight,
                 totals.inflight(),
                 "the node is at its in-flight request limit, retry later",
             ),
@@ -369,12 +371,16 @@ impl InflightGate {
             self.jitter.next_unit(),
             self.policy.retry_after_max_s,
         );
+        let mut facts = vec![Fact::Inflight(held)];
+        facts.extend(self.policy.limits.most(slot).map(Fact::Limit));
         Admission {
-            decision: Decision::Reject(Rejection::new(
+            decision: Decision::Reject(Rejection::explained(
+                rule,
                 Rejection::OVERLOADED,
                 retry_after_s,
                 LIMIT_EXCEEDED,
                 message,
+                &facts,
             )),
             totals: Some(totals),
             cas_retries,
@@ -532,7 +538,11 @@ mod tests {
         assert!(rejection.retry_after_s >= 1);
         assert_eq!(
             rejection.body,
-            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32005,"message":"the node is at its in-flight request limit, retry later"}}"#
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32005,"message":"the node is at its in-flight request limit, retry later","data":{"rule":"gate-inflight","retryAfter":1,"inFlight":1,"limit":1}}}"#
+        );
+        assert_eq!(
+            rejection.headers[0],
+            ("x-stakegate-rule", "gate-inflight".into())
         );
     }
 

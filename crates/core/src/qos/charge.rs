@@ -85,7 +85,7 @@ impl StakeQos {
         };
         local.inflight = local.inflight.saturating_sub(1);
         if local.websockets >= allowance {
-            return Err(self.throttled(Reason::Websockets, 0, MILLI, 0.0, 0, 0));
+            return Err(self.throttled(Reason::Websockets, ticket.key, MILLI, 0.0, 0));
         }
         local.websockets += 1;
         Ok(Connection { key: ticket.key })

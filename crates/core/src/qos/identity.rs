@@ -18,6 +18,7 @@
 use crate::qos::policy::{QosPolicy, Source, StakeEntry, TIER_UNSTAKED};
 use crate::request::{sha256_hex, Cidr, RequestFacts};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
@@ -28,6 +29,15 @@ pub struct Identity {
     pub tier: usize,
     /// In the stake table (it is not evicted to make room for unstaked ones).
     pub staked: bool,
+    /// Its name in the stake table; `None` for an unstaked one.
+    pub name: Option<Arc<str>>,
+}
+
+impl Identity {
+    /// Its name for an operator: the stake table's, or `unstaked`.
+    pub fn shown(&self) -> &str {
+        self.name.as_deref().unwrap_or("unstaked")
+    }
 }
 
 /// Resolves the request's identity; `None` only when no source applies and
@@ -64,6 +74,7 @@ pub fn anonymous(policy: &QosPolicy) -> Identity {
         stake: policy.unstaked_stake,
         tier: TIER_UNSTAKED,
         staked: false,
+        name: None,
     }
 }
 
@@ -73,6 +84,7 @@ fn staked(policy: &QosPolicy, name: &str, entry: &StakeEntry) -> Identity {
         stake: entry.stake.max(policy.unstaked_stake),
         tier: entry.tier,
         staked: true,
+        name: Some(entry.name.clone()),
     }
 }
 
@@ -87,6 +99,7 @@ fn unstaked(policy: &QosPolicy, ip: IpAddr) -> Identity {
         stake: policy.unstaked_stake,
         tier: TIER_UNSTAKED,
         staked: false,
+        name: None,
     }
 }
 

@@ -103,9 +103,10 @@ pub mod report;
 mod round;
 pub mod state;
 pub mod stream;
+mod throttle;
 
 use crate::cost::{Estimates, Samples, Unit, ESTIMATES_KEY};
-use crate::rejection::{retry_after_s, Jitter, Rejection, LIMIT_EXCEEDED};
+use crate::rejection::{Jitter, Rejection};
 use crate::shared::{read, update, SharedStore, StoreError, Write};
 use fleet::{FleetShare, FleetView, FLEET_KEY};
 use identity::Identity;
@@ -115,6 +116,7 @@ use policy::QosPolicy;
 use report::{Delta, ReportQueue, WorkerReport};
 use state::QosState;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 pub use round::RoundReport;
 
@@ -221,6 +223,10 @@ struct Local {
     lease: i64,
     /// Milli-tokens per round the last round granted (as of the last lease).
     grant: u64,
+    /// Calls per round the last round predicted (as of the last lease).
+    demand: f32,
+    /// Its name in the stake table, for refusals.
+    name: Option<Arc<str>>,
     /// The round in which the shared bucket was found empty.
     dry_round: Option<u64>,
     inflight: u32,
@@ -384,6 +390,8 @@ impl StakeQos {
             staked: false,
             lease: 0,
             grant: 0,
+            demand: 0.0,
+            name: None,
             dry_round: None,
             inflight: 0,
             websockets: 0,
@@ -400,6 +408,9 @@ impl StakeQos {
         local.stake = identity.stake;
         local.tier = identity.tier as u8;
         local.staked = identity.staked;
+        if local.name != identity.name {
+            local.name = identity.name.clone();
+        }
         local.last_seen_ms = now_ms;
         if local.delta.is_empty() {
             // It is being counted: the next report visits it.
@@ -457,13 +468,11 @@ impl StakeQos {
         let allowance =
             concurrency_allowance(floor, headroom, share_rps / per_call, local.latency_us);
         if local.inflight >= allowance {
-            let (lease, latency_us) = (local.lease, local.latency_us);
             admission.verdict = Verdict::Throttle(self.throttled(
                 Reason::Concurrency,
-                lease,
+                identity.key,
                 need,
                 share_rps,
-                latency_us,
                 allowance,
             ));
             return admission;
@@ -493,9 +502,8 @@ impl StakeQos {
             return admission;
         }
         local.dry_round = Some(round);
-        let (lease, latency_us) = (local.lease, local.latency_us);
         admission.verdict =
-            Verdict::Throttle(self.throttled(Reason::Rate, lease, need, share_rps, latency_us, 0));
+            Verdict::Throttle(self.throttled(Reason::Rate, identity.key, need, share_rps, 0));
         admission
     }
 
@@ -529,100 +537,24 @@ impl StakeQos {
             let got = tokens.clamp(0, want);
             p.set_tokens(i, tokens - got);
             p.set_last_seen_ms(i, now_ms);
-            let grant = p.grant(i);
-            let value = (got, grant, evicted);
+            let value = (got, p.grant(i), p.demand(i), evicted);
             if got > 0 || evicted || p.len() != before {
                 crate::shared::Change::Write(value)
             } else {
                 crate::shared::Change::Keep(value)
             }
         })?;
-        let (got, grant, evicted) = updated.value;
+        let (got, grant, demand, evicted) = updated.value;
         let round = self.state.round;
         let local = self.local(identity, now_ms);
         local.lease += got;
         local.grant = grant;
+        local.demand = demand;
         if got < want {
             // The bucket is empty now: no use looking again this round.
             local.dry_round = Some(round);
         }
         Ok((updated.retries, evicted))
-    }
-
-    /// A 429: `tokens` left in the lease and `need` for a call (thousandths
-    /// of the unit), `share_rps` the identity's share (the unit per
-    /// second), `allowance` its concurrency allowance (`Reason::Concurrency`).
-    /// Its `RateLimit-Policy` and `RateLimit` headers describe the limit
-    /// that refused it: the share in calls per second at this call's cost,
-    /// or the requests in flight, or the WebSockets open.
-    fn throttled(
-        &mut self,
-        reason: Reason,
-        tokens: i64,
-        need: i64,
-        share_rps: f64,
-        latency_us: u32,
-        allowance: u32,
-    ) -> Throttled {
-        let jitter = self.jitter.next_unit();
-        let max = self.policy.retry_after_max_s;
-        let need = need.max(1);
-        let retry_after_s = match reason {
-            // Until the lease holds a call at the current share.
-            Reason::Rate => {
-                let missing = ((need - tokens).max(1) as u64).div_ceil(need as u64) as u32;
-                let calls_per_s = share_rps / (need as f64 / MILLI as f64);
-                retry_after_s(missing, calls_per_s, jitter, max)
-            }
-            // About one request's latency, i.e. the next second.
-            Reason::Concurrency => {
-                retry_after_s(1, 1e6 / f64::from(latency_us.max(1)), jitter, max)
-            }
-            // When a socket closes is unknown: soon, spread out.
-            Reason::Websockets => retry_after_s(1, 1.0, jitter, max),
-        };
-        let message = match reason {
-            Reason::Rate => "rate limit exceeded: over this client's stake share",
-            Reason::Concurrency => "too many requests in flight for this client's stake share",
-            Reason::Websockets => "too many WebSockets open for this client",
-        };
-        let (name, quota, remaining, unit) = match reason {
-            Reason::Rate => {
-                let calls_per_s = share_rps / (need as f64 / MILLI as f64);
-                let left = (tokens.max(0) / need) as u64;
-                ("stake", calls_per_s.round() as u64, left, ";w=1")
-            }
-            Reason::Concurrency => (
-                "concurrency",
-                u64::from(allowance),
-                0,
-                ";qu=\"concurrent-requests\"",
-            ),
-            Reason::Websockets => (
-                "websockets",
-                u64::from(self.policy.websockets_per_identity),
-                0,
-                ";qu=\"concurrent-requests\"",
-            ),
-        };
-        Throttled {
-            reason,
-            rejection: Rejection {
-                headers: vec![
-                    ("ratelimit-policy", format!("\"{name}\";q={quota}{unit}")),
-                    (
-                        "ratelimit",
-                        format!("\"{name}\";r={remaining};t={retry_after_s}"),
-                    ),
-                ],
-                ..Rejection::new(
-                    Rejection::TOO_MANY_REQUESTS,
-                    retry_after_s,
-                    LIMIT_EXCEEDED,
-                    message,
-                )
-            },
-        }
     }
 
     /// Every refill interval: reports this worker's counts, refreshes its

@@ -34,7 +34,7 @@ use super::{slot_of, Ticket};
 use crate::clock::Now;
 use crate::dedup::client_name;
 use crate::gate::class::{classify, RequestClass};
-use crate::rejection::{Rejection, INVALID_REQUEST};
+use crate::rejection::{Rejection, Rule, INVALID_REQUEST};
 use crate::request::{Body, RequestFacts};
 use crate::shared::SharedStore;
 
@@ -246,6 +246,7 @@ impl GateStream {
     ) -> OnHeaders {
         if head.upgrade == Upgrade::NotGet {
             return OnHeaders::Refuse(Rejection::new(
+                Rule::InvalidRequest,
                 Rejection::BAD_REQUEST,
                 0,
                 INVALID_REQUEST,

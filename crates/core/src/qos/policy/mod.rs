@@ -11,6 +11,7 @@ use crate::validate::{
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -105,7 +106,9 @@ struct ReactiveDoc {
 /// Who an identity is and what it weighs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StakeEntry {
-    pub name: String,
+    /// Shown in refusals and the usage ledger (shared, not copied, per
+    /// request).
+    pub name: Arc<str>,
     pub stake: u64,
     /// Index into `QosPolicy::tiers`.
     pub tier: usize,
@@ -572,7 +575,7 @@ fn stakes(docs: Option<Vec<StakeDoc>>, f: &mut Fields) -> Result<Stakes, PolicyE
     for (i, s) in docs.into_iter().enumerate() {
         let field = |name: &str| format!("stakes[{i}].{name}");
         let entry = StakeEntry {
-            name: non_empty(&field("name"), s.name)?,
+            name: non_empty(&field("name"), s.name)?.into(),
             stake: range(&field("stake"), s.stake, 0, MAX_STAKE)?,
             tier: match &s.tier {
                 None => TIER_STAKED,

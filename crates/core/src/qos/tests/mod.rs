@@ -20,6 +20,7 @@ fn identity(key: u64, stake: u64) -> Identity {
         stake,
         tier: 0,
         staked: stake > 1000,
+        name: None,
     }
 }
 
@@ -454,32 +455,54 @@ fn an_identity_holds_at_most_its_websocket_allowance_open() {
 #[test]
 fn throttled_answers_carry_retry_after_and_ratelimit_headers() {
     let mut qos = StakeQos::new(policy(100), 7);
-    let t = qos.throttled(Reason::Rate, 200, MILLI, 2.0, 0, 0).rejection;
+    let desk = Identity {
+        name: Some("desk-7".into()),
+        ..identity(1, 5000)
+    };
+    let lease = |qos: &mut StakeQos, tokens: i64, demand: f32| {
+        let local = qos.local(&desk, 0);
+        local.lease = tokens;
+        local.demand = demand;
+    };
+    lease(&mut qos, 200, 3.0);
+    let t = qos.throttled(Reason::Rate, 1, MILLI, 2.0, 0).rejection;
     assert_eq!(t.status, 429);
     assert!(t.retry_after_s >= 1);
     assert!(t.body.contains("-32005"));
     // Each header describes the limit that refused, never another one.
-    let headers = |t: &Rejection| match &t.headers[..] {
-        [(_, policy), (_, limit)] => (policy.clone(), limit.clone()),
-        other => panic!("{other:?}"),
+    let header = |t: &Rejection, name: &str| {
+        let found = t.headers.iter().find(|(n, _)| *n == name);
+        found.map(|(_, v)| v.clone()).unwrap_or_default()
     };
+    let headers = |t: &Rejection| (header(t, "ratelimit-policy"), header(t, "ratelimit"));
     let t_of = |t: &Rejection| t.retry_after_s;
     assert_eq!(
         headers(&t),
         (
-            "\"stake\";q=2;w=1".into(),
-            format!("\"stake\";r=0;t={}", t_of(&t))
+            "\"stake-share\";q=2;w=1".into(),
+            format!("\"stake-share\";r=0;t={}", t_of(&t))
         )
     );
+    // The rule, the name (never the key), the share and the rate: 3 calls
+    // per round.
+    let rate = 3.0 * 1000.0 / qos.policy.refill_interval_ms as f64;
+    let data: serde_json::Value = serde_json::from_str(&t.data).unwrap();
+    assert_eq!(data["rule"], "stake-share");
+    assert_eq!(data["retryAfter"], t.retry_after_s);
+    assert_eq!(data["identity"], "desk-7");
+    assert_eq!(data["share"].as_f64(), Some(2.0));
+    assert_eq!(data["rate"].as_f64(), Some(rate));
+    assert_eq!(header(&t, "x-stakegate-identity"), "desk-7");
     // A share of 40 node ms/s, a call costing 20 ms, 50 ms left: 2 calls
     // per second, 2 calls left.
+    lease(&mut qos, 50 * MILLI, 0.0);
     let t = qos
-        .throttled(Reason::Rate, 50 * MILLI, 20 * MILLI, 40.0, 0, 0)
+        .throttled(Reason::Rate, 1, 20 * MILLI, 40.0, 0)
         .rejection;
-    assert_eq!(headers(&t).0, "\"stake\";q=2;w=1");
-    assert!(headers(&t).1.starts_with("\"stake\";r=2;"));
+    assert_eq!(headers(&t).0, "\"stake-share\";q=2;w=1");
+    assert!(headers(&t).1.starts_with("\"stake-share\";r=2;"));
     let t = qos
-        .throttled(Reason::Concurrency, 5 * MILLI, MILLI, 100.0, 1000, 4)
+        .throttled(Reason::Concurrency, 1, MILLI, 100.0, 4)
         .rejection;
     assert_eq!(
         headers(&t),
@@ -488,8 +511,10 @@ fn throttled_answers_carry_retry_after_and_ratelimit_headers() {
             format!("\"concurrency\";r=0;t={}", t_of(&t))
         )
     );
+    assert_eq!(header(&t, "x-stakegate-limit"), "4");
+    // An identity this worker does not know is shown as unstaked.
     let t = qos
-        .throttled(Reason::Websockets, 0, MILLI, 0.0, 0, 0)
+        .throttled(Reason::Websockets, 99, MILLI, 0.0, 0)
         .rejection;
     assert_eq!(
         headers(&t).0,
@@ -498,6 +523,8 @@ fn throttled_answers_carry_retry_after_and_ratelimit_headers() {
             qos.policy.websockets_per_identity
         )
     );
+    assert_eq!(header(&t, "x-stakegate-rule"), "websockets");
+    assert_eq!(header(&t, "x-stakegate-identity"), "unstaked");
 }
 
 mod round_property {

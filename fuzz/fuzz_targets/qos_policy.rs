@@ -32,6 +32,7 @@ fuzz_target!(|data: &[u8]| {
                 tier: 0,
                 staked: i > 1,
                 name: None,
+                address: None,
             };
             if let Verdict::Admit(ticket) = qos.admit(&store, now, &identity).verdict {
                 qos.charge(&ticket, u32::MAX);

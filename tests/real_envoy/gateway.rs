@@ -244,6 +244,19 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
             ..client("internal", 20.0, "eth_call", 4)
         },
     ];
+    // `stakegate top --once` watches the first 2 s of the flood.
+    let top = std::process::Command::new(paths::tool("stakegate").unwrap())
+        .args([
+            "top",
+            "--once",
+            "--interval",
+            "2s",
+            "--admin",
+            envoy.admin_url(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let report = loadgen::run(&load_h2(
         &envoy.url("public").unwrap(),
         clients,
@@ -251,6 +264,20 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
         2,
     ))
     .unwrap();
+    let top = top.wait_with_output().unwrap();
+    let top = String::from_utf8(top.stdout).unwrap();
+    eprintln!("{top}");
+    assert!(
+        top.starts_with("qos   load ") && top.contains("\ngate  in flight "),
+        "{top}"
+    );
+    // The staked flood by its name, with its rate over those 2 s.
+    let staked_rate: f64 = top
+        .lines()
+        .find_map(|l| l.strip_prefix("stake-10"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no line for stake-10: {top}"));
+    assert!(staked_rate > 0.0, "{top}");
     for c in &report.clients {
         eprintln!("{}: sent {} {:?}", c.header.id, c.header.sent, c.status);
     }
@@ -293,6 +320,73 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
         &envoy,
         "qos.websocket.calls"
     ) == 2));
+
+    // The usage ledger, as an operator reads it: the staked client by its
+    // name, the unstaked flood by its address (QoS refused it), each with
+    // its refusals by rule, the gate's 503s included.
+    let stakegate_usage = |json: bool| {
+        let out = std::process::Command::new(paths::tool("stakegate").unwrap())
+            .args(["usage", "--admin", envoy.admin_url()])
+            .args(json.then_some("--json"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let usage =
+        || -> Vec<serde_json::Value> { serde_json::from_slice(&stakegate_usage(true)).unwrap() };
+    let row =
+        |rows: &[serde_json::Value], id: &str| rows.iter().find(|r| r["identity"] == id).cloned();
+    let sent = |id: &str| report.client(id).unwrap().header.sent;
+    let refusals = |id: &str, status: &str| report.client(id).unwrap().count(status);
+    // Workers hand their ledger over every quarter second. Every request is in it: on its identity, or unidentified while QoS
+    // only counted (far below its threshold, at the flood's start).
+    let total = |rows: &[serde_json::Value]| -> u64 {
+        rows.iter().map(|r| r["requests"].as_u64().unwrap()).sum()
+    };
+    // The two floods, the WebSocket's upgrade; internal calls skip QoS.
+    let expected = sent("staked") + sent("unstaked") + 1;
+    assert!(eventually(Duration::from_secs(5), || total(&usage()) == expected));
+    let rows = usage();
+    let table = String::from_utf8(stakegate_usage(false)).unwrap();
+    eprintln!("{table}");
+    assert!(table.contains("stake-10") && table.contains("unstaked:127.0.0.2/32"));
+    for (id, label) in [
+        ("staked", "stake-10"),
+        ("unstaked", "unstaked:127.0.0.2/32"),
+    ] {
+        let r = row(&rows, label).unwrap();
+        let by = |rule: &str| r["refused"][rule].as_u64().unwrap_or(0);
+        let count = |field: &str| r[field].as_u64().unwrap();
+        // QoS refuses only what it identified; the rest (counted at the
+        // start) went on, to the node or to the gate's 503.
+        let unidentified = sent(id) - count("requests");
+        assert!(unidentified < sent(id) / 10, "{label}: {r}");
+        assert_eq!(
+            by("stake-share") + by("concurrency"),
+            refusals(id, "429"),
+            "{label}: {r}"
+        );
+        let shed = refusals(id, "503");
+        assert!(by("gate-inflight") <= shed && shed <= by("gate-inflight") + unidentified);
+        let served = refusals(id, "200");
+        assert!(count("admitted") <= served && served <= count("admitted") + unidentified);
+    }
+    // Both were limited to the share QoS gave them, the staked one's
+    // far above the unstaked one's.
+    let share = |label: &str| {
+        let r = row(&rows, label).unwrap();
+        assert_eq!(r["limited"], true, "{r}");
+        r["shareRps"].as_f64().unwrap()
+    };
+    assert!(share("stake-10") > 10.0 * share("unstaked:127.0.0.2/32"));
+    // A key never appears: the staked client is known by its name.
+    let text = serde_json::to_string(&rows).unwrap();
+    assert!(!text.contains("key-stake-10"));
 }
 
 #[test]

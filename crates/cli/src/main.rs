@@ -9,6 +9,8 @@ mod init;
 mod scenario;
 mod sim;
 mod summary;
+mod top;
+mod usage;
 
 use clap::{Parser, Subcommand};
 
@@ -41,6 +43,10 @@ enum Command {
     Bench(Bench),
     /// The policy fields and metrics the code declares; with --check, whether policies/*.md say the same.
     Docs(docs::DocsArgs),
+    /// Stake QoS's usage ledger from a running Envoy: per identity its requests, calls, refusals by rule and node time.
+    Usage(usage::UsageArgs),
+    /// A running gateway live, like top: per identity its rate, share and refusals by rule; the node's in-flight, the gate's shedding, the fleet.
+    Top(top::TopArgs),
     /// Exit 0 when URL answers 200 (the compose stack's healthcheck).
     Probe { url: String },
 }
@@ -81,6 +87,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Check(args) => check::run(&args),
         Command::Init(args) => init::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Usage(args) => usage::run(&args),
+        Command::Top(args) => top::run(&args),
         Command::Deploy(args) => deploy::deploy(&args),
         Command::Rollback(args) => deploy::rollback(&args),
         Command::Sim(args) => sim::run(&args),

@@ -34,6 +34,9 @@ pub struct Rejection {
     pub body: String,
 }
 
+/// The header that names the refusing rule.
+pub const RULE_HEADER: &str = "x-stakegate-rule";
+
 /// Which limit refused a request: `data.rule` and `x-stakegate-rule`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Rule {
@@ -74,6 +77,10 @@ impl Rule {
             Rule::DedupWaiters => "dedup-waiters",
             Rule::InvalidRequest => "invalid-request",
         }
+    }
+
+    pub fn from_name(name: &str) -> Option<Rule> {
+        Rule::ALL.into_iter().find(|rule| rule.name() == name)
     }
 }
 
@@ -159,7 +166,7 @@ impl Rejection {
         facts: &[Fact],
     ) -> Self {
         let mut headers = Vec::with_capacity(1 + facts.len());
-        headers.push(("x-stakegate-rule", rule.name().to_string()));
+        headers.push((RULE_HEADER, rule.name().to_string()));
         let mut data = format!(r#"{{"rule":"{}","retryAfter":{retry_after_s}"#, rule.name());
         for fact in facts {
             let ((json_name, header), (json, text)) = (fact.names(), fact.values());
@@ -413,6 +420,10 @@ mod tests {
         assert_eq!(header("x-stakegate-limit"), Some("8"));
         let names: std::collections::HashSet<_> = Rule::ALL.iter().map(|r| r.name()).collect();
         assert_eq!(names.len(), Rule::ALL.len());
+        for rule in Rule::ALL {
+            assert_eq!(Rule::from_name(rule.name()), Some(rule));
+        }
+        assert_eq!(Rule::from_name("stake"), None);
     }
 
     #[test]

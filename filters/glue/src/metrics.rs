@@ -8,6 +8,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use stakegate_core::metrics::{Kind, Metric, Reading};
+use stakegate_core::qos::ledger::{self, Usage};
 
 /// A filter's stats, defined from its metric list.
 pub struct Stats<T: 'static> {
@@ -70,5 +71,43 @@ impl<T> Stats<T> {
                 }
             }
         }
+    }
+}
+
+/// Stake QoS's usage ledger (`stakegate_core::qos::ledger`): a counter per
+/// label and counter, `stakegate.qos.usage.<label>.<counter>`, and a label
+/// of one identity's share, `….share_milli_rps` (a gauge, thousandths of a
+/// call per second, `UNLIMITED` while QoS does not throttle), each defined
+/// the first time it is set.
+#[derive(Default)]
+pub struct UsageStats {
+    ids: std::collections::HashMap<String, u32>,
+}
+
+impl UsageStats {
+    pub fn flush(&mut self, by_label: &std::collections::BTreeMap<String, Usage>) {
+        for (label, usage) in by_label {
+            for (counter, n) in usage.counters() {
+                if let Some(id) = self.id(MetricType::Counter, label, &counter) {
+                    let _ = hostcalls::increment_metric(id, n.min(i64::MAX as u64) as i64);
+                }
+            }
+            if !ledger::is_shared(label) {
+                if let Some(id) = self.id(MetricType::Gauge, label, ledger::SHARE) {
+                    // Saturates: infinite is `UNLIMITED`.
+                    let _ = hostcalls::record_metric(id, (usage.share_rps * 1000.0) as u64);
+                }
+            }
+        }
+    }
+
+    fn id(&mut self, kind: MetricType, label: &str, counter: &str) -> Option<u32> {
+        let name = format!("stakegate.qos.usage.{label}.{counter}");
+        if let Some(id) = self.ids.get(&name) {
+            return Some(*id);
+        }
+        let id = hostcalls::define_metric(kind, &name).ok()?;
+        self.ids.insert(name, id);
+        Some(id)
     }
 }

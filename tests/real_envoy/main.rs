@@ -13,4 +13,5 @@ mod hostile;
 mod loadgen;
 mod retry_storm;
 mod scenario_run;
+mod shadow;
 mod stake_qos;

@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How long a deploy waits for one in progress before it gives up.
-const LOCK_WAIT: Duration = Duration::from_secs(120);
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(120);
 
 /// The filters `--filter` names.
 pub const FILTERS: [&str; 2] = ["admission-gate", "stake-qos"];
@@ -74,11 +74,30 @@ pub struct DeployArgs {
     #[command(flatten)]
     pub target: Target,
     /// The compiled filter module.
-    #[arg(long)]
-    pub module: PathBuf,
+    #[arg(long, required_unless_present_any = ["promote", "drop"])]
+    pub module: Option<PathBuf>,
     /// The policy document (JSON).
-    #[arg(long)]
-    pub policy: PathBuf,
+    #[arg(long, required_unless_present_any = ["promote", "drop"])]
+    pub policy: Option<PathBuf>,
+    /// Into the shadow slot instead: the candidate decides every request
+    /// beside the live filter and refuses none (stake-qos).
+    #[arg(long, conflicts_with_all = ["promote", "drop"])]
+    pub shadow: bool,
+    /// With --shadow: after this long, promote the candidate if staked
+    /// identities would be refused at most --max-extra-refusals per cent of
+    /// their requests more than now, else drop it.
+    #[arg(long, requires = "shadow", value_parser = humantime::parse_duration)]
+    pub promote_after: Option<Duration>,
+    /// With --promote-after: the budget, in per cent of staked requests.
+    #[arg(long, requires = "promote_after", default_value_t = 1.0)]
+    pub max_extra_refusals: f64,
+    /// Make the shadow candidate live (a recorded deployment) and empty the
+    /// shadow slot.
+    #[arg(long, conflicts_with_all = ["module", "policy", "drop"])]
+    pub promote: bool,
+    /// Empty the shadow slot.
+    #[arg(long, conflicts_with_all = ["module", "policy"])]
+    pub drop: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -116,13 +135,13 @@ pub struct History {
 }
 
 /// stakegate's state beside one ECDS directory.
-struct Live {
-    dir: PathBuf,
-    filter: String,
+pub(crate) struct Live {
+    pub dir: PathBuf,
+    pub filter: String,
 }
 
 impl Live {
-    fn new(target: &Target) -> anyhow::Result<Self> {
+    pub fn new(target: &Target) -> anyhow::Result<Self> {
         if !target.dir.is_dir() {
             bail!(
                 "{} is not a directory: --dir must be the ECDS directory Envoy watches",
@@ -135,7 +154,7 @@ impl Live {
         })
     }
 
-    fn state(&self, sub: &str) -> anyhow::Result<PathBuf> {
+    pub fn state(&self, sub: &str) -> anyhow::Result<PathBuf> {
         let path = self.dir.join(".stakegate").join(sub);
         std::fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
         Ok(path)
@@ -162,12 +181,12 @@ impl Live {
         )
     }
 
-    fn module_path(&self, sha256: &str) -> anyhow::Result<PathBuf> {
+    pub fn module_path(&self, sha256: &str) -> anyhow::Result<PathBuf> {
         Ok(self.state("modules")?.join(format!("{sha256}.wasm")))
     }
 
     /// Stores `module` under its sha256 (once) and returns its path.
-    fn store_module(&self, module: &[u8], sha256: &str) -> anyhow::Result<PathBuf> {
+    pub fn store_module(&self, module: &[u8], sha256: &str) -> anyhow::Result<PathBuf> {
         let path = self.module_path(sha256)?;
         if !path.exists() {
             write_atomically(&path, module)?;
@@ -175,7 +194,7 @@ impl Live {
         Ok(path)
     }
 
-    fn config(&self, module: PathBuf, policy: &str) -> FilterConfig {
+    pub fn config(&self, module: PathBuf, policy: &str) -> FilterConfig {
         match self.filter.as_str() {
             "admission-gate" => FilterConfig::admission_gate(module, policy),
             _ => FilterConfig::stake_qos(module, policy),
@@ -184,7 +203,7 @@ impl Live {
 
     /// Takes the directory's deploy lock, waiting up to `wait` for a deploy
     /// or rollback in progress to finish.
-    fn lock(&self, wait: Duration) -> anyhow::Result<std::fs::File> {
+    pub fn lock(&self, wait: Duration) -> anyhow::Result<std::fs::File> {
         let path = self.state("")?.join("lock");
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -259,14 +278,14 @@ impl Live {
 }
 
 /// Writes a temp file beside `path`, then renames it onto `path`.
-fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let name = path.file_name().unwrap_or_default().to_string_lossy();
     let temp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     std::fs::write(&temp, bytes).with_context(|| format!("writing {}", temp.display()))?;
     std::fs::rename(&temp, path).with_context(|| format!("renaming onto {}", path.display()))
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -274,7 +293,7 @@ fn now_ms() -> u64 {
 
 /// The next ECDS version: above every version in the history and the one
 /// in the config file now (which may predate stakegate).
-fn next_version(history: &History, current: Option<&str>) -> u64 {
+pub(crate) fn next_version(history: &History, current: Option<&str>) -> u64 {
     let on_disk = current
         .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
         .and_then(|doc| doc["version_info"].as_str()?.parse::<u64>().ok())
@@ -394,7 +413,7 @@ fn rejection_reason(log: &Path, from: u64) -> Option<String> {
     (!lines.is_empty()).then(|| lines.join("; "))
 }
 
-fn print(action: &str, filter: &str, d: &Deployment) {
+pub(crate) fn print(action: &str, filter: &str, d: &Deployment) {
     let staged = d.warm_up_ms.map_or("no warm-up slot".to_string(), |ms| {
         format!("staged in the warm-up slot in {ms} ms")
     });
@@ -405,10 +424,26 @@ fn print(action: &str, filter: &str, d: &Deployment) {
 }
 
 pub fn deploy(args: &DeployArgs) -> anyhow::Result<()> {
-    let policy = std::fs::read_to_string(&args.policy)
-        .with_context(|| format!("reading {}", args.policy.display()))?;
-    let deployment = deploy_policy(&args.target, &args.module, &policy)
-        .with_context(|| format!("{} with {}", args.module.display(), args.policy.display()))?;
+    if args.promote {
+        return crate::shadow::promote(&args.target);
+    }
+    if args.drop {
+        return crate::shadow::drop(&args.target);
+    }
+    let (Some(module), Some(policy_path)) = (&args.module, &args.policy) else {
+        bail!("--module and --policy are required");
+    };
+    let policy = std::fs::read_to_string(policy_path)
+        .with_context(|| format!("reading {}", policy_path.display()))?;
+    let context = || format!("{} with {}", module.display(), policy_path.display());
+    if args.shadow {
+        let auto = args.promote_after.map(|after| crate::shadow::Auto {
+            after,
+            max_extra: args.max_extra_refusals,
+        });
+        return crate::shadow::deploy(&args.target, module, &policy, auto).with_context(context);
+    }
+    let deployment = deploy_policy(&args.target, module, &policy).with_context(context)?;
     print("deployed", &args.target.filter, &deployment);
     Ok(())
 }
@@ -432,7 +467,7 @@ pub fn deploy_policy(target: &Target, module: &Path, policy: &str) -> anyhow::Re
 /// Reads `module` and checks, before Envoy is touched, that it declares
 /// itself `filter` and loads with `policy` in the offline host (printing
 /// the policy's warnings); returns the module's bytes.
-fn validated(filter: &str, module: &Path, policy: &str) -> anyhow::Result<Vec<u8>> {
+pub(crate) fn validated(filter: &str, module: &Path, policy: &str) -> anyhow::Result<Vec<u8>> {
     let bytes = std::fs::read(module).with_context(|| format!("reading {}", module.display()))?;
     match stakegate_host::declared_filter(&bytes) {
         Some(declared) if declared == filter => {}

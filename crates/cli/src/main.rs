@@ -7,6 +7,7 @@ mod deploy;
 mod docs;
 mod init;
 mod scenario;
+mod shadow;
 mod sim;
 mod summary;
 mod top;
@@ -43,6 +44,8 @@ enum Command {
     Bench(Bench),
     /// The policy fields and metrics the code declares; with --check, whether policies/*.md say the same.
     Docs(docs::DocsArgs),
+    /// A shadow candidate against the live stake QoS, per identity: requests, admitted, refused, would refuse, share, would-be share.
+    Shadow(shadow::ShadowArgs),
     /// Stake QoS's usage ledger from a running Envoy: per identity its requests, calls, refusals by rule and node time.
     Usage(usage::UsageArgs),
     /// A running gateway live, like top: per identity its rate, share and refusals by rule; the node's in-flight, the gate's shedding, the fleet.
@@ -88,6 +91,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Init(args) => init::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Usage(args) => usage::run(&args),
+        Command::Shadow(args) => shadow::run(&args),
         Command::Top(args) => top::run(&args),
         Command::Deploy(args) => deploy::deploy(&args),
         Command::Rollback(args) => deploy::rollback(&args),

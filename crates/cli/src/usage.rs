@@ -9,7 +9,9 @@ use stakegate_core::qos::ledger::{self, COUNTERS, REFUSED, SHARE, UNLIMITED};
 use stakegate_stack::admin::Admin;
 use std::collections::BTreeMap;
 
-const PREFIX: &str = "wasmcustom.stakegate.qos.usage.";
+/// The live stake QoS's ledger, and a shadow candidate's.
+pub const LIVE: &str = "wasmcustom.stakegate.qos.usage.";
+pub const SHADOW: &str = "wasmcustom.stakegate.qos_shadow.usage.";
 
 #[derive(Debug, Args)]
 pub struct UsageArgs {
@@ -59,22 +61,28 @@ impl Row {
     }
 }
 
-/// The ledger as Envoy has it, busiest first.
+/// The ledger as Envoy has it, busiest first: the live one's, or under
+/// `prefix` (`SHADOW`) another's.
 pub fn read(admin: &Admin) -> anyhow::Result<Vec<Row>> {
+    read_from(admin, LIVE)
+}
+
+pub fn read_from(admin: &Admin, prefix: &str) -> anyhow::Result<Vec<Row>> {
+    let filter = format!("^{}", prefix.replace('.', "\\."));
     let stats = admin
-        .matching(r"^wasmcustom\.stakegate\.qos\.usage\.")
+        .matching(&filter)
         .with_context(|| format!("reading the usage ledger from {}", admin.url))?;
     let named = stats
         .iter()
         .filter_map(|s| Some((s["name"].as_str()?, s["value"].as_u64()?)));
-    Ok(rows(named))
+    Ok(rows(prefix, named))
 }
 
-/// Rows from `(stat name, value)` pairs.
-fn rows<'a>(stats: impl Iterator<Item = (&'a str, u64)>) -> Vec<Row> {
+/// Rows from `(stat name, value)` pairs under `prefix`.
+fn rows<'a>(prefix: &str, stats: impl Iterator<Item = (&'a str, u64)>) -> Vec<Row> {
     let mut by_label: BTreeMap<String, Row> = BTreeMap::new();
     for (name, value) in stats {
-        let Some((label, counter)) = name.strip_prefix(PREFIX).and_then(split) else {
+        let Some((label, counter)) = name.strip_prefix(prefix).and_then(split) else {
             continue;
         };
         let row = by_label.entry(label.to_string()).or_insert_with(|| Row {
@@ -215,7 +223,7 @@ mod tests {
             ("wasmcustom.stakegate.qos.usage.other.bogus", 1),
             ("wasmcustom.stakegate.qos.admitted.staked", 1),
         ];
-        let rows = rows(stats.into_iter());
+        let rows = rows(LIVE, stats.into_iter());
         let ids: Vec<&str> = rows.iter().map(|r| r.identity.as_str()).collect();
         assert_eq!(ids, ["unstaked:10.0.0.0/24", "desk-7"]);
         let desk = &rows[1];

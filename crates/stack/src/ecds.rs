@@ -28,6 +28,9 @@ pub struct FilterConfig {
     /// Envoy's environment variables the VM may read (stake QoS: fleet
     /// mode's credentials, `STAKEGATE_FLEET_AUTH`).
     pub env_keys: Vec<String>,
+    /// The slot holds no Wasm at all but a native filter that does nothing
+    /// (a header mutation with no mutations): an empty shadow slot.
+    pub idle: bool,
 }
 
 impl FilterConfig {
@@ -40,6 +43,7 @@ impl FilterConfig {
             module: module.into(),
             policy: policy.into(),
             env_keys: Vec::new(),
+            idle: false,
         }
     }
 
@@ -53,6 +57,7 @@ impl FilterConfig {
             module: module.into(),
             policy: policy.into(),
             env_keys: vec![stakegate_core::qos::fleet::AUTH_ENV.into()],
+            idle: false,
         }
     }
 
@@ -67,6 +72,7 @@ impl FilterConfig {
             module: module.into(),
             policy: policy.into(),
             env_keys: Vec::new(),
+            idle: false,
         }
     }
 
@@ -113,14 +119,47 @@ impl FilterConfig {
         }
     }
 
-    /// Writes this config and its warm-up slot's (the same) into `dir`.
+    /// The filter's shadow slot (`stakegate deploy --shadow`): a filter
+    /// before it in the gateway config, with a VM and shared data of its
+    /// own, where a candidate decides every request and refuses none.
+    pub fn shadow(&self) -> Self {
+        self.named("shadow")
+    }
+
+    /// The same slot holding nothing (`idle`).
+    pub fn idled(&self) -> Self {
+        Self {
+            idle: true,
+            ..self.clone()
+        }
+    }
+
+    /// Writes this config and its warm-up slot's (the same) into `dir`,
+    /// and its shadow slot, empty, if it has no file yet.
     pub fn write_both(&self, dir: &Path, version: &str) -> anyhow::Result<()> {
         self.write(dir, version)?;
         self.warm_up().write(dir, version)?;
+        let shadow = self.shadow().idled();
+        if !dir.join(&shadow.file).exists() {
+            shadow.write(dir, version)?;
+        }
         Ok(())
     }
 
     pub fn render(&self, version: &str) -> anyhow::Result<String> {
+        if self.idle {
+            let doc = json!({
+                "version_info": version,
+                "resources": [{
+                    "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+                    "name": self.name,
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                    },
+                }],
+            });
+            return Ok(serde_json::to_string_pretty(&doc)?);
+        }
         let module = std::fs::canonicalize(&self.module)
             .with_context(|| format!("module {}", self.module.display()))?;
         let doc = json!({

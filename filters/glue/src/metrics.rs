@@ -79,12 +79,20 @@ impl<T> Stats<T> {
 /// of one identity's share, `….share_milli_rps` (a gauge, thousandths of a
 /// call per second, `UNLIMITED` while QoS does not throttle), each defined
 /// the first time it is set.
-#[derive(Default)]
 pub struct UsageStats {
+    /// `stakegate.qos`, or a shadow's `stakegate.qos_shadow`.
+    prefix: &'static str,
     ids: std::collections::HashMap<String, u32>,
 }
 
 impl UsageStats {
+    pub fn new(prefix: &'static str) -> Self {
+        Self {
+            prefix,
+            ids: Default::default(),
+        }
+    }
+
     pub fn flush(&mut self, by_label: &std::collections::BTreeMap<String, Usage>) {
         for (label, usage) in by_label {
             for (counter, n) in usage.counters() {
@@ -102,7 +110,7 @@ impl UsageStats {
     }
 
     fn id(&mut self, kind: MetricType, label: &str, counter: &str) -> Option<u32> {
-        let name = format!("stakegate.qos.usage.{label}.{counter}");
+        let name = format!("{}.usage.{label}.{counter}", self.prefix);
         if let Some(id) = self.ids.get(&name) {
             return Some(*id);
         }

@@ -88,7 +88,8 @@ fn log(level: LogLevel, message: &str) {
 impl QosRoot {
     fn configure(&mut self, config: &[u8]) -> Result<(), String> {
         let policy = QosPolicy::parse(config).map_err(|e| format!("policy rejected: {e}"))?;
-        let stats = Stats::define("stakegate.qos", METRICS, &policy.tiers)?;
+        let policy_prefix = policy.stats_prefix();
+        let stats = Stats::define(policy.stats_prefix(), METRICS, &policy.tiers)?;
         let queue = EnvoyQueue::register(QUEUE)?;
         let fleet = policy.fleet.as_ref().map(FleetLink::new).transpose()?;
         self.set_tick_period(Duration::from_millis(policy.refill_interval_ms));
@@ -98,7 +99,7 @@ impl QosRoot {
             counts: Counts::default(),
             stats,
             queue,
-            usage: UsageStats::default(),
+            usage: UsageStats::new(policy_prefix),
         })));
         self.fleet = fleet;
         Ok(())
@@ -216,8 +217,9 @@ impl Context for QosHttp {
     }
 }
 
-/// Counts an admission and answers a throttled request.
-fn decided(counts: &mut Counts, decided: Decided) -> Action {
+/// Counts an admission and answers a throttled request; a shadow only
+/// counts it (it would have refused it) and lets it go on.
+fn decided(counts: &mut Counts, decided: Decided, shadow: bool) -> Action {
     counts.leases += u64::from(decided.leased);
     counts.store.retried(decided.cas_retries);
     counts.evicted += u64::from(decided.evicted);
@@ -232,6 +234,9 @@ fn decided(counts: &mut Counts, decided: Decided) -> Action {
         }
         Some(throttled) => {
             counts.throttled(decided.tier, throttled.reason);
+            if shadow {
+                return Action::Continue;
+            }
             stakegate_glue::reject(&throttled.rejection);
             Action::Pause
         }
@@ -249,7 +254,7 @@ impl HttpContext for QosHttp {
             &mut StreamFacts,
             end_of_stream,
         ) {
-            Some(admission) => decided(counts, admission),
+            Some(admission) => decided(counts, admission, qos.policy().shadow),
             None => Action::Continue,
         }
     }
@@ -269,7 +274,7 @@ impl HttpContext for QosHttp {
         );
         counts.websocket_calls += u64::from(step.websocket_calls);
         match step.decided {
-            Some(admission) => decided(counts, admission),
+            Some(admission) => decided(counts, admission, qos.policy().shadow),
             None if step.hold => Action::Pause,
             None => Action::Continue,
         }
@@ -284,7 +289,7 @@ impl HttpContext for QosHttp {
             .stream
             .trailers(qos, &EnvoyStore, &mut Now::lazy_us(now_us))
         {
-            Some(admission) => decided(counts, admission),
+            Some(admission) => decided(counts, admission, qos.policy().shadow),
             None => Action::Continue,
         }
     }

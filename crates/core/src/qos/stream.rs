@@ -212,7 +212,8 @@ impl QosStream {
     /// gate's header is only removed (`drop_told`). With the usage ledger
     /// on, an identified request's answer is asked which rule refused it
     /// further on (`rule`, the gate's `x-stakegate-rule`): if the status was
-    /// read, only for a 429 or a 503.
+    /// read, only for a 429 or a 503. A shadow does not ask: its ledger is
+    /// what it would refuse itself.
     pub fn response_headers(
         &mut self,
         qos: &StakeQos,
@@ -234,6 +235,7 @@ impl QosStream {
         }
         if self.ticket.is_some()
             && qos.policy().usage_on()
+            && !qos.policy().shadow
             && (!status_read || matches!(self.upstream_status, Some(429 | 503)))
         {
             self.refused_by = rule().as_deref().and_then(Rule::from_name);

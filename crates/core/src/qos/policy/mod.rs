@@ -42,6 +42,7 @@ struct Document {
     fleet: Option<FleetDoc>,
     #[serde(default)]
     usage: UsageDoc,
+    shadow: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -186,6 +187,9 @@ pub struct QosPolicy {
     /// (`qos::ledger`); both 0 turn it off.
     pub usage_series: u32,
     pub usage_address_series: u32,
+    /// A shadow candidate (`stakegate deploy --shadow`): it decides every
+    /// request and refuses none; its stats are `stakegate.qos_shadow.*`.
+    pub shadow: bool,
     pub reactive: Reactive,
     /// Fleet mode: `capacityRps` is shared by the replicas (`qos::fleet`).
     pub fleet: Option<FleetPolicy>,
@@ -249,6 +253,13 @@ impl QosPolicy {
             "needs mode \"proactive\": the fleet shares one configured capacity".into()
         })?;
         f.or_else("fleet", None, "off", || ());
+        ensure(
+            fleet.is_none() || doc.shadow != Some(true),
+            "shadow",
+            || {
+                "a fleet policy cannot run as a shadow: it would report its demand to the fleet a second time".into()
+            },
+        )?;
         let usage_series = f.range("usage.series", doc.usage.series, 64, 0, 10_000)?;
         let usage_address_series = f.range(
             "usage.addressSeries",
@@ -285,9 +296,19 @@ impl QosPolicy {
             websockets_per_identity: table.websockets_per_identity,
             usage_series,
             usage_address_series,
+            shadow: f.or("shadow", doc.shadow, false),
             reactive,
             fleet,
         })
+    }
+
+    /// The prefix of its stats: a shadow's are apart from the live one's.
+    pub fn stats_prefix(&self) -> &'static str {
+        if self.shadow {
+            "stakegate.qos_shadow"
+        } else {
+            "stakegate.qos"
+        }
     }
 
     /// The usage ledger is kept.

@@ -1,0 +1,448 @@
+//! Shadow deploys: a candidate stake QoS module and policy run in the
+//! gateway beside the live one, in the shadow slot (a filter before it with
+//! a VM and shared data of its own, `envoy-config/gateway.yaml`). It
+//! decides every request as it would and refuses none; its usage ledger
+//! (`stakegate.qos_shadow.usage.*`) counts what it would have refused.
+//!
+//! - `stakegate deploy --shadow`: validates as a deploy does, stores the
+//!   module, writes the shadow slot (the policy with `"shadow": true`),
+//!   waits for Envoy, and records the candidate beside the history
+//!   (`.stakegate/shadow/<filter>.json`). With `--promote-after`, it
+//!   watches the candidate that long and promotes it if staked identities
+//!   would be refused at most `--max-extra-refusals` per cent of their
+//!   requests more than now, else drops it and says why.
+//! - `stakegate deploy --promote`: the candidate becomes live, a normal,
+//!   recorded deployment (`rollback` undoes it); the slot is emptied.
+//! - `stakegate deploy --drop`: the slot is emptied.
+//! - `stakegate shadow`: live against candidate per identity, over an
+//!   interval.
+
+use crate::deploy::{self, Live, Target};
+use crate::usage::{self, Row, LIVE, SHADOW};
+use anyhow::{bail, Context};
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use stakegate_core::qos::ledger;
+use stakegate_core::request::sha256_hex;
+use stakegate_stack::admin::Admin;
+use stakegate_stack::ecds::{self, EcdsUpdate};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+/// The rules a stake QoS refuses by (the gate's are further on).
+const QOS_RULES: [&str; 3] = ["stake-share", "concurrency", "websockets"];
+
+/// The candidate in the shadow slot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub module_sha256: String,
+    /// The policy as the operator gave it (without `"shadow": true`).
+    pub policy: String,
+    pub version: u64,
+    pub started_at_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ShadowArgs {
+    /// Envoy's admin address.
+    #[arg(long, default_value = "http://127.0.0.1:9901")]
+    pub admin: String,
+    /// The interval compared.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub interval: Duration,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One identity over an interval, live against candidate.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Compared {
+    pub identity: String,
+    pub requests: u64,
+    /// Not refused by anything, live.
+    pub admitted: u64,
+    /// Refused by the live stake QoS.
+    pub refused: u64,
+    /// Would be refused by the candidate.
+    pub would_refuse: u64,
+    pub share_rps: Option<f64>,
+    pub would_be_share_rps: Option<f64>,
+    pub staked: bool,
+}
+
+/// The two ledgers read at once.
+struct Ledgers {
+    live: Vec<Row>,
+    shadow: Vec<Row>,
+}
+
+fn read(admin: &Admin) -> anyhow::Result<Ledgers> {
+    Ok(Ledgers {
+        live: usage::read_from(admin, LIVE)?,
+        shadow: usage::read_from(admin, SHADOW)?,
+    })
+}
+
+fn by_identity(rows: &[Row]) -> BTreeMap<&str, &Row> {
+    rows.iter().map(|r| (r.identity.as_str(), r)).collect()
+}
+
+/// Live against candidate, per identity, between two reads.
+fn compare(before: &Ledgers, after: &Ledgers) -> Vec<Compared> {
+    let (live_then, shadow_then) = (by_identity(&before.live), by_identity(&before.shadow));
+    let shadow_now = by_identity(&after.shadow);
+    let empty = Row::default();
+    let refused = |row: &Row, rules: Option<&[&str]>| -> u64 {
+        row.refused
+            .iter()
+            .filter(|(rule, _)| rules.is_none_or(|r| r.contains(&rule.as_str())))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let mut out: Vec<Compared> = after
+        .live
+        .iter()
+        .map(|now| {
+            let id = now.identity.as_str();
+            let then = live_then.get(id).copied().unwrap_or(&empty);
+            let shadow = shadow_now.get(id).copied().unwrap_or(&empty);
+            let shadow_then = shadow_then.get(id).copied().unwrap_or(&empty);
+            let share = |r: &Row| r.limited.then_some(r.share_rps).flatten();
+            Compared {
+                identity: id.to_string(),
+                requests: now.requests - then.requests.min(now.requests),
+                admitted: now.admitted.saturating_sub(then.admitted),
+                refused: refused(now, Some(&QOS_RULES))
+                    .saturating_sub(refused(then, Some(&QOS_RULES))),
+                would_refuse: refused(shadow, None).saturating_sub(refused(shadow_then, None)),
+                share_rps: share(now),
+                would_be_share_rps: share(shadow),
+                staked: !ledger::is_shared(id) && !id.starts_with(ledger::UNSTAKED),
+            }
+        })
+        .filter(|c| c.requests > 0)
+        .collect();
+    out.sort_by(|a, b| {
+        b.requests
+            .cmp(&a.requests)
+            .then(a.identity.cmp(&b.identity))
+    });
+    out
+}
+
+fn table(rows: &[Compared]) -> String {
+    let width = rows
+        .iter()
+        .map(|r| r.identity.len())
+        .max()
+        .unwrap_or(0)
+        .max(8);
+    let rps = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+    let mut out = format!(
+        "{:<width$} {:>9} {:>9} {:>9} {:>13} {:>9} {:>15}\n",
+        "identity", "requests", "admitted", "refused", "would refuse", "share/s", "would-be share"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:<width$} {:>9} {:>9} {:>9} {:>13} {:>9} {:>15}\n",
+            r.identity,
+            r.requests,
+            r.admitted,
+            r.refused,
+            r.would_refuse,
+            rps(r.share_rps),
+            rps(r.would_be_share_rps)
+        ));
+    }
+    out
+}
+
+/// Staked identities' refusals, live and by the candidate, and their
+/// requests: the candidate's extra refusals in per cent of the requests.
+fn extra_refusals(rows: &[Compared]) -> (f64, u64) {
+    let staked = rows.iter().filter(|r| r.staked);
+    let (requests, live, would) = staked.fold((0, 0, 0), |(q, l, w), r| {
+        (q + r.requests, l + r.refused, w + r.would_refuse)
+    });
+    let extra = would as f64 - live as f64;
+    (100.0 * extra / requests.max(1) as f64, requests)
+}
+
+pub fn run(args: &ShadowArgs) -> anyhow::Result<()> {
+    let admin = Admin::new(&args.admin);
+    let before = read(&admin)?;
+    if before.shadow.is_empty() {
+        eprintln!("note: no shadow candidate has counted anything yet (stakegate deploy --shadow)");
+    }
+    std::thread::sleep(args.interval);
+    let rows = compare(&before, &read(&admin)?);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", table(&rows));
+        let (extra, requests) = extra_refusals(&rows);
+        println!("staked identities: {requests} requests, the candidate would refuse {extra:+.2} % of them more than now");
+    }
+    Ok(())
+}
+
+/// Automatic promotion: watch the candidate `after`, promote it if
+/// staked identities would be refused at most `max_extra` per cent more.
+pub struct Auto {
+    pub after: Duration,
+    pub max_extra: f64,
+}
+
+fn slot(target: &Target) -> anyhow::Result<()> {
+    if target.filter != "stake-qos" {
+        bail!("only stake-qos runs as a shadow: the admission gate has no shadow slot yet");
+    }
+    Ok(())
+}
+
+/// `deploy --shadow`: the candidate into the shadow slot, recorded; with
+/// `auto`, watched and then promoted or dropped.
+pub fn deploy(
+    target: &Target,
+    module: &Path,
+    policy: &str,
+    auto: Option<Auto>,
+) -> anyhow::Result<()> {
+    slot(target)?;
+    let mut doc: serde_json::Value =
+        serde_json::from_str(policy).context("the policy is not JSON")?;
+    let Some(fields) = doc.as_object_mut() else {
+        bail!("the policy is not a JSON object");
+    };
+    fields.insert("shadow".into(), true.into());
+    let shadowed = doc.to_string();
+    let live = Live::new(target)?;
+    let bytes = deploy::validated(&target.filter, module, &shadowed)?;
+    let sha256 = sha256_hex(&bytes);
+    let candidate = {
+        let _lock = live.lock(deploy::LOCK_WAIT)?;
+        let stored = live.store_module(&bytes, &sha256)?;
+        let config = live.config(stored, &shadowed).shadow();
+        let current = std::fs::read_to_string(live.dir.join(&config.file)).ok();
+        let version = deploy::next_version(&Default::default(), current.as_deref());
+        let admin = Admin::new(&target.admin);
+        let verdict = ecds::apply(
+            &admin,
+            &live.dir,
+            &config,
+            &version.to_string(),
+            target.timeout,
+        )
+        .context("is this Envoy's config one with a shadow slot (envoy-config/gateway.yaml)?")?;
+        if verdict.update != EcdsUpdate::Applied {
+            let empty = live.config(Default::default(), "").shadow().idled();
+            empty.write(&live.dir, &version.to_string())?;
+            bail!("Envoy rejected the shadow candidate; the slot is empty again");
+        }
+        let candidate = Candidate {
+            module_sha256: sha256,
+            policy: policy.to_string(),
+            version,
+            started_at_ms: deploy::now_ms(),
+        };
+        save(&live, Some(&candidate))?;
+        println!(
+            "shadow {} version {version}: module sha256 {}, deciding every request beside the live one, refusing none (stakegate shadow --admin {} compares them)",
+            target.filter, candidate.module_sha256, target.admin
+        );
+        candidate
+    };
+    let Some(auto) = auto else { return Ok(()) };
+    let admin = Admin::new(&target.admin);
+    let before = read(&admin)?;
+    println!(
+        "watching it for {} ...",
+        humantime::format_duration(auto.after)
+    );
+    std::thread::sleep(auto.after);
+    let rows = compare(&before, &read(&admin)?);
+    print!("{}", table(&rows));
+    let (extra, requests) = extra_refusals(&rows);
+    let verdict = if requests == 0 {
+        Err(
+            "no staked identity sent a request while it was watched: nothing to judge it by"
+                .to_string(),
+        )
+    } else if extra > auto.max_extra {
+        Err(format!(
+            "staked identities would be refused {extra:.2} % of their {requests} requests more than now, over the budget of {} %",
+            auto.max_extra
+        ))
+    } else {
+        Ok(())
+    };
+    match verdict {
+        Ok(()) => {
+            println!("staked identities: {extra:+.2} % refusals of {requests} requests, within {} %: promoting", auto.max_extra);
+            promote(target)
+        }
+        Err(why) => {
+            drop(target)?;
+            bail!(
+                "the candidate (module {}) was dropped: {why}",
+                candidate.module_sha256
+            )
+        }
+    }
+}
+
+fn record_path(live: &Live) -> anyhow::Result<std::path::PathBuf> {
+    Ok(live.state("shadow")?.join(format!("{}.json", live.filter)))
+}
+
+fn save(live: &Live, candidate: Option<&Candidate>) -> anyhow::Result<()> {
+    let path = record_path(live)?;
+    match candidate {
+        Some(c) => deploy::write_atomically(&path, serde_json::to_string_pretty(c)?.as_bytes()),
+        None => match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        },
+    }
+}
+
+fn candidate(live: &Live) -> anyhow::Result<Candidate> {
+    let path = record_path(live)?;
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "no shadow candidate for {} ({} is missing): deploy one with --shadow",
+            live.filter,
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a shadow record", path.display()))
+}
+
+/// `deploy --drop`: the shadow slot emptied, the record removed.
+pub fn drop(target: &Target) -> anyhow::Result<()> {
+    slot(target)?;
+    let live = Live::new(target)?;
+    let _lock = live.lock(deploy::LOCK_WAIT)?;
+    let config = live.config(Default::default(), "").shadow().idled();
+    let current = std::fs::read_to_string(live.dir.join(&config.file)).ok();
+    let version = deploy::next_version(&Default::default(), current.as_deref());
+    let admin = Admin::new(&target.admin);
+    let verdict = ecds::apply(
+        &admin,
+        &live.dir,
+        &config,
+        &version.to_string(),
+        target.timeout,
+    )?;
+    if verdict.update != EcdsUpdate::Applied {
+        bail!("Envoy did not take the empty shadow slot");
+    }
+    save(&live, None)?;
+    println!("shadow {} dropped: the slot is empty", target.filter);
+    Ok(())
+}
+
+/// `deploy --promote`: the candidate deployed live (recorded, so
+/// `rollback` undoes it), then the slot emptied.
+pub fn promote(target: &Target) -> anyhow::Result<()> {
+    slot(target)?;
+    let live = Live::new(target)?;
+    let candidate = candidate(&live)?;
+    let module = live.module_path(&candidate.module_sha256)?;
+    let deployment = deploy::deploy_policy(target, &module, &candidate.policy)
+        .context("promoting the shadow candidate")?;
+    deploy::print(
+        "promoted the shadow candidate:",
+        &target.filter,
+        &deployment,
+    );
+    drop(target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(identity: &str, requests: u64, refused: &[(&str, u64)], share: Option<f64>) -> Row {
+        let refused: BTreeMap<String, u64> =
+            refused.iter().map(|(r, n)| (r.to_string(), *n)).collect();
+        let total: u64 = refused.values().sum();
+        Row {
+            identity: identity.into(),
+            requests,
+            calls: requests,
+            admitted: requests - total,
+            refused,
+            node_ms: 0.0,
+            share_rps: share,
+            limited: share.is_some(),
+        }
+    }
+
+    #[test]
+    fn live_against_candidate_over_the_interval() {
+        let before = Ledgers {
+            live: vec![row("acme", 100, &[("stake-share", 10)], Some(50.0))],
+            shadow: vec![row("acme", 40, &[("stake-share", 30)], Some(20.0))],
+        };
+        let after = Ledgers {
+            live: vec![
+                row(
+                    "acme",
+                    300,
+                    &[("stake-share", 20), ("gate-inflight", 5)],
+                    Some(50.0),
+                ),
+                row(
+                    "unstaked:10.0.0.0/24",
+                    50,
+                    &[("stake-share", 40)],
+                    Some(1.0),
+                ),
+                row("unidentified", 7, &[], None),
+            ],
+            shadow: vec![
+                row("acme", 240, &[("stake-share", 90)], Some(20.0)),
+                row(
+                    "unstaked:10.0.0.0/24",
+                    50,
+                    &[("stake-share", 45)],
+                    Some(1.0),
+                ),
+            ],
+        };
+        let rows = compare(&before, &after);
+        let acme = rows.iter().find(|r| r.identity == "acme").unwrap();
+        // 200 requests; live QoS refused 10 (the gate 5 more), the
+        // candidate would refuse 60.
+        assert_eq!(
+            (
+                acme.requests,
+                acme.admitted,
+                acme.refused,
+                acme.would_refuse
+            ),
+            (200, 185, 10, 60)
+        );
+        assert_eq!(
+            (acme.share_rps, acme.would_be_share_rps),
+            (Some(50.0), Some(20.0))
+        );
+        assert!(acme.staked);
+        assert!(
+            !rows
+                .iter()
+                .find(|r| r.identity.starts_with("unstaked"))
+                .unwrap()
+                .staked
+        );
+        // Only staked identities count: 50 more refusals of 200 requests.
+        assert_eq!(extra_refusals(&rows), (25.0, 200));
+        let table = table(&rows);
+        assert!(table.lines().nth(1).unwrap().starts_with("acme"), "{table}");
+    }
+}

@@ -53,6 +53,17 @@ fn load(envoy: &Envoy, seconds: u64) -> std::thread::JoinHandle<stakegate_loadge
     })
 }
 
+/// `deploy --shadow` of `policy`, promoted or dropped after 3 s of load.
+fn watched(envoy: &Envoy, policy: &Path) -> Output {
+    let module = paths::wasm_module("stake_qos").unwrap();
+    let running = load(envoy, 5);
+    let (module, policy) = (module.to_str().unwrap(), policy.to_str().unwrap());
+    let args = ["deploy", "--shadow", "--module", module, "--policy", policy];
+    let out = stakegate(envoy, &[&args[..], &["--promote-after", "3s"]].concat());
+    running.join().unwrap();
+    out
+}
+
 fn shadow_stat(envoy: &Envoy, name: &str) -> i64 {
     envoy
         .stat(&format!("wasmcustom.stakegate.qos_shadow.{name}"))
@@ -77,12 +88,18 @@ fn a_shadow_candidate_refuses_nothing_is_compared_and_promoted_or_dropped_by_its
     let module = paths::wasm_module("stake_qos").unwrap();
     let module = module.to_str().unwrap();
     let strict = policy_file(dir.path(), "strict.json", 100);
-    let strict = strict.to_str().unwrap();
 
     // A candidate with a sixteenth of the capacity, as a shadow.
     let out = stakegate(
         &envoy,
-        &["deploy", "--shadow", "--module", module, "--policy", strict],
+        &[
+            "deploy",
+            "--shadow",
+            "--module",
+            module,
+            "--policy",
+            strict.to_str().unwrap(),
+        ],
     );
     assert!(out.status.success(), "{}", text(&out));
     let running = load(&envoy, 4);
@@ -127,21 +144,7 @@ fn a_shadow_candidate_refuses_nothing_is_compared_and_promoted_or_dropped_by_its
     );
 
     // Promoted automatically only within budget: this one is far over it.
-    let running = load(&envoy, 5);
-    let out = stakegate(
-        &envoy,
-        &[
-            "deploy",
-            "--shadow",
-            "--module",
-            module,
-            "--policy",
-            strict,
-            "--promote-after",
-            "3s",
-        ],
-    );
-    running.join().unwrap();
+    let out = watched(&envoy, &strict);
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("was dropped: staked identities would be refused"),
@@ -158,21 +161,7 @@ fn a_shadow_candidate_refuses_nothing_is_compared_and_promoted_or_dropped_by_its
 
     // A looser candidate is within budget (it would refuse nothing): live.
     let loose = policy_file(dir.path(), "loose.json", 3200);
-    let running = load(&envoy, 5);
-    let out = stakegate(
-        &envoy,
-        &[
-            "deploy",
-            "--shadow",
-            "--module",
-            module,
-            "--policy",
-            loose.to_str().unwrap(),
-            "--promote-after",
-            "3s",
-        ],
-    );
-    running.join().unwrap();
+    let out = watched(&envoy, &loose);
     assert!(out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("promoted the shadow candidate"),

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use stakegate_core::qos::ledger;
 use stakegate_core::request::sha256_hex;
 use stakegate_stack::admin::Admin;
-use stakegate_stack::ecds::{self, EcdsUpdate};
+use stakegate_stack::ecds::{self, EcdsUpdate, FilterConfig};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -226,20 +226,11 @@ pub fn deploy(
         let _lock = live.lock(deploy::LOCK_WAIT)?;
         let stored = live.store_module(&bytes, &sha256)?;
         let config = live.config(stored, &shadowed).shadow();
-        let current = std::fs::read_to_string(live.dir.join(&config.file)).ok();
-        let version = deploy::next_version(&Default::default(), current.as_deref());
-        let admin = Admin::new(&target.admin);
-        let verdict = ecds::apply(
-            &admin,
-            &live.dir,
-            &config,
-            &version.to_string(),
-            target.timeout,
-        )
-        .context("is this Envoy's config one with a shadow slot (envoy-config/gateway.yaml)?")?;
-        if verdict.update != EcdsUpdate::Applied {
-            let empty = live.config(Default::default(), "").shadow().idled();
-            empty.write(&live.dir, &version.to_string())?;
+        let (version, applied) = fill(&live, target, &config).context(
+            "is this Envoy's config one with a shadow slot (envoy-config/gateway.yaml)?",
+        )?;
+        if !applied {
+            empty_slot(&live).write(&live.dir, &version.to_string())?;
             bail!("Envoy rejected the shadow candidate; the slot is empty again");
         }
         let candidate = Candidate {
@@ -294,6 +285,27 @@ pub fn deploy(
     }
 }
 
+/// The shadow slot holding nothing.
+fn empty_slot(live: &Live) -> FilterConfig {
+    live.config(Default::default(), "").shadow().idled()
+}
+
+/// Writes `config` into its slot under the next version and waits for
+/// Envoy: the version, and whether Envoy applied it.
+fn fill(live: &Live, target: &Target, config: &FilterConfig) -> anyhow::Result<(u64, bool)> {
+    let current = std::fs::read_to_string(live.dir.join(&config.file)).ok();
+    let version = deploy::next_version(&Default::default(), current.as_deref());
+    let admin = Admin::new(&target.admin);
+    let verdict = ecds::apply(
+        &admin,
+        &live.dir,
+        config,
+        &version.to_string(),
+        target.timeout,
+    )?;
+    Ok((version, verdict.update == EcdsUpdate::Applied))
+}
+
 fn record_path(live: &Live) -> anyhow::Result<std::path::PathBuf> {
     Ok(live.state("shadow")?.join(format!("{}.json", live.filter)))
 }
@@ -327,18 +339,7 @@ pub fn drop(target: &Target) -> anyhow::Result<()> {
     slot(target)?;
     let live = Live::new(target)?;
     let _lock = live.lock(deploy::LOCK_WAIT)?;
-    let config = live.config(Default::default(), "").shadow().idled();
-    let current = std::fs::read_to_string(live.dir.join(&config.file)).ok();
-    let version = deploy::next_version(&Default::default(), current.as_deref());
-    let admin = Admin::new(&target.admin);
-    let verdict = ecds::apply(
-        &admin,
-        &live.dir,
-        &config,
-        &version.to_string(),
-        target.timeout,
-    )?;
-    if verdict.update != EcdsUpdate::Applied {
+    if !fill(&live, target, &empty_slot(&live))?.1 {
         bail!("Envoy did not take the empty shadow slot");
     }
     save(&live, None)?;

@@ -147,51 +147,50 @@ impl FilterConfig {
     }
 
     pub fn render(&self, version: &str) -> anyhow::Result<String> {
-        if self.idle {
-            let doc = json!({
-                "version_info": version,
-                "resources": [{
-                    "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
-                    "name": self.name,
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-                    },
-                }],
-            });
-            return Ok(serde_json::to_string_pretty(&doc)?);
-        }
-        let module = std::fs::canonicalize(&self.module)
-            .with_context(|| format!("module {}", self.module.display()))?;
+        let typed_config = if self.idle {
+            json!({
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            })
+        } else {
+            self.wasm()?
+        };
         let doc = json!({
             "version_info": version,
             "resources": [{
                 "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
                 "name": self.name,
-                "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-                    "config": {
-                        "name": self.plugin,
-                        "root_id": self.plugin,
-                        "vm_config": {
-                            "vm_id": self.vm_id,
-                            "runtime": "envoy.wasm.runtime.v8",
-                            "code": { "local": { "filename": module } },
-                            "environment_variables": { "host_env_keys": self.env_keys },
-                        },
-                        "configuration": {
-                            "@type": "type.googleapis.com/google.protobuf.StringValue",
-                            "value": self.policy,
-                        },
-                        // A VM that traps is replaced by a fresh one (its held
-                        // slots expire by the stale-slot TTL) rather than
-                        // either failing every request or waving them all
-                        // through unprotected.
-                        "failure_policy": "FAIL_RELOAD",
-                    },
-                },
+                "typed_config": typed_config,
             }],
         });
         Ok(serde_json::to_string_pretty(&doc)?)
+    }
+
+    /// The Wasm filter's typed config.
+    fn wasm(&self) -> anyhow::Result<serde_json::Value> {
+        let module = std::fs::canonicalize(&self.module)
+            .with_context(|| format!("module {}", self.module.display()))?;
+        Ok(json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": self.plugin,
+                "root_id": self.plugin,
+                "vm_config": {
+                    "vm_id": self.vm_id,
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": { "local": { "filename": module } },
+                    "environment_variables": { "host_env_keys": self.env_keys },
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": self.policy,
+                },
+                // A VM that traps is replaced by a fresh one (its held
+                // slots expire by the stale-slot TTL) rather than either
+                // failing every request or waving them all through
+                // unprotected.
+                "failure_policy": "FAIL_RELOAD",
+            },
+        }))
     }
 
     /// Writes the config into `dir` atomically and returns its path.

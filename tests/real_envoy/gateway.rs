@@ -244,7 +244,7 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
             ..client("internal", 20.0, "eth_call", 4)
         },
     ];
-    // `stakegate top --once` watches the first 2 s of the flood.
+    // `stakegate top --once` watches the first 3 s of the flood.
     let top = std::process::Command::new(paths::tool("stakegate").unwrap())
         .args([
             "top",
@@ -271,13 +271,19 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
         top.starts_with("qos   load ") && top.contains("\ngate  in flight "),
         "{top}"
     );
-    // The staked flood by its name, with its rate over those 2 s.
-    let staked_rate: f64 = top
-        .lines()
-        .find_map(|l| l.strip_prefix("stake-10"))
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no line for stake-10: {top}"));
-    assert!(staked_rate > 0.0, "{top}");
+    // Each flood by its identity, with its rate over those seconds and the
+    // share QoS gives it (QoS throttles them).
+    for identity in ["stake-10", "unstaked:127.0.0.2/32"] {
+        let fields: Vec<&str> = top
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{identity} ")))
+            .unwrap_or_else(|| panic!("no line for {identity}: {top}"))
+            .split_whitespace()
+            .collect();
+        let number = |i: usize| fields[i].parse::<f64>();
+        assert!(number(0).unwrap() > 0.0, "{identity} rate: {top}");
+        assert!(number(2).is_ok(), "{identity} share: {top}");
+    }
     for c in &report.clients {
         eprintln!("{}: sent {} {:?}", c.header.id, c.header.sent, c.status);
     }

@@ -146,6 +146,10 @@ fn is_address(label: &str) -> bool {
 #[derive(Debug, Default)]
 pub struct Ledger {
     given: HashSet<String>,
+    /// The bounds (names, addresses) the shared record was last seen full
+    /// at, of names and of addresses: no use asking for one of those then
+    /// (a label once given stays, so this worker knows them all).
+    full: Option<((u32, u32), (bool, bool))>,
     pub last_ms: u64,
     /// Requests counted without an identity since the last hand-over.
     pub unidentified: u64,
@@ -162,15 +166,21 @@ impl Ledger {
         series: u32,
         address_series: u32,
     ) -> Result<BTreeMap<String, Usage>, StoreError> {
+        let bounds = (series, address_series);
+        let full = match self.full {
+            Some((at, full)) if at == bounds => full,
+            _ => (false, false),
+        };
         let mut asked: Vec<String> = rows
             .iter()
             .filter_map(|(who, refused, _)| wanted(who, *refused))
             .filter(|label| !self.given.contains(label))
+            .filter(|label| if is_address(label) { !full.1 } else { !full.0 })
             .collect();
         asked.sort();
         asked.dedup();
         if !asked.is_empty() {
-            self.give(store, asked, series, address_series)?;
+            self.give(store, asked, bounds)?;
         }
         let mut by_label: BTreeMap<String, Usage> = BTreeMap::new();
         for (who, refused, usage) in rows {
@@ -185,43 +195,54 @@ impl Ledger {
         Ok(by_label)
     }
 
-    /// Adds what of `asked` fits to the shared labels, and learns which of
-    /// `asked` are given. One that did not fit is asked again at the next
-    /// hand-over (a larger `usage.series` after a swap gives it room).
+    /// Adds what of `asked` fits to the shared labels, and learns every
+    /// label given. One that did not fit is asked again at the next
+    /// hand-over unless its kind is full (a larger bound after a swap
+    /// gives it room).
     fn give(
         &mut self,
         store: &impl SharedStore,
         asked: Vec<String>,
-        series: u32,
-        address_series: u32,
+        (series, address_series): (u32, u32),
     ) -> Result<(), StoreError> {
-        let (labels, _) = read::<Labels>(store, LABELS_KEY)?;
-        let missing = asked.iter().any(|a| !labels.0.contains(a));
-        let labels = if missing {
-            update(store, LABELS_KEY, |l: &mut Labels| {
-                let mut changed = false;
-                for label in &asked {
-                    let address = is_address(label);
-                    let same_kind = l.0.iter().filter(|l| is_address(l) == address).count();
-                    let most = if address { address_series } else { series };
-                    if (same_kind as u32) < most && !l.0.contains(label) {
-                        l.0.push(label.clone());
-                        changed = true;
-                    }
-                }
-                if changed {
-                    Change::Write(())
+        // Which of `asked` `labels` has, or has room for; and whether it
+        // is then full, of names and of addresses.
+        let fit = |labels: &Labels| {
+            let known: HashSet<&str> = labels.0.iter().map(String::as_str).collect();
+            let addresses = labels.0.iter().filter(|l| is_address(l)).count() as u32;
+            let mut room = (
+                series.saturating_sub(labels.0.len() as u32 - addresses),
+                address_series.saturating_sub(addresses),
+            );
+            let mut new = Vec::new();
+            for label in asked.iter().filter(|a| !known.contains(a.as_str())) {
+                let left = if is_address(label) {
+                    &mut room.1
                 } else {
-                    Change::Keep(())
+                    &mut room.0
+                };
+                if *left > 0 {
+                    *left -= 1;
+                    new.push(label.clone());
                 }
+            }
+            (new, (room.0 == 0, room.1 == 0))
+        };
+        let (mut labels, _) = read::<Labels>(store, LABELS_KEY)?;
+        if !fit(&labels).0.is_empty() {
+            labels = update(store, LABELS_KEY, |l: &mut Labels| {
+                let (new, _) = fit(l);
+                if new.is_empty() {
+                    return Change::Keep(());
+                }
+                l.0.extend(new);
+                Change::Write(())
             })
             .map_err(|(e, _)| e)?
-            .table
-        } else {
-            labels
-        };
-        self.given
-            .extend(asked.into_iter().filter(|a| labels.0.contains(a)));
+            .table;
+        }
+        self.full = Some(((series, address_series), fit(&labels).1));
+        self.given.extend(labels.0);
         Ok(())
     }
 }
@@ -287,6 +308,29 @@ mod tests {
         let by_label = workers[1].label(&store, rows, 20, 4).unwrap();
         let keys: Vec<&str> = by_label.keys().map(String::as_str).collect();
         assert_eq!(keys, ["desk-0", "other", "unstaked"]);
+    }
+
+    #[test]
+    fn a_hundred_thousand_identities_make_at_most_the_configured_series() {
+        let store = MemoryStore::default();
+        let mut ledger = Ledger::default();
+        let rows: Vec<(Who, bool, Usage)> = (0..100_000u32)
+            .map(|i| {
+                let who = if i % 2 == 0 {
+                    named(&format!("client-{i}"))
+                } else {
+                    Who::Address(IpAddr::from(i.to_be_bytes()), 32)
+                };
+                (who, true, usage(1))
+            })
+            .collect();
+        let by_label = ledger.label(&store, rows, 64, 16).unwrap();
+        // 64 names, 16 addresses, `other` and `unstaked`: 82 labels.
+        assert_eq!(by_label.len(), 64 + 16 + 2);
+        assert_eq!(by_label.values().map(|u| u.requests).sum::<u64>(), 100_000);
+        assert_eq!(by_label["other"].requests, 50_000 - 64);
+        let series: usize = by_label.values().map(|u| u.counters().len() + 1).sum();
+        assert!(series <= 82 * (3 + 1 + 7), "{series}");
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub enum Rule {
     Websockets,
     /// The gate: the node has its in-flight limit.
     GateInflight,
-    /// The gate: `maxWebsocket` connections are open.
+    /// The gate: `maxWebsocketConnections` connections are open.
     GateWebsockets,
     /// The gate's coalescing: too many identical requests are waiting.
     DedupWaiters,

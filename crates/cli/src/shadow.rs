@@ -134,12 +134,7 @@ fn compare(before: &Ledgers, after: &Ledgers) -> Vec<Compared> {
 }
 
 fn table(rows: &[Compared]) -> String {
-    let width = rows
-        .iter()
-        .map(|r| r.identity.len())
-        .max()
-        .unwrap_or(0)
-        .max(8);
+    let width = usage::identity_width(rows.iter().map(|r| r.identity.as_str()));
     let rps = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
     let mut out = format!(
         "{:<width$} {:>9} {:>9} {:>9} {:>13} {:>9} {:>15}\n",

@@ -131,15 +131,15 @@ fn split(rest: &str) -> Option<(&str, Counter<'_>)> {
     (COUNTERS.contains(&last) || last == SHARE).then_some((head, Counter::Plain(last)))
 }
 
+/// The width of a table's identity column.
+pub fn identity_width<'a>(identities: impl Iterator<Item = &'a str>) -> usize {
+    identities.map(str::len).max().unwrap_or(0).max(8)
+}
+
 /// The table: a line per label, the refusals by rule at the end; the
 /// node's time only when it was measured (in node time).
 pub fn table(rows: &[Row]) -> String {
-    let width = rows
-        .iter()
-        .map(|r| r.identity.len())
-        .max()
-        .unwrap_or(0)
-        .max(8);
+    let width = identity_width(rows.iter().map(|r| r.identity.as_str()));
     let node_time = rows.iter().any(|r| r.node_ms > 0.0);
     let mut out = format!(
         "{:<width$} {:>10} {:>10} {:>10} {:>9}",

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct TopArgs {
-    /// Envoy's admin address, e.g. http://127.0.0.1:9901.
-    #[arg(long)]
+    /// Envoy's admin address.
+    #[arg(long, default_value = "http://127.0.0.1:9901")]
     pub admin: String,
     /// Print one view, an interval's rates, and exit.
     #[arg(long)]

@@ -15,8 +15,8 @@ pub const SHADOW: &str = "wasmcustom.stakegate.qos_shadow.usage.";
 
 #[derive(Debug, Args)]
 pub struct UsageArgs {
-    /// Envoy's admin address, e.g. http://127.0.0.1:9901.
-    #[arg(long)]
+    /// Envoy's admin address.
+    #[arg(long, default_value = "http://127.0.0.1:9901")]
     pub admin: String,
     /// Print JSON instead of a table.
     #[arg(long)]

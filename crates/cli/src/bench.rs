@@ -139,6 +139,10 @@ const QOS_IDENTIFYING: &str =
 const QOS_FLEET: &str =
     r#"{"capacityRps": 10000000, "decideOnBody": true, "fleet": {"syncMs": 100}}"#;
 const QOS_THROTTLING: &str = r#"{"capacityRps": 100, "decideOnBody": true}"#;
+/// The same policies as shadow candidates: deciding alike, refusing none.
+const QOS_IDENTIFYING_SHADOW: &str =
+    r#"{"capacityRps": 10000000, "decideOnBody": true, "identifyAbove": 0, "shadow": true}"#;
+const QOS_THROTTLING_SHADOW: &str = r#"{"capacityRps": 100, "decideOnBody": true, "shadow": true}"#;
 /// Below its threshold, sharing the node's time: every request identified,
 /// its body's methods charged, its answer timed.
 const QOS_NODE_TIME: &str = r#"{"capacityNodeMs": 100000000, "decideOnBody": true}"#;
@@ -230,6 +234,18 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
             "stake QoS over its threshold: mostly 429s",
             vec![qos(QOS_THROTTLING)?],
             true,
+        ),
+        chain(
+            "QoS identifying, shadow",
+            "the same policy as QoS identifying, as a shadow candidate (stakegate deploy --shadow)",
+            vec![qos(QOS_IDENTIFYING_SHADOW)?],
+            false,
+        ),
+        chain(
+            "QoS throttling, shadow",
+            "QoS throttling's policy as a shadow: it would refuse most requests, and refuses none",
+            vec![qos(QOS_THROTTLING_SHADOW)?],
+            false,
         ),
         chain(
             "gate + dedup, node time",
@@ -576,9 +592,11 @@ fn check_in_path(
         Ok(if config.name.starts_with("stakegate.admission_gate") {
             envoy.stat("wasmcustom.stakegate.gate.admitted.default")?
         } else if config.name.starts_with("stakegate.stake_qos") {
-            envoy.stat("wasmcustom.stakegate.qos.admitted.unstaked")?
-                + envoy.stat("wasmcustom.stakegate.qos.throttled.unstaked")?
-                + envoy.stat("wasmcustom.stakegate.qos.counted")?
+            // A shadow candidate counts under a prefix of its own.
+            let shadow = config.policy.contains(r#""shadow": true"#);
+            let qos = if shadow { "qos_shadow" } else { "qos" };
+            let stat = |name: &str| envoy.stat(&format!("wasmcustom.stakegate.{qos}.{name}"));
+            stat("admitted.unstaked")? + stat("throttled.unstaked")? + stat("counted")?
         } else {
             0
         })

@@ -593,9 +593,10 @@ fn check_in_path(
             envoy.stat("wasmcustom.stakegate.gate.admitted.default")?
         } else if config.name.starts_with("stakegate.stake_qos") {
             // A shadow candidate counts under a prefix of its own.
-            let shadow = config.policy.contains(r#""shadow": true"#);
-            let qos = if shadow { "qos_shadow" } else { "qos" };
-            let stat = |name: &str| envoy.stat(&format!("wasmcustom.stakegate.{qos}.{name}"));
+            let prefix = stakegate_core::qos::policy::QosPolicy::parse(config.policy.as_bytes())
+                .map_err(|e| anyhow::anyhow!("{}: {e}", config.name))?
+                .stats_prefix();
+            let stat = |name: &str| envoy.stat(&format!("wasmcustom.{prefix}.{name}"));
             stat("admitted.unstaked")? + stat("throttled.unstaked")? + stat("counted")?
         } else {
             0

@@ -113,7 +113,7 @@ fn compare(before: &Ledgers, after: &Ledgers) -> Vec<Compared> {
             let share = |r: &Row| r.limited.then_some(r.share_rps).flatten();
             Compared {
                 identity: id.to_string(),
-                requests: now.requests - then.requests.min(now.requests),
+                requests: now.requests.saturating_sub(then.requests),
                 admitted: now.admitted.saturating_sub(then.admitted),
                 refused: refused(now, Some(&QOS_RULES))
                     .saturating_sub(refused(then, Some(&QOS_RULES))),

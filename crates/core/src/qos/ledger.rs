@@ -68,7 +68,10 @@ pub struct Usage {
 impl Usage {
     /// Nothing was counted (the share is not a count).
     pub fn is_empty(&self) -> bool {
-        self.requests == 0 && self.calls == 0 && self.node_us == 0 && self.refused == [0; 7]
+        self.requests == 0
+            && self.calls == 0
+            && self.node_us == 0
+            && self.refused == [0; Rule::ALL.len()]
     }
 
     pub fn add(&mut self, other: &Usage) {

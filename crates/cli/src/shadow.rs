@@ -30,9 +30,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-/// The rules a stake QoS refuses by (the gate's are further on).
-const QOS_RULES: [&str; 3] = ["stake-share", "concurrency", "websockets"];
-
 /// The candidate in the shadow slot.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
@@ -95,13 +92,6 @@ fn compare(before: &Ledgers, after: &Ledgers) -> Vec<Compared> {
     let (live_then, shadow_then) = (by_identity(&before.live), by_identity(&before.shadow));
     let shadow_now = by_identity(&after.shadow);
     let empty = Row::default();
-    let refused = |row: &Row, rules: Option<&[&str]>| -> u64 {
-        row.refused
-            .iter()
-            .filter(|(rule, _)| rules.is_none_or(|r| r.contains(&rule.as_str())))
-            .map(|(_, n)| n)
-            .sum()
-    };
     let mut out: Vec<Compared> = after
         .live
         .iter()
@@ -115,9 +105,10 @@ fn compare(before: &Ledgers, after: &Ledgers) -> Vec<Compared> {
                 identity: id.to_string(),
                 requests: now.requests.saturating_sub(then.requests),
                 admitted: now.admitted.saturating_sub(then.admitted),
-                refused: refused(now, Some(&QOS_RULES))
-                    .saturating_sub(refused(then, Some(&QOS_RULES))),
-                would_refuse: refused(shadow, None).saturating_sub(refused(shadow_then, None)),
+                refused: now.refused_by_qos().saturating_sub(then.refused_by_qos()),
+                would_refuse: shadow
+                    .refused_total()
+                    .saturating_sub(shadow_then.refused_total()),
                 share_rps: share(now),
                 would_be_share_rps: share(shadow),
                 staked: !ledger::is_shared(id) && !id.starts_with(ledger::UNSTAKED),

@@ -221,6 +221,71 @@ pub struct Summary {
     /// A run with several gateway replicas (`gateway.replicas`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleet: Option<FleetSummary>,
+    /// A stake QoS candidate in shadow: what it predicted against what it
+    /// refused enforcing the same traffic (the simulator only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<ShadowCheck>,
+}
+
+/// A shadow candidate's prediction, checked: the simulator runs the same
+/// seeded traffic again with the candidate enforcing in the live one's
+/// place, and compares its refusals per identity.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShadowCheck {
+    pub identities: Vec<ShadowIdentity>,
+    /// The largest prediction error over identities, in per cent of what the
+    /// candidate refused enforcing (of its requests, for an identity it
+    /// refused nothing).
+    pub max_error_pct: f64,
+}
+
+/// One identity (a usage-ledger label), counted by stake QoS's own rules.
+#[derive(Debug, Clone, Serialize)]
+pub struct ShadowIdentity {
+    pub identity: String,
+    pub requests: u64,
+    /// Refused by the live stake QoS in the shadow run.
+    pub live_refused: u64,
+    /// What the candidate, in shadow, would have refused.
+    pub would_refuse: u64,
+    /// What the candidate refused when it enforced.
+    pub refused_enforcing: u64,
+    pub error_pct: f64,
+}
+
+impl ShadowIdentity {
+    pub fn new(
+        identity: String,
+        requests: u64,
+        live_refused: u64,
+        would_refuse: u64,
+        refused_enforcing: u64,
+    ) -> Self {
+        let base = if refused_enforcing > 0 {
+            refused_enforcing
+        } else {
+            requests.max(1)
+        };
+        let error_pct = 100.0 * would_refuse.abs_diff(refused_enforcing) as f64 / base as f64;
+        Self {
+            identity,
+            requests,
+            live_refused,
+            would_refuse,
+            refused_enforcing,
+            error_pct,
+        }
+    }
+}
+
+impl ShadowCheck {
+    pub fn new(identities: Vec<ShadowIdentity>) -> Self {
+        let max_error_pct = identities.iter().map(|i| i.error_pct).fold(0.0, f64::max);
+        Self {
+            identities,
+            max_error_pct,
+        }
+    }
 }
 
 /// Several gateway replicas sharing one capacity (stake QoS fleet mode).
@@ -643,6 +708,7 @@ impl Summary {
             swaps: Vec::new(),
             filter_metrics: BTreeMap::new(),
             fleet: None,
+            shadow: None,
         }
     }
 }

@@ -13,6 +13,9 @@ use std::collections::BTreeMap;
 pub const LIVE: &str = "wasmcustom.stakegate.qos.usage.";
 pub const SHADOW: &str = "wasmcustom.stakegate.qos_shadow.usage.";
 
+/// The rules a stake QoS refuses by (the gate's are further on).
+pub const QOS_RULES: [&str; 3] = ["stake-share", "concurrency", "websockets"];
+
 #[derive(Debug, Args)]
 pub struct UsageArgs {
     /// Envoy's admin address.
@@ -59,6 +62,14 @@ impl Row {
     pub fn refused_total(&self) -> u64 {
         self.refused.values().sum()
     }
+
+    /// Refused by stake QoS's own rules.
+    pub fn refused_by_qos(&self) -> u64 {
+        QOS_RULES
+            .iter()
+            .filter_map(|rule| self.refused.get(*rule))
+            .sum()
+    }
 }
 
 /// The ledger as Envoy has it, busiest first: the live one's, or under
@@ -79,7 +90,7 @@ pub fn read_from(admin: &Admin, prefix: &str) -> anyhow::Result<Vec<Row>> {
 }
 
 /// Rows from `(stat name, value)` pairs under `prefix`.
-fn rows<'a>(prefix: &str, stats: impl Iterator<Item = (&'a str, u64)>) -> Vec<Row> {
+pub fn rows<'a>(prefix: &str, stats: impl Iterator<Item = (&'a str, u64)>) -> Vec<Row> {
     let mut by_label: BTreeMap<String, Row> = BTreeMap::new();
     for (name, value) in stats {
         let Some((label, counter)) = name.strip_prefix(prefix).and_then(split) else {

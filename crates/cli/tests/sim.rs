@@ -367,6 +367,51 @@ fn the_whole_gateway_shares_by_stake_and_never_throttles_internal_calls() {
     assert!(rate("stake-20") > rate("stake-10") && rate("stake-10") > rate("unstaked"));
 }
 
+/// A candidate with half the capacity in shadow: it refuses no request,
+/// and what it says it would refuse is what it refuses when it enforces the
+/// same traffic (the simulator runs both), per identity within 1 %.
+#[test]
+fn a_shadow_candidate_predicts_what_it_refuses_enforcing() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("shadow-candidate.toml"), true)).unwrap();
+    let shadow = &summary["shadow"];
+    let identities = shadow["identities"].as_array().unwrap();
+    let total =
+        |field: &str| -> u64 { identities.iter().map(|i| i[field].as_u64().unwrap()).sum() };
+    // What the clients were refused is the live policy's doing alone.
+    let refused_429: u64 = summary["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["status_counts"]["429"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(refused_429, total("live_refused"), "{shadow}");
+    // The candidate is stricter: it would refuse staked clients the live
+    // one serves in full.
+    let stake_20 = identities
+        .iter()
+        .find(|i| i["identity"] == "stake-20")
+        .unwrap();
+    assert_eq!(stake_20["live_refused"], 0, "{stake_20}");
+    assert!(
+        stake_20["would_refuse"].as_u64().unwrap() > 1000,
+        "{stake_20}"
+    );
+    assert!(
+        total("would_refuse") > total("live_refused") + 3000,
+        "{shadow}"
+    );
+    for identity in identities {
+        assert!(identity["error_pct"].as_f64().unwrap() <= 1.0, "{identity}");
+    }
+    assert!(shadow["max_error_pct"].as_f64().unwrap() <= 1.0, "{shadow}");
+    let table = sim(&scenarios().join("shadow-candidate.toml"), false);
+    assert!(
+        table.contains("shadow candidate, checked by running it enforcing"),
+        "{table}"
+    );
+}
+
 /// Four equal stakes, each flooding one method from 0.2 ms to 40 ms, with
 /// QoS sharing calls: the node time each client used is what its admitted
 /// calls cost the node, and shares of calls are not shares of node time.

@@ -11,6 +11,9 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The suffix of a filter's shadow slot's names.
+const SHADOW: &str = "shadow";
+
 /// One Wasm filter as Envoy loads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FilterConfig {
@@ -123,7 +126,14 @@ impl FilterConfig {
     /// before it in the gateway config, with a VM and shared data of its
     /// own, where a candidate decides every request and refuses none.
     pub fn shadow(&self) -> Self {
-        self.named("shadow")
+        self.named(SHADOW)
+    }
+
+    /// Whether this is a filter's shadow slot.
+    pub fn is_shadow(&self) -> bool {
+        self.name
+            .rsplit_once('.')
+            .is_some_and(|(_, suffix)| suffix == SHADOW)
     }
 
     /// The same slot holding nothing (`idle`).
@@ -135,9 +145,13 @@ impl FilterConfig {
     }
 
     /// Writes this config and its warm-up slot's (the same) into `dir`,
-    /// and its shadow slot, empty, if it has no file yet.
+    /// and its shadow slot, empty, if it has no file yet. A shadow slot's
+    /// config is written alone: the slot has neither.
     pub fn write_both(&self, dir: &Path, version: &str) -> anyhow::Result<()> {
         self.write(dir, version)?;
+        if self.is_shadow() {
+            return Ok(());
+        }
         self.warm_up().write(dir, version)?;
         let shadow = self.shadow().idled();
         if !dir.join(&shadow.file).exists() {

@@ -10,6 +10,7 @@ pub mod stack;
 use anyhow::{bail, Context};
 use rpc_node::costs::CostTable;
 use serde::Deserialize;
+use stakegate_core::qos::policy::QosPolicy;
 use stakegate_loadgen::{Phase, Schedule};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -223,6 +224,20 @@ pub struct Filter {
     pub name: String,
     pub module: PathBuf,
     pub policy: String,
+    /// A stake QoS candidate in shadow (its policy's `shadow`): it decides
+    /// every request before the live stake QoS and refuses none.
+    pub shadow: bool,
+}
+
+impl Filter {
+    /// The shadow candidate's policy as it would enforce, if this is one.
+    pub fn enforcing_policy(&self) -> anyhow::Result<String> {
+        let mut value: serde_json::Value = serde_json::from_str(&self.policy)?;
+        if let Some(object) = value.as_object_mut() {
+            object.remove("shadow");
+        }
+        Ok(value.to_string())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -330,7 +345,10 @@ impl Scenario {
             if at >= duration {
                 bail!("{field}.at: must be within the run's duration");
             }
-            let Some(filter) = filters.iter().position(|f| f.name == swap.filter) else {
+            let Some(filter) = filters
+                .iter()
+                .position(|f| f.name == swap.filter && !f.shadow)
+            else {
                 bail!(
                     "{field}.filter: {:?} is not in gateway.filters",
                     swap.filter
@@ -340,6 +358,7 @@ impl Scenario {
             swaps.push(Swap { at, filter, policy });
         }
         swaps.sort_by_key(|s| s.at);
+        check_shadow(&filters, &swaps)?;
         let replicas = doc.gateway.replicas.unwrap_or(1);
         if !(1..=MAX_REPLICAS).contains(&replicas) {
             bail!("gateway.replicas: must be 1 to {MAX_REPLICAS}");
@@ -517,6 +536,30 @@ impl Scenario {
 
     /// `gateway.capacity_node_ms` if set, else the node time (ms per
     /// second) of all the node's read slots.
+    /// This scenario with its shadow candidate enforcing in the live stake
+    /// QoS's place, if it has one: what the candidate's prediction is
+    /// checked against.
+    pub fn promoted(&self) -> anyhow::Result<Option<Scenario>> {
+        let Some(at) = self.filters.iter().position(|f| f.shadow) else {
+            return Ok(None);
+        };
+        let mut promoted = self.clone();
+        let candidate = promoted.filters.remove(at);
+        let live = promoted.filters[at..]
+            .iter_mut()
+            .find(|f| f.name == candidate.name)
+            .context("a shadow candidate without a live stake QoS")?;
+        live.policy = candidate.enforcing_policy()?;
+        live.module = candidate.module;
+        for swap in &mut promoted.swaps {
+            if swap.filter > at {
+                swap.filter -= 1;
+            }
+        }
+        promoted.name += " (candidate enforcing)";
+        Ok(Some(promoted))
+    }
+
     pub fn capacity_node_ms(&self) -> f64 {
         self.gateway_capacity_node_ms
             .unwrap_or(f64::from(self.node.read_slots) * 1000.0)
@@ -572,11 +615,41 @@ fn filter(i: usize, doc: FilterDoc, dir: &Path) -> anyhow::Result<Filter> {
         }
         policy = value.to_string();
     }
+    let shadow = doc.filter == "stake-qos"
+        && QosPolicy::parse(policy.as_bytes()).is_ok_and(|p| p.shadow);
     Ok(Filter {
         name: doc.filter,
         module,
         policy,
+        shadow,
     })
+}
+
+/// A shadow candidate stands before the live stake QoS it would replace,
+/// as in `envoy-config/gateway.yaml`, and at most one does. The simulator
+/// then runs the candidate enforcing too, to check what the shadow
+/// predicted; a swap of the live stake QoS would make that comparison moot.
+fn check_shadow(filters: &[Filter], swaps: &[Swap]) -> anyhow::Result<()> {
+    let Some(at) = filters.iter().position(|f| f.shadow) else {
+        return Ok(());
+    };
+    if filters.iter().filter(|f| f.shadow).count() > 1 {
+        bail!("gateway.filters: one stake QoS in shadow at most");
+    }
+    let Some(live) = filters
+        .iter()
+        .skip(at + 1)
+        .position(|f| f.name == "stake-qos")
+        .map(|i| i + at + 1)
+    else {
+        bail!(
+            "gateway.filters[{at}]: a stake QoS in shadow comes before the live stake QoS it is a candidate for"
+        );
+    };
+    if swaps.iter().any(|s| s.filter == live) {
+        bail!("gateway.swaps: a scenario with a shadow candidate swaps the gate only");
+    }
+    Ok(())
 }
 
 /// A policy given as a file (relative to `dir`) or inline, as JSON text.
@@ -667,6 +740,53 @@ mod tests {
                 ""
             ),
             "gateway.redis_outages[0]: must start and end within the run"
+        );
+    }
+
+    #[test]
+    fn a_shadow_candidate_stands_before_the_live_stake_qos() {
+        let qos = |policy: &str| {
+            format!("[[gateway.filters]]\nfilter = \"stake-qos\"\npolicy_inline = {policy}\n")
+        };
+        let (shadow, live) = (
+            qos("{ capacityRps = 10, shadow = true }"),
+            qos("{ capacityRps = 20 }"),
+        );
+        let parse = |filters: &str, swaps: &str| {
+            let text = format!(
+                "name = \"x\"\nduration = \"10s\"\n[gateway]\n{filters}{swaps}[node]\nread_slots = 4\n\
+                 [[clients]]\nid = \"a\"\nrate = 1\n"
+            );
+            Scenario::parse(&text, Path::new("."))
+        };
+        let err = |filters: &str| format!("{:#}", parse(filters, "").unwrap_err());
+        let scenario = parse(&format!("{shadow}{live}"), "").unwrap();
+        assert_eq!(
+            scenario
+                .filters
+                .iter()
+                .map(|f| f.shadow)
+                .collect::<Vec<_>>(),
+            [true, false]
+        );
+        // Enforcing, the candidate takes the live one's place, without
+        // its shadow flag.
+        let promoted = scenario.promoted().unwrap().unwrap();
+        assert_eq!(promoted.filters.len(), 1);
+        assert_eq!(promoted.filters[0].policy, r#"{"capacityRps":10}"#);
+        assert!(parse(&live, "").unwrap().promoted().unwrap().is_none());
+        assert_eq!(
+            err(&format!("{live}{shadow}")),
+            "gateway.filters[1]: a stake QoS in shadow comes before the live stake QoS it is a candidate for"
+        );
+        assert_eq!(
+            err(&format!("{shadow}{shadow}{live}")),
+            "gateway.filters: one stake QoS in shadow at most"
+        );
+        let swap = "[[gateway.swaps]]\nat = \"5s\"\nfilter = \"stake-qos\"\npolicy_inline = { capacityRps = 5 }\n";
+        assert_eq!(
+            format!("{:#}", parse(&format!("{shadow}{live}"), swap).unwrap_err()),
+            "gateway.swaps: a scenario with a shadow candidate swaps the gate only"
         );
     }
 

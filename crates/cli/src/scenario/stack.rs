@@ -443,7 +443,18 @@ fn node_args(scenario: &Scenario) -> Vec<String> {
 
 /// The gateway config for the scenario's filter chain.
 fn template(scenario: &Scenario) -> anyhow::Result<&'static str> {
-    let names: Vec<&str> = scenario.filters.iter().map(|f| f.name.as_str()).collect();
+    let names: Vec<&str> = scenario
+        .filters
+        .iter()
+        .filter(|f| !f.shadow)
+        .map(|f| f.name.as_str())
+        .collect();
+    let shadow = scenario.filters.iter().any(|f| f.shadow);
+    if shadow && names != ["stake-qos", "admission-gate"] {
+        bail!(
+            "gateway.filters: a shadow candidate runs for real in the whole gateway's config only (stake-qos then admission-gate), which has its slot"
+        );
+    }
     Ok(match names.as_slice() {
         [] => "passthrough.yaml",
         ["admission-gate"] => "gate.yaml",
@@ -461,7 +472,9 @@ pub fn has_internal_listener(scenario: &Scenario) -> anyhow::Result<bool> {
 }
 
 fn filter_config(filter: &Filter, module: &Path) -> FilterConfig {
-    if filter.name == "stake-qos" {
+    if filter.shadow {
+        FilterConfig::stake_qos(module, &filter.policy).shadow()
+    } else if filter.name == "stake-qos" {
         FilterConfig::stake_qos(module, &filter.policy)
     } else {
         FilterConfig::admission_gate(module, &filter.policy)

@@ -15,8 +15,10 @@ mod node;
 mod world;
 
 use crate::scenario::Scenario;
-use crate::summary::Summary;
+use crate::summary::{ShadowCheck, ShadowIdentity, Summary};
+use crate::usage::{self, Row};
 use stakegate_core::baseline::Mechanism;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use world::World;
 
@@ -47,7 +49,46 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
     }
     let mut world = World::new(scenario, baselines)?;
     world.run()?;
-    Ok(world.summary(baselines))
+    let mut summary = world.summary(baselines);
+    if let Some(promoted) = scenario.promoted()? {
+        let mut enforcing = World::new(&promoted, &[])?;
+        enforcing.run()?;
+        let enforced = enforcing.summary(&[]).filter_metrics;
+        summary.shadow = Some(shadow_check(&summary.filter_metrics, &enforced));
+    }
+    Ok(summary)
+}
+
+/// Per identity: the live stake QoS's refusals and the shadow candidate's
+/// in one run (`shadowed`), against the candidate's when it enforced
+/// (`enforced`), from their usage ledgers.
+fn shadow_check(shadowed: &BTreeMap<String, i64>, enforced: &BTreeMap<String, i64>) -> ShadowCheck {
+    let ledger = |metrics: &BTreeMap<String, i64>, prefix: &str| {
+        let prefix = prefix.trim_start_matches("wasmcustom.");
+        let stats = metrics.iter().map(|(n, v)| (n.as_str(), *v as u64));
+        usage::rows(prefix, stats)
+            .into_iter()
+            .map(|row| (row.identity.clone(), row))
+            .collect::<BTreeMap<String, Row>>()
+    };
+    let live = ledger(shadowed, usage::LIVE);
+    let candidate = ledger(shadowed, usage::SHADOW);
+    let enforcing = ledger(enforced, usage::LIVE);
+    let empty = Row::default();
+    let identities = live
+        .values()
+        .map(|row| {
+            let id = row.identity.as_str();
+            ShadowIdentity::new(
+                row.identity.clone(),
+                row.requests,
+                row.refused_by_qos(),
+                candidate.get(id).unwrap_or(&empty).refused_total(),
+                enforcing.get(id).unwrap_or(&empty).refused_by_qos(),
+            )
+        })
+        .collect();
+    ShadowCheck::new(identities)
 }
 
 pub fn table(scenario: &Scenario, summary: &Summary) -> String {
@@ -131,6 +172,27 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
     out += &format!("admitted by second: {}\n", seconds.join(" "));
     for swap in &summary.swaps {
         out += &format!("{swap}\n");
+    }
+    if let Some(shadow) = &summary.shadow {
+        out += &format!(
+            "\nshadow candidate, checked by running it enforcing: max error {:.2} %\n",
+            shadow.max_error_pct
+        );
+        out += &format!(
+            "{:<24} {:>9} {:>13} {:>13} {:>18} {:>8}\n",
+            "identity", "requests", "live refused", "would refuse", "refused enforcing", "error %"
+        );
+        for i in &shadow.identities {
+            out += &format!(
+                "{:<24} {:>9} {:>13} {:>13} {:>18} {:>8.2}\n",
+                i.identity,
+                i.requests,
+                i.live_refused,
+                i.would_refuse,
+                i.refused_enforcing,
+                i.error_pct
+            );
+        }
     }
     if let Some(fleet) = &summary.fleet {
         out += &format!(

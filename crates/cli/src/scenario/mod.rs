@@ -615,8 +615,8 @@ fn filter(i: usize, doc: FilterDoc, dir: &Path) -> anyhow::Result<Filter> {
         }
         policy = value.to_string();
     }
-    let shadow = doc.filter == "stake-qos"
-        && QosPolicy::parse(policy.as_bytes()).is_ok_and(|p| p.shadow);
+    let shadow =
+        doc.filter == "stake-qos" && QosPolicy::parse(policy.as_bytes()).is_ok_and(|p| p.shadow);
     Ok(Filter {
         name: doc.filter,
         module,

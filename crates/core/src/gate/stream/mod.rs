@@ -501,7 +501,12 @@ impl HttpRequest {
         self.body_pieces = self.body_pieces.saturating_add(1);
         if self.body_pieces == 1 && self.body_follows && !end_of_stream {
             w.counts.bodies_streamed += 1;
-            w.note_once("request bodies reach the gate in pieces, so a slow upload holds its slot; put envoy.filters.http.buffer before the gate (see policies/admission-gate.md)");
+            // Only a public request admitted before its body holds a node
+            // slot while the body comes (an internal one holds none; with
+            // `decideOnBody` it is admitted once the body is whole).
+            if self.place.ticket.is_some() && self.place.class != RequestClass::Internal {
+                w.note_once("request bodies reach the gate in pieces, so a slow upload holds its slot; put envoy.filters.http.buffer before the gate (see policies/admission-gate.md)");
+            }
         }
         let mut read = None;
         if self.place.ticket.is_none() {

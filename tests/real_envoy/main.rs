@@ -11,6 +11,7 @@ mod foundation;
 mod gateway;
 mod hostile;
 mod loadgen;
+mod quickstart;
 mod retry_storm;
 mod scenario_run;
 mod shadow;

@@ -73,8 +73,8 @@ pub struct Target {
 pub struct DeployArgs {
     #[command(flatten)]
     pub target: Target,
-    /// The compiled filter module.
-    #[arg(long, required_unless_present_any = ["promote", "drop"])]
+    /// The compiled filter module (default: the one the filter runs now).
+    #[arg(long)]
     pub module: Option<PathBuf>,
     /// The policy document (JSON).
     #[arg(long, required_unless_present_any = ["promote", "drop"])]
@@ -235,16 +235,41 @@ impl Live {
 
     /// The history; when it is empty, the config now in the directory (the
     /// one Envoy started with) becomes deployment 0.
+    /// The filter's ECDS document in the directory, if it has one.
+    fn current_config(&self) -> Option<serde_json::Value> {
+        let file = self.config(PathBuf::new(), "").file;
+        let text = std::fs::read_to_string(self.dir.join(file)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// The module the filter runs now, as its ECDS document names it.
+    pub fn current_module(&self) -> anyhow::Result<PathBuf> {
+        let doc = self.current_config();
+        doc.as_ref()
+            .and_then(|d| {
+                d["resources"][0]["typed_config"]["config"]["vm_config"]["code"]["local"]
+                    ["filename"]
+                    .as_str()
+            })
+            .map(PathBuf::from)
+            .with_context(|| {
+                format!(
+                    "{} runs no module in {}: give --module",
+                    self.filter,
+                    self.dir.display()
+                )
+            })
+    }
+
     fn history_from_startup(&self) -> anyhow::Result<History> {
         let mut history = self.history()?;
         if !history.deployments.is_empty() {
             return Ok(history);
         }
         let file = self.config(PathBuf::new(), "").file;
-        let Ok(text) = std::fs::read_to_string(self.dir.join(&file)) else {
+        let Some(doc) = self.current_config() else {
             return Ok(history);
         };
-        let doc: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         let config = &doc["resources"][0]["typed_config"]["config"];
         let module = config["vm_config"]["code"]["local"]["filename"].as_str();
         let policy = config["configuration"]["value"].as_str();
@@ -430,9 +455,14 @@ pub fn deploy(args: &DeployArgs) -> anyhow::Result<()> {
     if args.drop {
         return crate::shadow::drop(&args.target);
     }
-    let (Some(module), Some(policy_path)) = (&args.module, &args.policy) else {
-        bail!("--module and --policy are required");
+    let Some(policy_path) = &args.policy else {
+        bail!("--policy is required");
     };
+    let module = match &args.module {
+        Some(module) => module.clone(),
+        None => Live::new(&args.target)?.current_module()?,
+    };
+    let module = &module;
     let policy = std::fs::read_to_string(policy_path)
         .with_context(|| format!("reading {}", policy_path.display()))?;
     let context = || format!("{} with {}", module.display(), policy_path.display());

@@ -7,11 +7,58 @@
 
 use anyhow::{bail, Context};
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The whole gateway's template (QoS, then the gate, then the router).
 const GATEWAY: &str = include_str!("../../../envoy-config/gateway.yaml");
+
+/// A filter as init sets it up: its module's name, and the example
+/// policy written into a new gateway's directory for the operator to edit.
+struct Example {
+    module: &'static str,
+    file: &'static str,
+    text: &'static str,
+}
+
+const QOS: Example = Example {
+    module: "stake_qos",
+    file: "stake-qos.json",
+    text: include_str!("../../../policies/stake-qos.example.json"),
+};
+
+const GATE: Example = Example {
+    module: "admission_gate",
+    file: "admission-gate.json",
+    text: include_str!("../../../policies/admission-gate.example.json"),
+};
+
+impl Example {
+    /// The policy's text and file: the one given, else the example in
+    /// `dir/policies/` (written there once; the operator's edits are kept).
+    fn policy(&self, dir: &Path, given: Option<&Path>) -> anyhow::Result<(String, PathBuf)> {
+        if let Some(path) = given {
+            let what = format!("policy {}", self.file.trim_end_matches(".json"));
+            return Ok((read(path, &what)?, path.to_path_buf()));
+        }
+        let path = dir.join("policies").join(self.file);
+        if !path.exists() {
+            std::fs::create_dir_all(dir.join("policies"))?;
+            std::fs::write(&path, self.text)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok((read(&path, "policy")?, path))
+    }
+
+    /// The module given, else the one `make build` built.
+    fn module(&self, given: Option<&PathBuf>) -> anyhow::Result<PathBuf> {
+        match given {
+            Some(module) => Ok(module.clone()),
+            None => stakegate_stack::paths::wasm_module(self.module),
+        }
+    }
+}
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct InitArgs {
@@ -33,17 +80,20 @@ pub struct InitArgs {
     /// Envoy's admin address (keep it private: it can change Envoy).
     #[arg(long, default_value = "127.0.0.1:9901")]
     pub admin: SocketAddr,
-    #[arg(
-        long,
-        default_value = "target/wasm32-wasip1/release/admission_gate.wasm"
-    )]
-    pub gate_module: PathBuf,
-    #[arg(long, default_value = "policies/admission-gate.example.json")]
-    pub gate_policy: PathBuf,
-    #[arg(long, default_value = "target/wasm32-wasip1/release/stake_qos.wasm")]
-    pub qos_module: PathBuf,
-    #[arg(long, default_value = "policies/stake-qos.example.json")]
-    pub qos_policy: PathBuf,
+    /// The gate's module (default: the one `make build` built).
+    #[arg(long)]
+    pub gate_module: Option<PathBuf>,
+    /// The gate's policy (default: the example, written to
+    /// DIR/policies/admission-gate.json for you to edit).
+    #[arg(long)]
+    pub gate_policy: Option<PathBuf>,
+    /// Stake QoS's module (default: the one `make build` built).
+    #[arg(long)]
+    pub qos_module: Option<PathBuf>,
+    /// Stake QoS's policy (default: the example, written to
+    /// DIR/policies/stake-qos.json for you to edit).
+    #[arg(long)]
+    pub qos_policy: Option<PathBuf>,
     /// Webdis (Redis over HTTP), `host:port`: where a QoS policy in fleet
     /// mode exchanges demand with the other replicas. Unused otherwise.
     #[arg(long, default_value = "127.0.0.1:7379")]
@@ -92,24 +142,23 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
         );
     }
     let (node_host, node_port) = address("--node", &args.node)?;
-    // Resolvable now, or Envoy would start with a node it cannot find.
-    (node_host.as_str(), node_port)
-        .to_socket_addrs()
-        .with_context(|| format!("--node {}: {node_host} does not resolve", args.node))?;
+    let (node_host, node_note) = node_address(&args.node, &node_host, node_port)?;
     let (fleet_host, fleet_port) = address("--fleet", &args.fleet)?;
-    let gate_policy = read(&args.gate_policy, "gate policy")?;
-    let qos_policy = read(&args.qos_policy, "QoS policy")?;
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("creating {}", args.dir.display()))?;
     let dir = args.dir.canonicalize()?;
+    let (qos_policy, qos_path) = QOS.policy(&dir, args.qos_policy.as_deref())?;
+    let (gate_policy, gate_path) = GATE.policy(&dir, args.gate_policy.as_deref())?;
+    let qos_module = QOS.module(args.qos_module.as_ref())?;
+    let gate_module = GATE.module(args.gate_module.as_ref())?;
     // Starting over: the deployments recorded before are not in effect.
     let history = dir.join(".stakegate").join("history");
     if history.exists() {
         std::fs::remove_dir_all(&history)
             .with_context(|| format!("removing {}", history.display()))?;
     }
-    crate::deploy::first_config(&dir, "stake-qos", &args.qos_module, &qos_policy)?;
-    crate::deploy::first_config(&dir, "admission-gate", &args.gate_module, &gate_policy)?;
+    crate::deploy::first_config(&dir, "stake-qos", &qos_module, &qos_policy)?;
+    crate::deploy::first_config(&dir, "admission-gate", &gate_module, &gate_policy)?;
     let vars: BTreeMap<String, String> = [
         ("ADMIN_ADDRESS", args.admin.ip().to_string()),
         ("ADMIN_PORT", args.admin.port().to_string()),
@@ -128,15 +177,22 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
     let rendered = stakegate_stack::envoy::render(GATEWAY, &vars)?;
     std::fs::write(&config, rendered).with_context(|| format!("writing {}", config.display()))?;
     let fleet = fleet_note(&qos_policy, &args.fleet);
+    // The binary itself, with hot restart off: as the project's tests run
+    // it, and what a service manager should run (hot restart needs a
+    // `--base-id` of its own for each Envoy on one machine).
+    let envoy = stakegate_stack::paths::envoy_binary()
+        .map_or_else(|_| "envoy".into(), |bin| bin.display().to_string());
+    let node_note = node_note.map_or(String::new(), |note| format!("{note}\n"));
     println!(
-        "wrote {config}: stake QoS ({qos}) and the admission gate ({gate}) in front of {node}\n\
-         public  http://{listen}:{public}\n\
+        "{node_note}wrote {config}: stake QoS ({qos}) and the admission gate ({gate}) in front of {node}\n\
+         public   http://{listen}:{public}\n\
          internal http://{listen}:{internal} (never rejected)\n\
-         start:   envoy -c {config}\n\
-         change:  stakegate deploy --dir {dir} --admin http://{admin} --filter admission-gate|stake-qos --module M --policy P{fleet}",
+         start:   {envoy} -c {config} --disable-hot-restart\n\
+         edit:    {qos} (stakes: `stakegate key-hash KEY` gives an API key's apiKeySha256) and {gate}\n\
+         change:  stakegate deploy --dir {dir} --admin http://{admin} --filter stake-qos --policy {qos}{fleet}",
         config = config.display(),
-        qos = args.qos_policy.display(),
-        gate = args.gate_policy.display(),
+        qos = qos_path.display(),
+        gate = gate_path.display(),
         node = args.node,
         listen = args.listen,
         public = args.public_port,
@@ -145,6 +201,45 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
         admin = args.admin,
     );
     Ok(())
+}
+
+/// The node's host as Envoy should dial it, and what to tell the operator.
+/// A name with several addresses dials the one the node answers on, and so
+/// does a name for this machine: `localhost` may be `::1` and `127.0.0.1`,
+/// a node often listens on one of them only, and Envoy's own resolver may
+/// pick `::1` where the system's gave `127.0.0.1`.
+fn node_address(node: &str, host: &str, port: u16) -> anyhow::Result<(String, Option<String>)> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("--node {node}: {host} does not resolve"))?
+        .collect();
+    let answering: Vec<&SocketAddr> = addrs
+        .iter()
+        .filter(|addr| TcpStream::connect_timeout(addr, Duration::from_secs(1)).is_ok())
+        .collect();
+    Ok(match answering.first() {
+        None => (
+            host.to_string(),
+            Some(format!(
+                "warning: nothing answers at {node} yet; the gateway answers 503 until the node does"
+            )),
+        ),
+        Some(addr)
+            if answering.len() < addrs.len()
+                || (host.parse::<IpAddr>().is_err() && addrs.iter().all(|a| a.ip().is_loopback())) =>
+        {
+            let all: Vec<String> = addrs.iter().map(|a| a.ip().to_string()).collect();
+            (
+                addr.ip().to_string(),
+                Some(format!(
+                    "{host} is {} here; the node answers on {}, so the gateway dials that",
+                    all.join(" and "),
+                    addr.ip()
+                )),
+            )
+        }
+        Some(_) => (host.to_string(), None),
+    })
 }
 
 /// What a replica of a fleet needs at start, when the QoS policy is in

@@ -50,6 +50,8 @@ enum Command {
     Usage(usage::UsageArgs),
     /// A running gateway live, like top: per identity its rate, share and refusals by rule; the node's in-flight, the gate's shedding, the fleet.
     Top(top::TopArgs),
+    /// An API key's sha256, as a stake entry's apiKeySha256 holds it; with no KEY, of the first line on stdin (out of the shell's history).
+    KeyHash { key: Option<String> },
     /// Exit 0 when URL answers 200 (the compose stack's healthcheck).
     Probe { url: String },
 }
@@ -85,6 +87,23 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Prints the hash policies hold instead of the key.
+fn key_hash(key: Option<String>) -> anyhow::Result<()> {
+    let key = match key {
+        Some(key) => key,
+        None => {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line)?;
+            line.trim_end_matches(['\r', '\n']).to_string()
+        }
+    };
+    if key.is_empty() {
+        anyhow::bail!("no key: give it as an argument or on stdin");
+    }
+    println!("{}", stakegate_core::request::sha256_hex(key.as_bytes()));
+    Ok(())
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Check(args) => check::run(&args),
@@ -100,6 +119,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Scenario(ScenarioCommand::Run(args)) => scenario::run::run(&args),
         Command::Scenario(ScenarioCommand::Stack(args)) => scenario::stack::write(&args),
         Command::Probe { url } => scenario::stack::probe(&url),
+        Command::KeyHash { key } => key_hash(key),
         Command::Bench(Bench::Filters(args)) => bench::filters(&args),
         Command::Bench(Bench::HostCalls(args)) => bench::host_calls(&args),
         Command::Bench(Bench::QosRefill(args)) => bench::qos_refill(&args),

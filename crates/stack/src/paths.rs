@@ -5,21 +5,24 @@ use anyhow::bail;
 use std::path::{Path, PathBuf};
 
 /// The project root: `$STAKEGATE_ROOT`, else the nearest ancestor of the
-/// current directory holding `envoy-config/`, else the tree this crate was
-/// built from.
+/// current directory holding `envoy-config/`, else of the running binary
+/// (`target/tools/stakegate` run from anywhere), else the tree this crate
+/// was built from.
 pub fn project_root() -> PathBuf {
     if let Some(root) = std::env::var_os("STAKEGATE_ROOT") {
         return PathBuf::from(root);
     }
-    if let Ok(cwd) = std::env::current_dir() {
-        if let Some(root) = cwd
+    let is_root =
+        |dir: &Path| dir.join("envoy-config").is_dir() && dir.join("Cargo.toml").is_file();
+    let found = |start: Option<PathBuf>| {
+        start?
             .ancestors()
-            .find(|dir| dir.join("envoy-config").is_dir() && dir.join("Cargo.toml").is_file())
-        {
-            return root.to_path_buf();
-        }
-    }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+            .find(|d| is_root(d))
+            .map(Path::to_path_buf)
+    };
+    found(std::env::current_dir().ok())
+        .or_else(|| found(std::env::current_exe().ok()))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
 }
 
 fn target_dir() -> PathBuf {

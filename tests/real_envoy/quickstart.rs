@@ -107,8 +107,9 @@ fn the_readme_quick_start_serves_a_call_and_takes_a_deploy() {
     );
     assert!(stdout.contains("deployed stake-qos version 2"), "{stdout}");
     // The example policies are in the gateway's directory to edit.
-    assert!(dir.join("policies/stake-qos.json").is_file());
-    assert!(dir.join("policies/admission-gate.json").is_file());
+    for policy in ["stake-qos.json", "admission-gate.json"] {
+        assert!(dir.join("policies").join(policy).is_file(), "{policy}");
+    }
     // Envoy said nothing alarming about the config init wrote.
     let alarms: Vec<&str> = log
         .lines()

@@ -42,7 +42,7 @@ setup:
 	  || { echo "npm not found: install Node.js 18 or later, with npm"; exit 1; }
 	@[ clients/node_modules/.package-lock.json -nt clients/package-lock.json ] \
 	  || npm ci --prefix clients --no-audit --no-fund --loglevel=error
-	@$(VENV)/bin/python -c 'import importlib.metadata as m; assert "web3==" + m.version("web3") == open("clients/requirements.txt").read().strip()' 2>/dev/null \
+	@$(VENV)/bin/python -c 'import importlib.metadata as m; assert all(m.version(n) == v for n, v in (l.split("==") for l in open("clients/requirements.txt").read().split()))' 2>/dev/null \
 	  || $(VENV)/bin/pip install --quiet --disable-pip-version-check -r clients/requirements.txt
 	@echo "rustc:  $$(rustc --version)"
 	@echo "cargo:  $$(cargo --version)"
@@ -50,7 +50,7 @@ setup:
 	@echo "python: $$($(VENV)/bin/python --version)"
 	@echo "envoy:  $$($(VENV)/bin/envoy --version | grep -o 'version: .*')"
 	@echo "redis:  $$(redis-server --version | grep -o 'v=[0-9.]*'); webdis $$(dpkg-query -W -f '$${Version}' webdis 2>/dev/null || echo '(not from Debian)')"
-	@echo "node:   $$(node --version); anvil $$(clients/node_modules/.bin/anvil --version | head -1 | grep -o '[0-9.]*$$'); viem, ethers, web3.py as pinned in clients/"
+	@echo "node:   $$(node --version); anvil $$(clients/node_modules/.bin/anvil --version | head -1 | grep -o '[0-9.]*$$'); viem, ethers, @solana/kit, @solana/web3.js, web3.py, solana-py as pinned in clients/"
 
 ## build: the filter modules (release, wasm) and the host tools.
 build:

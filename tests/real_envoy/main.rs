@@ -15,4 +15,5 @@ mod quickstart;
 mod retry_storm;
 mod scenario_run;
 mod shadow;
+mod solana;
 mod stake_qos;

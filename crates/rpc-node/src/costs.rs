@@ -30,21 +30,40 @@ pub const DEFAULT_COSTS: &[(&str, Duration)] = &[
     ("eth_getProof", Duration::from_millis(40)),
 ];
 
+/// Which chain's JSON-RPC the node speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Flavour {
+    /// Ethereum's `eth_*` methods (`DEFAULT_COSTS`).
+    #[default]
+    Ethereum,
+    /// Solana's methods, slots and commitment levels (`solana::COSTS`).
+    Solana,
+}
+
 #[derive(Debug, Clone)]
 pub struct CostTable(BTreeMap<String, Duration>);
 
 impl Default for CostTable {
     fn default() -> Self {
+        Self::of(Flavour::Ethereum)
+    }
+}
+
+impl CostTable {
+    /// The default table of a flavour.
+    pub fn of(flavour: Flavour) -> Self {
+        let table = match flavour {
+            Flavour::Ethereum => DEFAULT_COSTS,
+            Flavour::Solana => crate::solana::COSTS,
+        };
         Self(
-            DEFAULT_COSTS
+            table
                 .iter()
                 .map(|(method, cost)| (method.to_string(), *cost))
                 .collect(),
         )
     }
-}
 
-impl CostTable {
     /// Applies `METHOD=DURATION` overrides (e.g. `eth_call=10ms`); a method
     /// not in the table becomes known with that cost.
     pub fn with_overrides(mut self, overrides: &[String]) -> anyhow::Result<Self> {

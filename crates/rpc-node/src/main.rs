@@ -1,6 +1,6 @@
 use anyhow::{bail, Context};
 use clap::Parser;
-use rpc_node::costs::{CostChange, CostTable};
+use rpc_node::costs::{CostChange, CostTable, Flavour};
 use rpc_node::node::{Node, NodeConfig};
 use std::io::Write;
 use std::time::Duration;
@@ -42,6 +42,11 @@ struct Args {
     /// and the proxies in front of them do.
     #[arg(long)]
     gzip: bool,
+    /// The chain whose JSON-RPC the node speaks (its methods, their
+    /// default costs and answers; Solana's slots, commitment levels and
+    /// PubSub).
+    #[arg(long, value_enum, default_value_t = Flavour::Ethereum)]
+    chain: Flavour,
     /// Worker threads for the node's runtime (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -71,7 +76,7 @@ impl Args {
         }
         Ok(NodeConfig {
             read_slots: self.read_slots,
-            costs: CostTable::default().with_overrides(&self.costs)?,
+            costs: CostTable::of(self.chain).with_overrides(&self.costs)?,
             cost_changes: self
                 .cost_changes
                 .iter()
@@ -82,6 +87,7 @@ impl Args {
             sync_slots,
             tip_lost_after_blocks: self.tip_lost_after,
             gzip: self.gzip,
+            flavour: self.chain,
         })
     }
 }

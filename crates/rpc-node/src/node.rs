@@ -1,9 +1,11 @@
 //! The node: read slots shared by RPC and sync, the sync loop, and metrics.
 
 use crate::chain::Chain;
-use crate::costs::{work, CostChange, CostTable};
+use crate::costs::{work, CostChange, CostTable, Flavour};
+use crate::pubsub::{self, Subscriptions};
 use crate::rpc::{self, Body, Call};
 use crate::slots::ReadSlots;
+use crate::solana;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
@@ -35,6 +37,8 @@ pub struct NodeConfig {
     pub tip_lost_after_blocks: f64,
     /// Every HTTP answer is gzipped, whatever the request accepts.
     pub gzip: bool,
+    /// Ethereum's JSON-RPC or Solana's.
+    pub flavour: Flavour,
 }
 
 #[derive(Debug)]
@@ -51,6 +55,8 @@ pub struct Node {
     started: Instant,
     /// When the first request came (what `cost_changes` count from).
     first_request: std::sync::OnceLock<Instant>,
+    /// Each newly executed block's number (PubSub's notifications).
+    heads: tokio::sync::broadcast::Sender<u64>,
 }
 
 /// The `GET /metrics` document.
@@ -155,8 +161,14 @@ impl Node {
             websockets: AtomicU64::new(0),
             started: Instant::now(),
             first_request: std::sync::OnceLock::new(),
+            heads: tokio::sync::broadcast::channel(64).0,
             config,
         })
+    }
+
+    /// Each block's number as it is executed, from now on.
+    pub fn watch_heads(&self) -> tokio::sync::broadcast::Receiver<u64> {
+        self.heads.subscribe()
     }
 
     pub fn config(&self) -> &NodeConfig {
@@ -172,6 +184,11 @@ impl Node {
     /// body (only notifications were sent); `service` is the time the node
     /// held read slots for it (a batch's calls run one after another).
     pub async fn handle(&self, body: &[u8]) -> Answer {
+        self.handle_on(body, None).await
+    }
+
+    /// `handle`, on a WebSocket with its PubSub subscriptions (Solana).
+    pub async fn handle_on(&self, body: &[u8], subs: Option<&Mutex<Subscriptions>>) -> Answer {
         let _inflight = InFlight::enter(self);
         let parsed = rpc::parse(body);
         if let Ok(body) = &parsed {
@@ -190,7 +207,7 @@ impl Node {
                 }
             }
             Ok(Body::Single(call)) => {
-                let (body, service) = self.call(call).await;
+                let (body, service) = self.call(call, subs).await;
                 Answer { body, service }
             }
             // Batch entries run one after another, each holding a slot only
@@ -199,7 +216,7 @@ impl Node {
                 let mut responses = Vec::with_capacity(calls.len());
                 let mut service = Duration::ZERO;
                 for call in calls {
-                    let (response, spent) = self.call(call).await;
+                    let (response, spent) = self.call(call, subs).await;
                     responses.extend(response);
                     service += spent;
                 }
@@ -212,7 +229,11 @@ impl Node {
     }
 
     /// One call's answer and the time it held a read slot.
-    async fn call(&self, call: Call) -> (Option<Value>, Duration) {
+    async fn call(
+        &self,
+        call: Call,
+        subs: Option<&Mutex<Subscriptions>>,
+    ) -> (Option<Value>, Duration) {
         let response = match call {
             Call::Invalid { id, reason } => rpc::error(
                 id,
@@ -240,10 +261,26 @@ impl Node {
                 let Some(id) = id else {
                     return (None, service);
                 };
-                return (
-                    Some(rpc::result(id, rpc::canned_result(&method, &params, head))),
-                    service,
-                );
+                let answer = match self.config.flavour {
+                    Flavour::Ethereum => Ok(rpc::canned_result(&method, &params, head)),
+                    Flavour::Solana if pubsub::is_pubsub(&method) => match subs {
+                        Some(subs) => lock(subs).call(&method, &params, head),
+                        None => Err((
+                            rpc::METHOD_NOT_FOUND,
+                            format!("{method} is PubSub's: subscribe over the WebSocket"),
+                        )),
+                    },
+                    Flavour::Solana => solana::answer(&method, &params, head),
+                };
+                let answer = match answer {
+                    Ok(result) => rpc::result(id, result),
+                    Err((code, message)) => {
+                        let error = rpc::error(id, code, &message);
+                        self.count_error(&error);
+                        error
+                    }
+                };
+                return (Some(answer), service);
             }
         };
         self.count_error(&response);
@@ -298,7 +335,13 @@ impl Node {
                     let _slots = node.slots.acquire_for_sync(node.config.sync_slots).await;
                     tokio::time::sleep(node.config.block_exec).await;
                 }
-                lock(&node.chain).block_executed(Instant::now());
+                let head = {
+                    let mut chain = lock(&node.chain);
+                    chain.block_executed(Instant::now());
+                    chain.head()
+                };
+                // No socket listening is no error.
+                let _ = node.heads.send(head);
             }
         });
 
@@ -376,9 +419,13 @@ mod tests {
     use serde_json::json;
 
     fn node(read_slots: u32) -> Arc<Node> {
+        node_of(Flavour::Ethereum, read_slots)
+    }
+
+    fn node_of(flavour: Flavour, read_slots: u32) -> Arc<Node> {
         Node::new(NodeConfig {
             read_slots,
-            costs: CostTable::default(),
+            costs: CostTable::of(flavour),
             cost_changes: vec![
                 CostChange {
                     at: Duration::ZERO,
@@ -396,7 +443,34 @@ mod tests {
             sync_slots: 1,
             tip_lost_after_blocks: 3.0,
             gzip: false,
+            flavour,
         })
+    }
+
+    #[tokio::test]
+    async fn a_solana_node_answers_solana_and_keeps_pubsub_to_websockets() {
+        let node = node_of(Flavour::Solana, 4);
+        let body = |method: &str, params: &str| {
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{params}}}"#)
+        };
+        let answer = |text: String| {
+            let node = node.clone();
+            async move { node.handle(text.as_bytes()).await.body.unwrap() }
+        };
+        let slot = answer(body("getSlot", r#"[{"commitment":"processed"}]"#)).await;
+        assert_eq!(slot["result"], 0);
+        let eth = answer(body("eth_blockNumber", "[]")).await;
+        assert_eq!(eth["error"]["code"], rpc::METHOD_NOT_FOUND);
+        let http_subscribe = answer(body("slotSubscribe", "[]")).await;
+        assert_eq!(http_subscribe["error"]["code"], rpc::METHOD_NOT_FOUND);
+        let subs = Mutex::new(Subscriptions::default());
+        let text = body("slotSubscribe", "[]");
+        let subscribed = node
+            .handle_on(text.as_bytes(), Some(&subs))
+            .await
+            .body
+            .unwrap();
+        assert_eq!(subscribed["result"], 0);
     }
 
     #[tokio::test]

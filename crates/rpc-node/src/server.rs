@@ -5,7 +5,9 @@
 //!
 //! HTTP/1.1 and HTTP/2 (h2c prior knowledge) are both served.
 
+use crate::costs::Flavour;
 use crate::node::Node;
+use crate::pubsub::Subscriptions;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
@@ -16,7 +18,7 @@ use bytes::Bytes;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::service::TowerToHyperService;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 
@@ -111,6 +113,29 @@ async fn serve_websocket(node: Arc<Node>, socket: WebSocket) {
             }
         }
     });
+    // Solana PubSub: this socket's subscriptions, told of each new slot.
+    let subs = Arc::new(Mutex::new(Subscriptions::default()));
+    let notifier = (node.config().flavour == Flavour::Solana).then(|| {
+        let (subs, answers, mut heads) = (subs.clone(), answers.clone(), node.watch_heads());
+        tokio::spawn(async move {
+            loop {
+                let head = match heads.recv().await {
+                    Ok(head) => head,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                };
+                let notes = subs.lock().map(|mut s| s.notify(head)).unwrap_or_default();
+                for note in notes {
+                    if answers
+                        .send(Message::Text(note.to_string().into()))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        })
+    });
     while let Some(Ok(message)) = stream.next().await {
         let body = match message {
             Message::Text(text) => Bytes::from(text.as_str().to_owned()),
@@ -121,12 +146,15 @@ async fn serve_websocket(node: Arc<Node>, socket: WebSocket) {
             }
             Message::Ping(_) | Message::Pong(_) => continue,
         };
-        let (node, answers) = (node.clone(), answers.clone());
+        let (node, answers, subs) = (node.clone(), answers.clone(), subs.clone());
         tokio::spawn(async move {
-            if let Some(response) = node.handle(&body).await.body {
+            if let Some(response) = node.handle_on(&body, Some(&subs)).await.body {
                 let _ = answers.send(Message::Text(response.to_string().into()));
             }
         });
+    }
+    if let Some(notifier) = notifier {
+        notifier.abort();
     }
     drop(answers);
     let _ = writer.await;

@@ -267,3 +267,40 @@ fn a_change_of_cost_is_learned_from_the_answers() {
     let error = summary["max_node_share_error_pp"].as_f64().unwrap();
     assert!(error <= 10.0, "{error} pp");
 }
+
+/// scenarios/gpa-flood.toml, shortened: a getProgramAccounts flood beside
+/// ordinary Solana callers with the same stake, through the whole gateway
+/// sharing the node's time. The ordinary callers send less than their
+/// share and get it: no 503, nearly every call answered (the first moments,
+/// before a method's cost is learned, may refuse a few); the flood gets the
+/// rest; the node keeps up with its slots. Their latency, with and without
+/// the gateway, is in scenarios/README.md (a figure, not a check).
+#[test]
+fn a_get_program_accounts_flood_leaves_ordinary_callers_their_share() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = scenario_run("gpa-flood", "8s", out.path());
+    for id in ["wallet", "trader", "explorer"] {
+        let c = client(&summary, id);
+        let ok = c["status_counts"]["200"].as_f64().unwrap();
+        let offered = ok
+            + ["429", "503", "other", "timeout", "transport_error"]
+                .iter()
+                .map(|s| c["status_counts"][s].as_f64().unwrap_or(0.0))
+                .sum::<f64>();
+        assert_eq!(c["status_counts"]["503"], 0, "{id}: {c}");
+        assert!(
+            ok >= 0.97 * offered,
+            "{id}: {ok} of {offered} answered: {c}"
+        );
+    }
+    let indexer = client(&summary, "indexer");
+    assert!(
+        indexer["status_counts"]["429"].as_u64().unwrap() > 0,
+        "{indexer}"
+    );
+    assert!(
+        indexer["status_counts"]["200"].as_u64().unwrap() > 0,
+        "{indexer}"
+    );
+    assert_eq!(summary["node"]["tip_lost"], false, "{}", summary["node"]);
+}

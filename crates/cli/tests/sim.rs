@@ -367,6 +367,36 @@ fn the_whole_gateway_shares_by_stake_and_never_throttles_internal_calls() {
     assert!(rate("stake-20") > rate("stake-10") && rate("stake-10") > rate("unstaked"));
 }
 
+/// A getProgramAccounts flood beside ordinary Solana callers with the same
+/// stake (scenarios/gpa-flood.toml): in node time, each ordinary caller
+/// gets all it sends at nearly its unloaded latency (virtual time), the
+/// flood gets the rest, and without the gateway everyone queues.
+#[test]
+fn a_get_program_accounts_flood_leaves_ordinary_callers_their_share_and_latency() {
+    let path = scenarios().join("gpa-flood.toml");
+    let summary: Value = serde_json::from_str(&sim(&path, true)).unwrap();
+    for id in ["wallet", "trader", "explorer"] {
+        let c = client(&summary, id);
+        assert!(
+            c["admitted_rps"].as_f64().unwrap() >= 0.99 * c["offered_rps"].as_f64().unwrap(),
+            "{c}"
+        );
+        assert_eq!(c["status_counts"]["503"], 0, "{c}");
+        // Their costs are 0.2 to 10 ms; a slot replay holds two slots.
+        assert!(c["latency_ms"]["p99"].as_f64().unwrap() < 20.0, "{c}");
+    }
+    assert!(summary["max_node_share_error_pp"].as_f64().unwrap() < 1.0);
+    assert_eq!(summary["node"]["tip_lost"], false);
+    let unprotected: Value =
+        serde_json::from_str(&sim_with(&path, true, &["--no-filters"])).unwrap();
+    let wallet = client(&unprotected, "wallet");
+    assert!(
+        wallet["latency_ms"]["p50"].as_f64().unwrap() > 1000.0,
+        "{wallet}"
+    );
+    assert_eq!(unprotected["node"]["tip_lost"], true);
+}
+
 /// A candidate with half the capacity in shadow: it refuses no request,
 /// and what it says it would refuse is what it refuses when it enforces the
 /// same traffic (the simulator runs both), per identity within 1 %.

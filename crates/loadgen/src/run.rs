@@ -287,14 +287,31 @@ pub fn params_for(method: &str) -> &'static str {
         }
         "eth_getProof" => r#"["0x00000000219ab540356cbb839cbe05303d7705fa",[],"latest"]"#,
         "eth_getLogs" => r#"[{"fromBlock":"latest","toBlock":"latest"}]"#,
+        "getProgramAccounts" => {
+            r#"["TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA",{"encoding":"base64"}]"#
+        }
+        "getBalance" | "getAccountInfo" | "getSignaturesForAddress" => {
+            r#"["Vote111111111111111111111111111111111111111",{"commitment":"confirmed"}]"#
+        }
+        "getBlock" => r#"[1,{"transactionDetails":"none","rewards":false}]"#,
         _ => "[]",
     }
 }
 
+/// Solana's methods are camelCase, Ethereum's `namespace_method`.
+fn is_solana(method: &str) -> bool {
+    !method.contains('_')
+}
+
 /// Params of request `i` of client `client` that no other request has: a
-/// nonce in eth_call's data, or a first param for other methods.
+/// nonce in eth_call's data, or a first param for other methods (Solana's:
+/// a made-up address, and a config object).
 pub fn unique_params(method: &str, client: u64, i: u64) -> String {
     match method {
+        "getMultipleAccounts" | "getSignatureStatuses" => {
+            format!(r#"[["{client:x}{i:016x}"],{{"commitment":"confirmed"}}]"#)
+        }
+        m if is_solana(m) => format!(r#"["{client:x}{i:016x}",{{"commitment":"confirmed"}}]"#),
         "eth_call" => format!(
             r#"[{{"to":"0x00000000219ab540356cbb839cbe05303d7705fa","data":"0x70a08231{client:032x}{i:032x}"}},"latest"]"#
         ),

@@ -8,7 +8,7 @@ pub mod run;
 pub mod stack;
 
 use anyhow::{bail, Context};
-use rpc_node::costs::CostTable;
+use rpc_node::costs::{CostTable, Flavour};
 use serde::Deserialize;
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_loadgen::{Phase, Schedule};
@@ -88,6 +88,9 @@ struct FilterDoc {
 #[serde(deny_unknown_fields)]
 struct NodeDoc {
     read_slots: u32,
+    /// `ethereum` (default) or `solana`: the node's methods and their costs.
+    #[serde(default)]
+    chain: Option<String>,
     #[serde(default)]
     costs: BTreeMap<String, String>,
     #[serde(default = "default_block_interval")]
@@ -243,6 +246,8 @@ impl Filter {
 #[derive(Debug, Clone)]
 pub struct Node {
     pub read_slots: u32,
+    /// The chain whose JSON-RPC it speaks.
+    pub flavour: Flavour,
     pub costs: CostTable,
     pub block_interval: Duration,
     pub block_exec: Duration,
@@ -412,9 +417,15 @@ impl Scenario {
             });
         }
         changes.sort();
+        let flavour = match node.chain.as_deref() {
+            None | Some("ethereum") => Flavour::Ethereum,
+            Some("solana") => Flavour::Solana,
+            Some(other) => bail!("node.chain: {other:?} is not ethereum or solana"),
+        };
         let node = Node {
             read_slots: node.read_slots,
-            costs: CostTable::default()
+            flavour,
+            costs: CostTable::of(flavour)
                 .with_overrides(&overrides)
                 .context("node.costs")?,
             block_interval: parse_duration("node.block_interval", &node.block_interval)?,

@@ -11,6 +11,7 @@
 
 use super::{Filter, Scenario};
 use crate::deploy::Target;
+use ::rpc_node::costs::Flavour;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use stakegate_stack::{http, rpc_node, Envoy, EnvoyBuilder, FilterConfig, FleetEngine, RpcNode};
@@ -422,6 +423,9 @@ fn node_args(scenario: &Scenario) -> Vec<String> {
         "--tip-lost-after".into(),
         node.tip_lost_after.to_string(),
     ];
+    if node.flavour == Flavour::Solana {
+        args.extend(["--chain".into(), "solana".into()]);
+    }
     for (method, cost) in node.costs.methods() {
         args.push("--cost".into());
         args.push(format!("{method}={}us", cost.as_micros()));

@@ -160,6 +160,7 @@ mod tests {
     fn node(read_slots: u32, sync_slots: u32) -> VirtualNode {
         VirtualNode::new(&Node {
             read_slots,
+            flavour: Default::default(),
             costs: Default::default(),
             block_interval: Duration::from_secs(1),
             block_exec: Duration::from_millis(100),

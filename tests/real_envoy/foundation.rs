@@ -2,7 +2,7 @@
 //! rpc-node and back.
 
 use serde_json::json;
-use stakegate_stack::{envoy, http, EnvoyBuilder};
+use stakegate_stack::{envoy, http, EnvoyBuilder, FilterConfig};
 use stakegate_tests::{
     example_policy, gate_filter, node_behind_envoy, node_behind_filters, qos_filter, websocket,
 };
@@ -95,17 +95,22 @@ fn tempfile_dir() -> std::path::PathBuf {
     dir
 }
 
+/// Every shipped Envoy config, with its filters serving these policies.
+fn every_shipped_config(gate: &str, qos: &str) -> [(&'static str, Vec<FilterConfig>); 4] {
+    [
+        ("passthrough.yaml", vec![]),
+        ("gate.yaml", vec![gate_filter(gate)]),
+        ("qos.yaml", vec![qos_filter(qos)]),
+        ("gateway.yaml", vec![qos_filter(qos), gate_filter(gate)]),
+    ]
+}
+
 #[test]
 fn an_http_1_0_client_is_answered_by_every_shipped_config() {
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#;
-    let gate = || gate_filter(r#"{"maxInflight": 8}"#);
-    let qos = || qos_filter(r#"{"capacityRps": 100}"#);
-    for (template, filters) in [
-        ("passthrough.yaml", vec![]),
-        ("gate.yaml", vec![gate()]),
-        ("qos.yaml", vec![qos()]),
-        ("gateway.yaml", vec![qos(), gate()]),
-    ] {
+    for (template, filters) in
+        every_shipped_config(r#"{"maxInflight": 8}"#, r#"{"capacityRps": 100}"#)
+    {
         let (_node, envoy) = node_behind_filters(template, filters, &[]);
         // No Host header, as HTTP/1.0 allows; the connection closes after.
         let mut stream = std::net::TcpStream::connect(envoy.listener("public").unwrap()).unwrap();
@@ -137,20 +142,17 @@ fn an_http_1_0_client_is_answered_by_every_shipped_config() {
 /// warning must mean a real problem.
 #[test]
 fn no_shipped_config_logs_a_warning_on_ordinary_traffic() {
-    let gate = || gate_filter(&example_policy("admission-gate", json!({})));
-    let qos = || qos_filter(&example_policy("stake-qos", json!({})));
     let single = r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#;
     let batch = r#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},{"jsonrpc":"2.0","id":2,"method":"eth_blockNumber"}]"#;
     let large = format!(
         r#"{{"jsonrpc":"2.0","id":3,"method":"eth_call","params":[{{"to":"0x0000000000000000000000000000000000000001","data":"0x{}"}},"latest"]}}"#,
         "ab".repeat(200_000)
     );
-    for (template, filters) in [
-        ("passthrough.yaml", vec![]),
-        ("gate.yaml", vec![gate()]),
-        ("qos.yaml", vec![qos()]),
-        ("gateway.yaml", vec![qos(), gate()]),
-    ] {
+    let (gate, qos) = (
+        example_policy("admission-gate", json!({})),
+        example_policy("stake-qos", json!({})),
+    );
+    for (template, filters) in every_shipped_config(&gate, &qos) {
         let (_node, envoy) = node_behind_filters(template, filters, &[]);
         let mut urls = vec![envoy.url("public").unwrap()];
         urls.extend(envoy.url("internal").ok());

@@ -4,6 +4,7 @@
 // compared with a run straight at the node.
 //
 //   node solana.mjs kit|web3js HTTP_URL WS_URL
+//   node solana.mjs kit|web3js overload HTTP_URL   (see `overload`)
 //
 // Slots, blockhashes and what derives from them move between two runs; the
 // test compares the rest exactly and these by shape (see
@@ -169,9 +170,39 @@ async function withWeb3js() {
   return out;
 }
 
-const run = { kit: withKit, web3js: withWeb3js }[library];
-if (!run) {
-  console.error(`usage: node solana.mjs kit|web3js HTTP_URL WS_URL`);
+// Overload (`node solana.mjs kit|web3js overload HTTP_URL`): one getBalance
+// against an endpoint that refuses it, with the library's default retries:
+// what the caller is finally given (its error's words, and the HTTP status
+// and retry-after where the library keeps them), and after how long.
+async function overload(url) {
+  const started = Date.now();
+  // kit keeps the response's status and headers on its error (not the
+  // body); web3.js 1.x puts the status and the body in its message.
+  const headers = (error) => error?.context?.headers;
+  const header = (error, name) => headers(error)?.get?.(name) ?? headers(error)?.[name] ?? null;
+  const outcome = (error) => ({
+    error: String(error?.message ?? error),
+    status: error?.context?.statusCode ?? null,
+    retryAfter: header(error, "retry-after"),
+    rule: header(error, "x-stakegate-rule"),
+    ms: Date.now() - started,
+  });
+  try {
+    const value =
+      library === "kit"
+        ? await kit.createSolanaRpc(url).getBalance(kit.address(ACCOUNT)).send()
+        : await new web3.Connection(url, { commitment: "confirmed" }).getBalance(new web3.PublicKey(ACCOUNT));
+    return { answer: plain(value), ms: Date.now() - started };
+  } catch (error) {
+    return outcome(error);
+  }
+}
+
+const run = process.argv[3] === "overload"
+  ? () => overload(process.argv[4])
+  : { kit: withKit, web3js: withWeb3js }[library];
+if (!run || !["kit", "web3js"].includes(library)) {
+  console.error(`usage: node solana.mjs kit|web3js HTTP_URL WS_URL | overload HTTP_URL`);
   process.exit(2);
 }
 run()

@@ -5,6 +5,7 @@ so that a run through the gateway can be compared with a run straight at
 the node.
 
     python solana_ops.py HTTP_URL WS_URL
+    python solana_ops.py overload HTTP_URL   (see overload)
 
 Exits non-zero, with the library's own error, if any call fails.
 """
@@ -12,6 +13,7 @@ Exits non-zero, with the library's own error, if any call fails.
 import asyncio
 import json
 import sys
+import time
 
 from solana.rpc.async_api import AsyncClient
 from solana.rpc.commitment import Confirmed
@@ -89,7 +91,32 @@ async def main(http_url, ws_url):
     print(json.dumps(out))
 
 
+async def overload(url):
+    """One getBalance against an endpoint that refuses it, with solana-py's
+    default retries (none): what the caller is given, and after how long."""
+    started = time.monotonic()
+    client = AsyncClient(url, timeout=TIMEOUT_S)
+    try:
+        answer = value(await client.get_balance(ACCOUNT))
+        out = {"answer": answer}
+    except Exception as error:  # the library's own, whatever it is
+        cause = error.__cause__ or error
+        response = getattr(cause, "response", None)
+        out = {
+            "error": f"{type(error).__name__}: {error} ({type(cause).__name__}: {cause})",
+            "status": getattr(response, "status_code", None),
+            "retryAfter": response.headers.get("retry-after") if response is not None else None,
+            "rule": response.headers.get("x-stakegate-rule") if response is not None else None,
+        }
+    await client.close()
+    out["ms"] = round((time.monotonic() - started) * 1000)
+    print(json.dumps(out))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python solana_ops.py HTTP_URL WS_URL")
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "overload":
+        asyncio.run(overload(sys.argv[2]))
+    elif len(sys.argv) == 3:
+        asyncio.run(main(sys.argv[1], sys.argv[2]))
+    else:
+        sys.exit("usage: python solana_ops.py HTTP_URL WS_URL | overload HTTP_URL")

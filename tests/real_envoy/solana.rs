@@ -7,8 +7,13 @@
 
 use serde_json::{json, Value};
 use stakegate_stack::{paths, Envoy, RpcNode};
-use stakegate_tests::{example_policy, start_initialised};
+use stakegate_tests::{eventually, example_policy, gateway_on_one_worker, start_initialised};
+use std::io::Write;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+const LIBRARIES: [&str; 3] = ["kit", "web3js", "solana-py"];
 
 /// A slot every 400 ms, as on mainnet, each executed quickly.
 const NODE_ARGS: [&str; 6] = [
@@ -32,9 +37,13 @@ fn gateway(node: &RpcNode) -> (Envoy, tempfile::TempDir) {
     (envoy, dir)
 }
 
-/// `library`'s calls against one endpoint (clients/solana.mjs or
-/// clients/solana_ops.py), as the JSON it printed.
+/// `library`'s script (clients/solana.mjs or clients/solana_ops.py) with
+/// `args`, as the JSON it printed.
 fn calls(library: &str, http: &str, ws: &str) -> Value {
+    script(library, &[http, ws])
+}
+
+fn script(library: &str, args: &[&str]) -> Value {
     let dir = paths::clients_dir().unwrap();
     let mut command = if library == "solana-py" {
         let mut c = Command::new(paths::project_root().join(".venv/bin/python"));
@@ -45,10 +54,10 @@ fn calls(library: &str, http: &str, ws: &str) -> Value {
         c.arg(dir.join("solana.mjs")).arg(library);
         c
     };
-    let output = command.args([http, ws]).output().unwrap();
+    let output = command.args(args).output().unwrap();
     assert!(
         output.status.success(),
-        "{library} at {http}: {}",
+        "{library} {args:?}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     serde_json::from_slice(&output.stdout).unwrap()
@@ -100,7 +109,7 @@ fn solana_libraries_get_through_the_gateway_what_they_get_from_the_node() {
     let node = RpcNode::start(&NODE_ARGS).unwrap();
     let (envoy, _dir) = gateway(&node);
     let public = envoy.listener("public").unwrap();
-    for library in ["kit", "web3js", "solana-py"] {
+    for library in LIBRARIES {
         let direct = calls(library, &node.url(), &format!("ws://{}", node.addr()));
         let through = calls(
             library,
@@ -152,4 +161,107 @@ fn solana_libraries_get_through_the_gateway_what_they_get_from_the_node() {
             .unwrap()
             > 0
     );
+}
+
+/// One getBalance by each library, with its default retries, against a
+/// gateway that refuses it: with 503 (the gate's one slot held by a call
+/// the node takes two minutes over) and with 429 (stake QoS giving out 1
+/// call per second while the same address floods). What each is finally
+/// given, how many attempts reached Envoy, and after how long, is the
+/// table in docs/clients.md (printed here).
+#[test]
+fn each_solana_library_when_refused_is_given_our_error_and_retries_as_measured() {
+    let mut args: Vec<&str> = NODE_ARGS.to_vec();
+    args.extend(["--cost", "test_hold=120s"]);
+    let mut table = String::from("library | gateway's answer | attempts | given | after ms\n");
+    // Refusals Envoy counted that were not the libraries' (the flood's).
+    let others = std::sync::atomic::AtomicU64::new(0);
+    let mut run = |envoy: &Envoy, class: &str, expected: &str| {
+        let public = envoy.listener("public").unwrap();
+        let answered = || {
+            envoy
+                .stat(&format!("http.public.downstream_rq_{class}"))
+                .unwrap()
+        };
+        for library in LIBRARIES {
+            let before = answered() - others.load(Ordering::SeqCst) as i64;
+            let outcome = script(library, &["overload", &format!("http://{public}")]);
+            // Envoy counts a response as it ends, before its client has it.
+            let attempts = answered() - others.load(Ordering::SeqCst) as i64 - before;
+            table += &format!(
+                "{library} | {class} | {attempts} | {} (status {}, retry-after {}, rule {}) | {}\n",
+                outcome["error"],
+                outcome["status"],
+                outcome["retryAfter"],
+                outcome["rule"],
+                outcome["ms"]
+            );
+            eprintln!("{table}");
+            let error = outcome["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{library}: an answer: {outcome}"));
+            assert!(
+                error.contains(expected) || outcome["status"] == expected.parse::<u16>().unwrap(),
+                "{library}: {outcome}"
+            );
+            assert!(
+                (1..=12).contains(&attempts),
+                "{library}: {attempts} attempts"
+            );
+        }
+    };
+
+    let (node, envoy) = gateway_on_one_worker(
+        &example_policy("stake-qos", json!({})),
+        r#"{"maxInflight": 1, "decideOnBody": true}"#,
+        &args,
+    );
+    let public = envoy.listener("public").unwrap();
+    let hold = r#"{"jsonrpc":"2.0","id":1,"method":"test_hold","params":[]}"#;
+    let mut held = std::net::TcpStream::connect(public).unwrap();
+    write!(
+        held,
+        "POST / HTTP/1.1\r\nhost: rpc\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{hold}",
+        hold.len()
+    )
+    .unwrap();
+    assert!(eventually(Duration::from_secs(10), || {
+        node.metrics().is_ok_and(|m| m["inflight"] == 1)
+    }));
+    run(&envoy, "5xx", "503");
+    drop(held);
+    drop((node, envoy));
+
+    let (_node, envoy) = gateway_on_one_worker(
+        r#"{"capacityRps": 1, "decideOnBody": true}"#,
+        r#"{"maxInflight": 8, "decideOnBody": true}"#,
+        &NODE_ARGS,
+    );
+    // The same address floods while the libraries call, so that QoS keeps
+    // refusing it; bounded, and stopped when they are done.
+    let url = envoy.url("public").unwrap();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let body = r#"{"jsonrpc":"2.0","id":1,"method":"getSlot"}"#;
+            for _ in 0..5_000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if stakegate_stack::http::post(&url, &[], body).is_ok_and(|a| a.status == 429) {
+                    others.fetch_add(1, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        // Throttled before the libraries start.
+        assert!(eventually(Duration::from_secs(10), || {
+            envoy
+                .stat("wasmcustom.stakegate.qos.throttled.unstaked")
+                .unwrap_or(0)
+                > 0
+        }));
+        run(&envoy, "4xx", "429");
+        stop.store(true, Ordering::Relaxed);
+    });
 }

@@ -265,3 +265,76 @@ fn each_solana_library_when_refused_is_given_our_error_and_retries_as_measured()
         stop.store(true, Ordering::Relaxed);
     });
 }
+
+/// The gate's coalescing with Solana's rules: identical scans in flight go
+/// to the node once, each caller getting the answer with its own id; a
+/// block asked at `finalized` is served again (it cannot change), one at
+/// `confirmed` is not (a fork can undo it).
+#[test]
+fn identical_solana_reads_reach_the_node_once_and_only_finalized_answers_are_served_again() {
+    let mut args: Vec<&str> = NODE_ARGS.to_vec();
+    args.extend(["--cost", "getProgramAccounts=1s"]);
+    let (node, envoy) = gateway_on_one_worker(
+        &example_policy("stake-qos", json!({})),
+        // Coalescing engaged from the start, not from the first held call.
+        r#"{"maxInflight": 4, "decideOnBody": true, "dedup": {"standbyAfterMs": 600000}}"#,
+        &args,
+    );
+    let url = envoy.url("public").unwrap();
+    let served = |method: &str| {
+        node.metrics().unwrap()["served"][method]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let scan = |id: u32| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"getProgramAccounts","params":["TokenkegQfeZyiNwAJbNbGKPFXCWuBvf9Ss623VQ5DA",{{"encoding":"base64"}}]}}"#
+        )
+    };
+    let answers: Vec<Value> = std::thread::scope(|s| {
+        let calls: Vec<_> = (1..=5)
+            .map(|id| {
+                let (url, body) = (&url, scan(id));
+                s.spawn(move || stakegate_stack::http::post(url, &[], &body).unwrap())
+            })
+            .collect();
+        calls
+            .into_iter()
+            .map(|c| serde_json::from_str(&c.join().unwrap().body).unwrap())
+            .collect()
+    });
+    for (i, answer) in answers.iter().enumerate() {
+        assert_eq!(answer["id"], i as u64 + 1, "{answer}");
+        assert_eq!(answer["result"], answers[0]["result"]);
+        assert_eq!(answer["result"].as_array().unwrap().len(), 3, "{answer}");
+    }
+    assert_eq!(
+        served("getProgramAccounts"),
+        1,
+        "five identical scans, one at the node"
+    );
+
+    let block = |commitment: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":9,"method":"getBlock","params":[0,{{"commitment":"{commitment}","transactionDetails":"none"}}]}}"#
+        );
+        let answer = stakegate_stack::http::post(&url, &[], &body).unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    };
+    for _ in 0..3 {
+        block("finalized");
+    }
+    assert_eq!(
+        served("getBlock"),
+        1,
+        "a finalized block, asked three times"
+    );
+    for _ in 0..3 {
+        block("confirmed");
+    }
+    assert_eq!(
+        served("getBlock"),
+        4,
+        "a confirmed block goes to the node each time"
+    );
+}

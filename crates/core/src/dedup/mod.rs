@@ -68,7 +68,7 @@ use crate::request::{sha256_hex, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore, StoreError, Write};
 use answer::{Answer, Id};
 use key::{Key, Unkeyed};
-use policy::{DedupPolicy, Scope, ALWAYS_REUSE};
+use policy::{DedupPolicy, Scope, ALWAYS_REUSE, FINALIZED_REUSE};
 use std::sync::Arc;
 use table::{page_of, Entry, Page, State, ANSWER_SLOTS, ENTRIES_PER_PAGE};
 
@@ -111,6 +111,22 @@ pub struct Keyed {
     pub ids: Vec<Id>,
     /// Whether its found answer serves identical requests for `windowMs`.
     pub reuse: Reuse,
+}
+
+/// Whether a Solana call asks for the `finalized` commitment: in its
+/// config object, or by giving none (Solana's default).
+fn asks_finalized(body: &[u8]) -> bool {
+    let Ok(call) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return false;
+    };
+    let configs = call["params"].as_array().into_iter().flatten();
+    let asked = configs
+        .filter_map(|p| p.as_object())
+        .find_map(|config| config.get("commitment"));
+    match asked {
+        None => true,
+        Some(commitment) => commitment == "finalized",
+    }
 }
 
 /// Whether a found answer is served again (`reuseMethods`).
@@ -346,6 +362,10 @@ impl Dedup {
             false => Reuse::No,
             _ if request.batch => Reuse::No,
             true if ALWAYS_REUSE.contains(&method) => Reuse::Always,
+            true if FINALIZED_REUSE.contains(&method) => match asks_finalized(body) {
+                true => Reuse::Always,
+                false => Reuse::No,
+            },
             true => Reuse::OnceFinal,
         };
         Ok(Keyed {

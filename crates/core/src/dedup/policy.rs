@@ -72,10 +72,24 @@ pub const READ_ONLY_METHODS: &[&str] = &[
     "debug_traceTransaction",
     "trace_block",
     "trace_transaction",
+    // Solana's (`getSlot`, `getBlockHeight`, `getLatestBlockhash` and
+    // `getSignatureStatuses` are polled, and left out).
+    "getAccountInfo",
+    "getBalance",
+    "getBlock",
+    "getMultipleAccounts",
+    "getProgramAccounts",
+    "getSignaturesForAddress",
+    "getTokenAccountBalance",
+    "getTokenAccountsByOwner",
+    "getTransaction",
+    "simulateTransaction",
 ];
 
-/// The same signed transaction is a duplicate whoever sends it.
-pub const GLOBAL_METHODS: &[&str] = &["eth_sendRawTransaction"];
+/// The same signed transaction is a duplicate whoever sends it (only while
+/// the first is in flight for Solana's `sendTransaction`: a client that
+/// sends it again wants it sent again, and it is not reused).
+pub const GLOBAL_METHODS: &[&str] = &["eth_sendRawTransaction", "sendTransaction"];
 
 /// Methods whose found answer cannot change once its block is final: by
 /// block or transaction hash; and a sent transaction's hash, which never
@@ -87,11 +101,19 @@ pub const REUSE_METHODS: &[&str] = &[
     "debug_traceTransaction",
     "trace_transaction",
     "eth_sendRawTransaction",
+    "getTransaction",
+    "getBlock",
 ];
 
 /// Methods whose answer depends on the request alone: served again
 /// whatever the chain does.
 pub const ALWAYS_REUSE: &[&str] = &["eth_sendRawTransaction"];
+
+/// Solana's methods whose found answer cannot change when it was asked for
+/// at the `finalized` commitment (Solana's default): a finalized
+/// transaction or block. At `confirmed` or `processed` it can (a fork), and
+/// is not served again.
+pub const FINALIZED_REUSE: &[&str] = &["getTransaction", "getBlock"];
 
 /// Larger bodies would have Envoy's default buffer limit (1 MiB) answer
 /// 413 while the gate waits for the end of the body.
@@ -165,7 +187,7 @@ fn methods(doc: &DedupDoc, f: &mut Fields) -> Result<Methods, PolicyError> {
         f.or_else(
             "dedup.methods",
             doc.methods.clone(),
-            "read-only methods + `eth_sendRawTransaction`",
+            "read-only methods, Ethereum's and Solana's, + `eth_sendRawTransaction` and `sendTransaction`",
             || defaults(&[READ_ONLY_METHODS, GLOBAL_METHODS].concat()),
         ),
     )?;
@@ -184,7 +206,7 @@ fn methods(doc: &DedupDoc, f: &mut Fields) -> Result<Methods, PolicyError> {
     let reuse = f.or_else(
         "dedup.reuseMethods",
         doc.reuse_methods.clone(),
-        "by-hash reads and `eth_sendRawTransaction` (below)",
+        "by-hash reads, `eth_sendRawTransaction`, and Solana's `getTransaction` and `getBlock` (below)",
         || defaults(REUSE_METHODS),
     );
     Ok((

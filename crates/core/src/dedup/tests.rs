@@ -255,6 +255,47 @@ fn an_answer_a_client_gave_up_on_is_the_next_identical_requests_within_the_windo
     assert_eq!(got, done);
 }
 
+/// Solana: a transaction or a block asked at `finalized` (or at no
+/// commitment, Solana's default) cannot change; at `confirmed` or
+/// `processed` it can. A sent transaction is shared while in flight and
+/// never served again: a client that sends it again wants it sent.
+#[test]
+fn solana_answers_are_served_again_only_when_finalized() {
+    let d = dedup("{}");
+    let reuse = |method: &str, params: &str| {
+        let body = format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{params}}}"#);
+        keyed(&d, &body, ALICE).reuse
+    };
+    assert_eq!(reuse("getTransaction", r#"["5sig"]"#), Reuse::Always);
+    assert_eq!(
+        reuse(
+            "getTransaction",
+            r#"["5sig",{"commitment":"finalized","maxSupportedTransactionVersion":0}]"#
+        ),
+        Reuse::Always
+    );
+    assert_eq!(
+        reuse("getTransaction", r#"["5sig",{"commitment":"confirmed"}]"#),
+        Reuse::No
+    );
+    assert_eq!(
+        reuse("getBlock", r#"[7,{"commitment":"processed"}]"#),
+        Reuse::No
+    );
+    assert_eq!(reuse("getBlock", "[7]"), Reuse::Always);
+    assert_eq!(reuse("getBalance", r#"["Vote111"]"#), Reuse::No);
+    assert_eq!(reuse("sendTransaction", r#"["AQID"]"#), Reuse::No);
+    // Coalesced while in flight, whoever sends it.
+    let bob = || Client {
+        ip: "192.0.2.2",
+        key: None,
+    };
+    let send = r#"{"jsonrpc":"2.0","id":1,"method":"sendTransaction","params":["AQID"]}"#;
+    assert_eq!(keyed(&d, send, ALICE).key, keyed(&d, send, bob()).key);
+    let balance = r#"{"jsonrpc":"2.0","id":1,"method":"getBalance","params":["Vote111"]}"#;
+    assert_ne!(keyed(&d, balance, ALICE).key, keyed(&d, balance, bob()).key);
+}
+
 #[test]
 fn an_answer_that_cannot_change_serves_every_identical_request_within_the_window() {
     let (d, store) = (dedup(r#"{"windowMs": 5000}"#), MemoryStore::default());

@@ -304,3 +304,31 @@ fn a_get_program_accounts_flood_leaves_ordinary_callers_their_share() {
     );
     assert_eq!(summary["node"]["tip_lost"], false, "{}", summary["node"]);
 }
+
+/// scenarios/solana-stake-shares.toml, shortened: the seeds' stake shares
+/// with a Solana wallet's calls to rpc-node's Solana flavour. Every call is
+/// admitted or throttled (no 503, nothing failed), and what each client is
+/// admitted follows its stake.
+#[test]
+fn stake_shares_hold_with_solana_traffic() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = scenario_run("solana-stake-shares", "6s", out.path());
+    let status = summary["status_counts"].as_object().unwrap();
+    for (code, n) in status {
+        assert!(
+            ["200", "429"].contains(&code.as_str()) || n == 0,
+            "only admitted or throttled: {status:?}"
+        );
+    }
+    let admitted = |id: &str| client(&summary, id)["admitted_rps"].as_f64().unwrap();
+    let order = ["unstaked", "stake-10", "stake-20", "stake-30", "stake-40"];
+    for pair in order.windows(2) {
+        assert!(
+            admitted(pair[0]) < admitted(pair[1]),
+            "{} below {}: {}",
+            pair[0],
+            pair[1],
+            summary["clients"]
+        );
+    }
+}

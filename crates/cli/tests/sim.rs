@@ -222,10 +222,13 @@ fn fair_and_full(name: &str) -> Value {
 
 #[test]
 fn stake_qos_shares_follow_stake_and_fill_capacity() {
-    let summary = fair_and_full("stake-shares");
-    // Everyone floods here, so the fair shares are the stake shares.
-    for c in summary["clients"].as_array().unwrap() {
-        assert_eq!(c["fair_share"], c["stake_share"], "{}", c["id"]);
+    // Ethereum's calls, and a Solana wallet's to rpc-node's Solana flavour.
+    for name in ["stake-shares", "solana-stake-shares"] {
+        let summary = fair_and_full(name);
+        // Everyone floods here, so the fair shares are the stake shares.
+        for c in summary["clients"].as_array().unwrap() {
+            assert_eq!(c["fair_share"], c["stake_share"], "{name}: {}", c["id"]);
+        }
     }
 }
 

@@ -1,9 +1,11 @@
 //! `stakegate init`: a working gateway from nothing. Writes, into one
 //! directory, Envoy's config (`envoy.yaml`, rendered from
-//! `envoy-config/gateway.yaml`, which this binary carries) and the first
-//! ECDS files of both filters, each module validated with its policy and
-//! stored as `stakegate deploy` stores it. Then `envoy -c DIR/envoy.yaml`
-//! starts the gateway, and `stakegate deploy --dir DIR` changes it.
+//! `envoy-config/gateway.yaml`, which this binary carries), the example
+//! policies to edit (`policies/`, also carried), and the first ECDS files
+//! of both filters, each module validated with its policy and stored as
+//! `stakegate deploy` stores it. Then `envoy -c DIR/envoy.yaml
+//! --disable-hot-restart` starts the gateway, and `stakegate deploy --dir
+//! DIR` changes it.
 
 use anyhow::{bail, Context};
 use std::collections::BTreeMap;
@@ -265,6 +267,23 @@ fn fleet_note(qos_policy: &str, webdis: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_local_name_is_written_as_the_address_the_node_answers_on() {
+        let node = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = node.local_addr().unwrap().port();
+        let (host, note) = node_address("http://localhost", "localhost", port).unwrap();
+        assert_eq!(host, "127.0.0.1");
+        assert!(note.unwrap().contains("the node answers on 127.0.0.1"));
+        // An address as given stays; nothing answering is said, not fatal.
+        let (host, note) = node_address("n", "127.0.0.1", port).unwrap();
+        assert_eq!((host.as_str(), note), ("127.0.0.1", None));
+        drop(node);
+        let (host, note) = node_address("n", "localhost", port).unwrap();
+        assert_eq!(host, "localhost");
+        assert!(note.unwrap().starts_with("warning: nothing answers"));
+        assert!(node_address("n", "no-such-host.invalid", port).is_err());
+    }
 
     #[test]
     fn the_node_is_a_host_and_port_or_an_http_url() {

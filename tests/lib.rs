@@ -218,3 +218,20 @@ pub fn assert_refused_call_by_call(answer: &http::Answer, status: u16, ids: &[se
         .collect();
     assert_eq!(answered, ids.iter().collect::<Vec<_>>());
 }
+
+/// The command that runs a client script under clients/: a Python one
+/// (`.py`, with the project's `.venv`), or a Node one given `library` as
+/// its first argument.
+pub fn client_script(script: &str, library: &str) -> std::process::Command {
+    let dir = stakegate_stack::paths::clients_dir().expect("make setup");
+    if script.ends_with(".py") {
+        let python = stakegate_stack::paths::project_root().join(".venv/bin/python");
+        let mut command = std::process::Command::new(python);
+        command.arg(dir.join(script));
+        command
+    } else {
+        let mut command = std::process::Command::new("node");
+        command.arg(dir.join(script)).arg(library);
+        command
+    }
+}

@@ -4,9 +4,9 @@
 //! straight at the node.
 
 use serde_json::{json, Value};
-use stakegate_stack::{http, paths, Anvil, Envoy};
+use stakegate_stack::{http, Anvil, Envoy};
 use stakegate_tests::{
-    assert_refused_call_by_call, eventually, example_policy, gateway_on_one_worker,
+    assert_refused_call_by_call, client_script, eventually, example_policy, gateway_on_one_worker,
     start_initialised,
 };
 use std::io::Write;
@@ -32,16 +32,12 @@ fn gateway(anvil: &Anvil) -> (Envoy, tempfile::TempDir) {
 
 /// The command that runs `library`'s script (clients/ops.*) with `args`.
 fn library(name: &str, args: &[&str]) -> Command {
-    let dir = paths::clients_dir().unwrap();
-    let mut command = if name == "web3.py" {
-        let mut c = Command::new(paths::project_root().join(".venv/bin/python"));
-        c.arg(dir.join("ops.py"));
-        c
+    let script = if name == "web3.py" {
+        "ops.py"
     } else {
-        let mut c = Command::new("node");
-        c.arg(dir.join("ops.mjs")).arg(name);
-        c
+        "ops.mjs"
     };
+    let mut command = client_script(script, name);
     command.args(args);
     command
 }

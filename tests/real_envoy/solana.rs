@@ -6,10 +6,11 @@
 //! the gateway and straight at the node.
 
 use serde_json::{json, Value};
-use stakegate_stack::{paths, Envoy, RpcNode};
-use stakegate_tests::{eventually, example_policy, gateway_on_one_worker, start_initialised};
+use stakegate_stack::{Envoy, RpcNode};
+use stakegate_tests::{
+    client_script, eventually, example_policy, gateway_on_one_worker, start_initialised,
+};
 use std::io::Write;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -44,17 +45,12 @@ fn calls(library: &str, http: &str, ws: &str) -> Value {
 }
 
 fn script(library: &str, args: &[&str]) -> Value {
-    let dir = paths::clients_dir().unwrap();
-    let mut command = if library == "solana-py" {
-        let mut c = Command::new(paths::project_root().join(".venv/bin/python"));
-        c.arg(dir.join("solana_ops.py"));
-        c
+    let file = if library == "solana-py" {
+        "solana_ops.py"
     } else {
-        let mut c = Command::new("node");
-        c.arg(dir.join("solana.mjs")).arg(library);
-        c
+        "solana.mjs"
     };
-    let output = command.args(args).output().unwrap();
+    let output = client_script(file, library).args(args).output().unwrap();
     assert!(
         output.status.success(),
         "{library} {args:?}: {}",

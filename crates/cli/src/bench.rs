@@ -834,7 +834,7 @@ struct RefillPhase {
 struct RefillSummary {
     identities_sent: u32,
     max_identities: u32,
-    refill_interval_ms: u64,
+    sizing: Sizing,
     concurrency: u32,
     phases: Vec<RefillPhase>,
 }
@@ -854,6 +854,99 @@ fn refill_for(max_identities: u32) -> u64 {
         .max(20)
 }
 
+/// How a run keeps `count` addresses active at the rate this machine
+/// reaches. wrk sends from the addresses in turn, so each is seen once per
+/// cycle of `count / rps` seconds. Stake QoS takes an identity whose demand
+/// is under `IDLE_DEMAND` calls per refill interval as idle (the round skips
+/// it), and each round with calls moves the demand `DEMAND_SMOOTHING` of the
+/// way to the calls' rate: an idle identity calling less than
+/// `IDLE_DEMAND / DEMAND_SMOOTHING` (0.05) times per interval is active only
+/// in the rounds with its calls. So on a slow machine a table of 20,000 or
+/// 100,000 would measure mostly idle identities: the interval is stretched
+/// until an address calls twice that often (at most the policy's 1 s), and
+/// the idle TTL holds three cycles.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Sizing {
+    /// What wrk reached through QoS from `count` addresses (the probe).
+    measured_rps: f64,
+    /// Seconds between two calls of one address.
+    cycle_s: f64,
+    refill_interval_ms: u64,
+    idle_ttl_ms: u64,
+}
+
+impl Sizing {
+    /// Sizes a table of `max_identities` (`refill_for` at the least) for
+    /// `count` addresses at `rps`.
+    fn of(count: u32, max_identities: u32, rps: f64) -> Self {
+        use stakegate_core::qos::{DEMAND_SMOOTHING, IDLE_DEMAND};
+        let cycle_s = f64::from(count) / rps.max(1.0);
+        // Calls per interval = interval / cycle.
+        let calls = 2.0 * IDLE_DEMAND / DEMAND_SMOOTHING;
+        let active_ms = (calls * cycle_s * 1000.0).ceil() as u64;
+        Self {
+            measured_rps: rps,
+            cycle_s,
+            refill_interval_ms: refill_for(max_identities).max(active_ms).min(1000),
+            idle_ttl_ms: ((3.0 * cycle_s * 1000.0) as u64).max(60_000),
+        }
+    }
+
+    /// Measures the rate: an Envoy with stake QoS identifying every call,
+    /// `concurrency` workers, wrk cycling through `count` addresses for 3 s.
+    fn measure(count: u32, max_identities: u32, concurrency: u32) -> anyhow::Result<Self> {
+        let probe = Self::of(count, max_identities, f64::MAX);
+        let envoy = qos_envoy(&probe.policy(1e7, max_identities), concurrency)?;
+        if concurrency == 1 {
+            // As the runs it sizes are.
+            pin(&[&envoy]);
+        }
+        let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
+        std::fs::write(script.path(), addresses_script(count, 0))?;
+        let run = wrk(
+            &envoy.url("public")?,
+            32,
+            Duration::from_secs(3),
+            script.path(),
+            false,
+        )?;
+        Ok(Self::of(count, max_identities, run.rps))
+    }
+
+    /// A stake QoS policy identifying every request (`identifyAbove` 0),
+    /// with client addresses from x-forwarded-for behind 127.0.0.1.
+    fn policy(&self, capacity_rps: f64, max_identities: u32) -> String {
+        format!(
+            r#"{{"capacityRps": {capacity_rps}, "identifyAbove": 0, "maxIdentities": {max_identities}, "refillIntervalMs": {}, "idleTtlMs": {}, "reactive": {{"adjustIntervalMs": {}}}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#,
+            self.refill_interval_ms,
+            self.idle_ttl_ms,
+            // Reactive mode (off here) adjusts no more often than it refills.
+            self.refill_interval_ms.max(200)
+        )
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "measured {:.0} rps, so an address calls every {:.1} s: refill every {} ms, idle TTL {} s",
+            self.measured_rps,
+            self.cycle_s,
+            self.refill_interval_ms,
+            self.idle_ttl_ms / 1000
+        )
+    }
+}
+
+/// One Envoy answering by itself behind stake QoS with `policy`.
+fn qos_envoy(policy: &str, concurrency: u32) -> anyhow::Result<Envoy> {
+    let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy.to_string());
+    direct(
+        &[("public".into(), vec![Element::Wasm(qos)])],
+        Answer::Itself,
+    )?
+    .concurrency(concurrency)
+    .start()
+}
+
 /// `stakegate bench qos-refill`: how long one stake QoS refill round takes
 /// in a real Envoy as the identity table fills. wrk sends from
 /// `--identities` distinct addresses (in x-forwarded-for, behind a trusted
@@ -865,23 +958,19 @@ fn refill_for(max_identities: u32) -> u64 {
 pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
     require_wrk()?;
     let max_identities = table_for(args.identities);
-    let refill_interval_ms = refill_for(max_identities);
-    let policy = format!(
-        r#"{{"capacityRps": 1000000, "identifyAbove": 0, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
-    );
-    let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
-    let envoy = direct(
-        &[("public".into(), vec![Element::Wasm(qos)])],
-        Answer::Itself,
-    )?
-    .concurrency(args.concurrency)
-    .start()?;
+    let sizing = Sizing::measure(args.identities, max_identities, args.concurrency)?;
+    let envoy = qos_envoy(
+        &sizing.policy(1_000_000.0, max_identities),
+        args.concurrency,
+    )?;
     let url = envoy.url("public")?;
     let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
     std::fs::write(script.path(), addresses_script(args.identities, 0))?;
     println!(
-        "qos refill: {} addresses through Envoy --concurrency {} (maxIdentities {max_identities}), refill every {refill_interval_ms} ms",
-        args.identities, args.concurrency
+        "qos refill: {} addresses through Envoy --concurrency {} (maxIdentities {max_identities}); {}",
+        args.identities,
+        args.concurrency,
+        sizing.describe()
     );
     let mut phases = Vec::new();
     let mut measure = |phase: &'static str, window: Duration| -> anyhow::Result<()> {
@@ -938,7 +1027,7 @@ pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
     let summary = RefillSummary {
         identities_sent: args.identities,
         max_identities,
-        refill_interval_ms,
+        sizing,
         concurrency: args.concurrency,
         phases,
     };
@@ -987,10 +1076,6 @@ pub struct QosScaleArgs {
 /// requests are refused.
 const SCALE_MODES: [(&str, f64); 2] = [("below", 10_000_000.0), ("throttling", 1_000.0)];
 
-/// Longest warm-up: long enough for one core to send from 100,000
-/// addresses a few times over.
-const WARMUP_LIMIT: Duration = Duration::from_secs(90);
-
 #[derive(Debug, Serialize)]
 struct ScaleResult {
     mode: &'static str,
@@ -1013,7 +1098,7 @@ struct ScaleSummary {
     duration_s: f64,
     connections: u32,
     max_identities: u32,
-    refill_interval_ms: u64,
+    sizing: Sizing,
     pinned: bool,
     results: Vec<ScaleResult>,
 }
@@ -1046,6 +1131,34 @@ impl ScaleRun {
         Ok(run)
     }
 
+    /// Sends until every address has been sent and the identity gauge
+    /// holds 95 % of them, for at most three cycles through the addresses
+    /// (and 30 s) at the measured rate; a table that does not fill by then
+    /// is said, and measured as it is (its peak is in the summary).
+    fn warm_up(&mut self, connections: u32, sizing: &Sizing) -> anyhow::Result<()> {
+        let limit = Duration::from_secs_f64(3.0 * sizing.cycle_s + 30.0);
+        let started = Instant::now();
+        loop {
+            let active = self.identities()?;
+            let filled = active >= i64::from(self.count) * 95 / 100;
+            if filled && self.sent >= u64::from(self.count) {
+                return Ok(());
+            }
+            if started.elapsed() > limit {
+                eprintln!(
+                    "warning: {} {}: {active} of {} addresses active after {limit:?} of warm-up; measured as it is",
+                    self.mode, self.count, self.count
+                );
+                return Ok(());
+            }
+            let sent = self.send(connections, Duration::from_secs(2))?;
+            eprintln!(
+                "warm-up: {} {}: {:.0} rps, {active} active before",
+                self.mode, self.count, sent.rps
+            );
+        }
+    }
+
     /// The identity gauge now (identities with demand in the last round).
     fn identities(&mut self) -> anyhow::Result<i64> {
         let now = self.envoy.stat("wasmcustom.stakegate.qos.identities")?;
@@ -1070,24 +1183,15 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
         .max()
         .context("no --identities")?;
     let max_identities = table_for(largest);
-    let refill_interval_ms = refill_for(max_identities);
+    // The slower mode (identifying and admitting) sets the rate.
+    let sizing = Sizing::measure(largest, max_identities, 1)?;
     let mut runs = Vec::new();
     for (mode, capacity) in SCALE_MODES {
         for &count in &args.identities {
-            let policy = format!(
-                r#"{{"capacityRps": {capacity}, "identifyAbove": 0, "maxIdentities": {max_identities}, "refillIntervalMs": {refill_interval_ms}, "identity": {{"trustedProxies": ["127.0.0.1/32"]}}}}"#
-            );
-            let qos = FilterConfig::stake_qos(paths::wasm_module("stake_qos")?, policy);
-            let envoy = direct(
-                &[("public".into(), vec![Element::Wasm(qos)])],
-                Answer::Itself,
-            )?
-            .concurrency(1)
-            .start()?;
             runs.push(ScaleRun {
                 mode,
                 count,
-                envoy,
+                envoy: qos_envoy(&sizing.policy(capacity, max_identities), 1)?,
                 script: tempfile::Builder::new().suffix(".lua").tempfile()?,
                 sent: 0,
                 peak: 0,
@@ -1096,34 +1200,16 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
     }
     let pinned = pin(&runs.iter().map(|r| &r.envoy).collect::<Vec<_>>());
     println!(
-        "qos scale: {:?} identities, wrk -c{} for {:?} per Envoy and round, {} rounds, maxIdentities {max_identities}, refill every {refill_interval_ms} ms, on {}",
+        "qos scale: {:?} identities, wrk -c{} for {:?} per Envoy and round, {} rounds, maxIdentities {max_identities}, on {}; {}",
         args.identities,
         args.connections,
         args.duration,
         args.rounds,
-        machine()
+        machine(),
+        sizing.describe()
     );
     for run in &mut runs {
-        let started = std::time::Instant::now();
-        // Every address sent at least once, or the table is as full as it gets.
-        loop {
-            let active = run.identities()?;
-            if active >= i64::from(run.count) * 95 / 100 {
-                break;
-            }
-            if started.elapsed() > WARMUP_LIMIT {
-                bail!(
-                    "{}, {} identities: {active} active after {WARMUP_LIMIT:?} of warm-up",
-                    run.mode,
-                    run.count
-                );
-            }
-            let sent = run.send(args.connections, Duration::from_secs(2))?;
-            eprintln!(
-                "warm-up: {} {}: {:.0} rps, {active} active before",
-                run.mode, run.count, sent.rps
-            );
-        }
+        run.warm_up(args.connections, &sizing)?;
     }
     let mut rps = vec![Vec::new(); runs.len()];
     for round in 1..=args.rounds {
@@ -1178,7 +1264,7 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
             duration_s: args.duration.as_secs_f64(),
             connections: args.connections,
             max_identities,
-            refill_interval_ms,
+            sizing,
             pinned,
             results,
         },
@@ -1194,4 +1280,29 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .context("no VmRSS in /proc/<pid>/status")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_machine_stretches_the_refill_interval_to_keep_its_addresses_active() {
+        let table = table_for(100_000);
+        // Fast enough: the page budget's interval keeps every address active.
+        let fast = Sizing::of(100_000, table, 200_000.0);
+        assert_eq!(fast.refill_interval_ms, refill_for(table));
+        assert_eq!(fast.idle_ttl_ms, 60_000);
+        // 20,000 addresses at 24,000 rps: one call every 0.83 s, so 0.1
+        // calls a round needs an 84 ms round.
+        let slow = Sizing::of(20_000, table_for(20_000), 24_000.0);
+        assert_eq!(slow.refill_interval_ms, 84);
+        let calls_per_round = slow.refill_interval_ms as f64 / 1000.0 / slow.cycle_s;
+        assert!(calls_per_round >= 0.1, "{calls_per_round}");
+        // Slower: capped at the policy's longest interval; the TTL holds
+        // three cycles.
+        let crawl = Sizing::of(100_000, table, 500.0);
+        assert_eq!(crawl.refill_interval_ms, 1000);
+        assert_eq!(crawl.idle_ttl_ms, 600_000);
+    }
 }

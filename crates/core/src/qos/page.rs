@@ -197,9 +197,16 @@ impl Page {
     /// (evicting if the page is full). Returns its index and whether an
     /// identity was evicted.
     pub fn entry(&mut self, fresh: &Entry) -> (usize, bool) {
-        if let Some(i) = self.find(fresh.key) {
-            return (i, false);
+        match self.find(fresh.key) {
+            Some(i) => (i, false),
+            None => self.insert(fresh),
         }
+    }
+
+    /// Inserts `fresh`, whose key the page does not hold (evicting if the
+    /// page is full). Returns its index and whether an identity was
+    /// evicted.
+    pub fn insert(&mut self, fresh: &Entry) -> (usize, bool) {
         let n = self.len();
         if n < ENTRIES_PER_PAGE {
             self.bytes.resize(self.bytes.len() + ENTRY_LEN, 0);

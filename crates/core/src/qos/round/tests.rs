@@ -192,3 +192,46 @@ fn a_sparse_client_keeps_its_rate_between_its_calls() {
     let last = &got[got.len() - 10..];
     assert!(last.iter().all(|d| (d - 0.1).abs() < 0.02), "{last:?}");
 }
+
+#[test]
+fn a_reported_identity_a_newcomer_evicted_first_comes_in_again() {
+    // A full page, oldest first; every identity has a stake and demand.
+    let mut page = Page::default();
+    for key in 1..=ENTRIES_PER_PAGE as u64 {
+        page.entry(&Entry {
+            key: key * 10,
+            stake: 1,
+            demand: 1.0,
+            last_seen_ms: key,
+            ..Entry::default()
+        });
+    }
+    let plan = Plan {
+        intervals: 1.0,
+        interval_ms: 20,
+        level: f64::INFINITY,
+        now_ms: 1000,
+        idle_ttl_ms: 60_000,
+        min_tokens: 2 * MILLI,
+        initial_tokens: 8 * MILLI,
+        fleet: None,
+        calls: true,
+        default_cost: 1.0,
+    };
+    let call = |key| Delta {
+        key,
+        arrivals: 1,
+        ..Delta::default()
+    };
+    // In key order: newcomer 5 evicts the oldest (10), which has calls
+    // of its own and so comes back, evicting the next oldest (20).
+    let applied = plan.apply(&mut page, &[call(5), call(10)]);
+    assert_eq!(applied.evicted, 2);
+    assert!(page.find(5).is_some());
+    assert!(page.find(10).is_some());
+    assert!(page.find(20).is_none());
+    assert!(page.find(30).is_some());
+    assert_eq!(page.len(), ENTRIES_PER_PAGE);
+    let back = page.get(page.find(10).unwrap());
+    assert_eq!((back.last_seen_ms, back.tokens > 0), (1000, true));
+}

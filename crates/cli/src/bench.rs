@@ -810,6 +810,10 @@ pub struct QosRefillArgs {
     /// Envoy worker threads.
     #[arg(long, default_value_t = 2)]
     pub concurrency: u32,
+    /// The refill interval, in ms, instead of one sized from the rate
+    /// measured first (to compare two builds at the same interval).
+    #[arg(long)]
+    pub refill_ms: Option<u64>,
     /// Where summary.json goes.
     #[arg(long, default_value = "results/qos-refill")]
     pub out: PathBuf,
@@ -958,7 +962,10 @@ fn qos_envoy(policy: &str, concurrency: u32) -> anyhow::Result<Envoy> {
 pub fn qos_refill(args: &QosRefillArgs) -> anyhow::Result<()> {
     require_wrk()?;
     let max_identities = table_for(args.identities);
-    let sizing = Sizing::measure(args.identities, max_identities, args.concurrency)?;
+    let mut sizing = Sizing::measure(args.identities, max_identities, args.concurrency)?;
+    if let Some(ms) = args.refill_ms {
+        sizing.refill_interval_ms = ms;
+    }
     let envoy = qos_envoy(
         &sizing.policy(1_000_000.0, max_identities),
         args.concurrency,

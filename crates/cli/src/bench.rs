@@ -861,14 +861,18 @@ fn refill_for(max_identities: u32) -> u64 {
 /// How a run keeps `count` addresses active at the rate this machine
 /// reaches. wrk sends from the addresses in turn, so each is seen once per
 /// cycle of `count / rps` seconds. Stake QoS takes an identity whose demand
-/// is under `IDLE_DEMAND` calls per refill interval as idle (the round skips
-/// it), and each round with calls moves the demand `DEMAND_SMOOTHING` of the
-/// way to the calls' rate: an idle identity calling less than
-/// `IDLE_DEMAND / DEMAND_SMOOTHING` (0.05) times per interval is active only
-/// in the rounds with its calls. So on a slow machine a table of 20,000 or
-/// 100,000 would measure mostly idle identities: the interval is stretched
-/// until an address calls twice that often (at most the policy's 1 s), and
-/// the idle TTL holds three cycles.
+/// is under `IDLE_DEMAND` (0.01) calls per refill interval as idle (the
+/// round skips it), and each round with calls moves the demand
+/// `DEMAND_SMOOTHING` (a fifth) of the way to the calls' rate, a new
+/// identity's first calls taken as spread over `FIRST_SAMPLE_MS`. So an
+/// identity stays active while it calls 0.01 times per interval, a new one
+/// starts active with an interval of 50 ms or more, and an idle one
+/// calling less than 0.05 times per interval is active only in the rounds
+/// with its calls. On a slow machine a table of 20,000 or 100,000 would
+/// measure mostly idle identities: the interval is stretched until either
+/// every address calls twice as often as it must to stay active and new
+/// identities start active, or it calls twice as often as an idle one must
+/// (at most the policy's 1 s); the idle TTL holds three cycles.
 #[derive(Debug, Clone, Copy, Serialize)]
 struct Sizing {
     /// What wrk reached through QoS from `count` addresses (the probe).
@@ -883,11 +887,14 @@ impl Sizing {
     /// Sizes a table of `max_identities` (`refill_for` at the least) for
     /// `count` addresses at `rps`.
     fn of(count: u32, max_identities: u32, rps: f64) -> Self {
-        use stakegate_core::qos::{DEMAND_SMOOTHING, IDLE_DEMAND};
+        use stakegate_core::qos::{DEMAND_SMOOTHING, FIRST_SAMPLE_MS, IDLE_DEMAND};
         let cycle_s = f64::from(count) / rps.max(1.0);
         // Calls per interval = interval / cycle.
-        let calls = 2.0 * IDLE_DEMAND / DEMAND_SMOOTHING;
-        let active_ms = (calls * cycle_s * 1000.0).ceil() as u64;
+        let cycle_ms = cycle_s * 1000.0;
+        let stays = (2.0 * IDLE_DEMAND * cycle_ms)
+            .max(2.0 * IDLE_DEMAND / DEMAND_SMOOTHING * FIRST_SAMPLE_MS as f64);
+        let from_idle = 2.0 * IDLE_DEMAND / DEMAND_SMOOTHING * cycle_ms;
+        let active_ms = stays.min(from_idle).ceil() as u64;
         Self {
             measured_rps: rps,
             cycle_s,
@@ -1301,11 +1308,15 @@ mod tests {
         assert_eq!(fast.refill_interval_ms, refill_for(table));
         assert_eq!(fast.idle_ttl_ms, 60_000);
         // 20,000 addresses at 24,000 rps: one call every 0.83 s, so 0.1
-        // calls a round needs an 84 ms round.
+        // calls a round (any identity becomes active) is an 84 ms round,
+        // shorter than the 100 ms at which new ones start active.
         let slow = Sizing::of(20_000, table_for(20_000), 24_000.0);
         assert_eq!(slow.refill_interval_ms, 84);
         let calls_per_round = slow.refill_interval_ms as f64 / 1000.0 / slow.cycle_s;
         assert!(calls_per_round >= 0.1, "{calls_per_round}");
+        // 100,000 at 7,000 rps: one call every 14.3 s; 0.02 calls a round
+        // (twice what keeps one active) is a 286 ms round, over 100 ms.
+        assert_eq!(Sizing::of(100_000, table, 7_000.0).refill_interval_ms, 286);
         // Slower: capped at the policy's longest interval; the TTL holds
         // three cycles.
         let crawl = Sizing::of(100_000, table, 500.0);

@@ -125,7 +125,7 @@ use std::sync::Arc;
 pub use round::RoundReport;
 
 pub use page::page_key;
-pub use round::{DEMAND_SMOOTHING, HEADROOM, IDLE_DEMAND};
+pub use round::{DEMAND_SMOOTHING, FIRST_SAMPLE_MS, HEADROOM, IDLE_DEMAND};
 pub use state::{ACTIVE_KEY, DEMAND_KEY, STATE_KEY};
 /// A lease is this fraction of the identity's grant per round.
 const LEASE_DIVISOR: u64 = 4;

@@ -5,6 +5,7 @@
 //
 //   node solana.mjs kit|web3js HTTP_URL WS_URL
 //   node solana.mjs kit|web3js overload HTTP_URL   (see `overload`)
+//   node solana.mjs kit|web3js many HTTP_URL WS_URL N   (see `many`)
 //
 // Slots, blockhashes and what derives from them move between two runs; the
 // test compares the rest exactly and these by shape (see
@@ -198,11 +199,75 @@ async function overload(url) {
   }
 }
 
-const run = process.argv[3] === "overload"
-  ? () => overload(process.argv[4])
-  : { kit: withKit, web3js: withWeb3js }[library];
+// Many subscriptions at once (`node solana.mjs kit|web3js many HTTP_URL
+// WS_URL N`), as a wallet or an indexer opens them on start: N account
+// subscriptions (N distinct accounts) and a slot subscription, all asked
+// for together (Promise.all) on the library's one socket; each waits for
+// its first notification, then all are closed. Prints how many got one,
+// and the distinct slots the account notifications named.
+async function many(http, ws, count) {
+  const accounts = Array.from({ length: count }, (_, i) => {
+    const seed = new Uint8Array(32).fill(0);
+    new DataView(seed.buffer).setUint32(0, i + 1, true);
+    return seed;
+  });
+  let notified;
+  if (library === "kit") {
+    const subscriptions = kit.createSolanaRpcSubscriptions(ws);
+    const abort = new AbortController();
+    const first = async (notifications, what) => {
+      const iterator = (await notifications.subscribe({ abortSignal: abort.signal }))[Symbol.asyncIterator]();
+      return (await within(iterator.next(), what)).value;
+    };
+    const keys = await Promise.all(accounts.map((seed) => kit.createKeyPairSignerFromPrivateKeyBytes(seed)));
+    notified = await Promise.all([
+      first(subscriptions.slotNotifications(), "slotNotifications").then((n) => ({ slot: Number(n.slot) })),
+      ...keys.map((k, i) =>
+        first(subscriptions.accountNotifications(k.address, { commitment: "confirmed" }), `account ${i}`).then((n) => ({
+          account: Number(n.context.slot),
+        })),
+      ),
+    ]);
+    abort.abort();
+  } else {
+    const connection = new web3.Connection(http, { commitment: "confirmed", wsEndpoint: ws });
+    const ids = [];
+    const once = (subscribe, what) =>
+      within(
+        new Promise((resolve) => {
+          ids.push(subscribe(resolve));
+        }),
+        what,
+      );
+    notified = await Promise.all([
+      once((cb) => connection.onSlotChange((info) => cb({ slot: info.slot })), "slot"),
+      ...accounts.map((seed, i) =>
+        once(
+          (cb) =>
+            connection.onAccountChange(web3.Keypair.fromSeed(seed).publicKey, (_, context) => cb({ account: context.slot })),
+          `account ${i}`,
+        ),
+      ),
+    ]);
+    await Promise.all(ids.map((id, i) => (i === 0 ? connection.removeSlotChangeListener(id) : connection.removeAccountChangeListener(id))));
+  }
+  return {
+    subscriptions: notified.length,
+    slotNotified: notified.filter((n) => "slot" in n).length,
+    accountsNotified: notified.filter((n) => "account" in n).length,
+    accountSlots: new Set(notified.filter((n) => "account" in n).map((n) => n.account)).size,
+  };
+}
+
+const mode = process.argv[3];
+const run =
+  mode === "overload"
+    ? () => overload(process.argv[4])
+    : mode === "many"
+      ? () => many(process.argv[4], process.argv[5], Number(process.argv[6]))
+      : { kit: withKit, web3js: withWeb3js }[library];
 if (!run || !["kit", "web3js"].includes(library)) {
-  console.error(`usage: node solana.mjs kit|web3js HTTP_URL WS_URL | overload HTTP_URL`);
+  console.error(`usage: node solana.mjs kit|web3js HTTP_URL WS_URL | overload HTTP_URL | many HTTP_URL WS_URL N`);
   process.exit(2);
 }
 run()

@@ -334,3 +334,32 @@ fn identical_solana_reads_reach_the_node_once_and_only_finalized_answers_are_ser
         "a confirmed block goes to the node each time"
     );
 }
+
+/// A wallet or an indexer opens its subscriptions at once on start: 50
+/// accounts and the slot, asked for together on the library's one socket,
+/// through `stakegate init`'s gateway. Every one is answered and notified
+/// (the gateway's example policies let one client open them together), and
+/// all are closed again.
+#[test]
+fn many_subscriptions_opened_at_once_on_one_socket_are_each_notified() {
+    let node = RpcNode::start(&NODE_ARGS).unwrap();
+    let (envoy, _dir) = gateway(&node);
+    let public = envoy.listener("public").unwrap();
+    let (http, ws) = (format!("http://{public}"), format!("ws://{public}"));
+    for library in ["kit", "web3js"] {
+        let got = script(library, &["many", &http, &ws, "50"]);
+        assert_eq!(
+            got,
+            json!({
+                "subscriptions": 51,
+                "slotNotified": 1,
+                "accountsNotified": 50,
+                "accountSlots": got["accountSlots"],
+            }),
+            "{library}"
+        );
+        // Notified from the slots the node executed, a few at most.
+        let slots = got["accountSlots"].as_u64().unwrap();
+        assert!((1..=50).contains(&slots), "{library}: {got}");
+    }
+}

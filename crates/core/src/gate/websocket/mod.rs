@@ -24,8 +24,9 @@
 //! read so far at once. When the socket's allowance and the gate have a
 //! slot for every message, each goes as itself. When they have fewer, the
 //! messages go in as many units as there are slots, calls packed into
-//! batches of at most `MERGE_MAX` (subscriptions, and batches the client
-//! made, each take a unit of their own); the batch's answer is split back
+//! batches of at most `MERGE_MAX` (batches the client made take a unit of
+//! their own; subscriptions go as they came, but those read together share
+//! a unit, `MERGE_MAX` to a unit); the batch's answer is split back
 //! into one answer per call, each with its caller's id. With no slot at
 //! all, the data is held at the gateway (back-pressure on the client's
 //! socket) until an answer or another request frees one; held sockets
@@ -34,8 +35,8 @@
 //!
 //! **Limits.** A message longer than `maxWebsocketMessageBytes` (either
 //! way, while the gate reads it whole), or more held data than that, or a
-//! piece that needs more units than the socket may ever have (more
-//! subscriptions or client batches at once than `maxInflightPerWebsocket`),
+//! piece that needs more units than the socket may ever have (more client
+//! batches at once than `maxInflightPerWebsocket`, say),
 //! closes the socket with a close frame (1009 or 1008) and its reason.
 //!
 //! **Answers.** While no unit with gateway ids is at the node, the node's
@@ -98,6 +99,9 @@ pub enum Flow {
 /// One unit at the node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Unit {
+    /// Answers still due before it gives its slot back: one, but for the
+    /// subscriptions of one piece, which go together (`subscriptions`).
+    due: u32,
     /// Its gateway ids: each one's number, what it stands for, and which
     /// of the unit's messages it belongs to (none: sent as it came).
     ids: Vec<(u64, Restore, usize)>,
@@ -287,8 +291,12 @@ impl Websocket {
             // has not sent yet.
             return (self.flush_controls(), None);
         }
-        let alone = messages.iter().filter(|m| !mergeable(m)).count();
-        let together = messages.len() - alone;
+        // Units of their own: the client's batches and the odd message,
+        // and the piece's subscriptions, `MERGE_MAX` to a unit.
+        let subscriptions = messages.iter().filter(|m| subscription(m)).count();
+        let alone = messages.iter().filter(|m| !mergeable(m)).count() - subscriptions
+            + subscriptions.div_ceil(MERGE_MAX);
+        let together = messages.iter().filter(|m| mergeable(m)).count();
         let least = alone + together.div_ceil(MERGE_MAX);
         let limits = gate.policy().limits;
         let per_socket = limits.per_websocket as usize;
@@ -310,7 +318,7 @@ impl Websocket {
             self.note_wait(counts);
             return (Flow::ConnectionFull, None);
         }
-        let most = messages.len().min(allowance);
+        let most = (alone + together).min(allowance);
         // A socket's messages are not priced: as heavy, they never take
         // the slots kept for cheap calls (`nodeTime.cheapSlots`).
         let taken = gate.take_slots(store, now, self.kind, least as u32, most as u32, true);
@@ -344,6 +352,7 @@ impl Websocket {
         let mut group: Vec<(Outgoing, u8, Option<[u8; 4]>)> = Vec::new();
         let mut sizes = sizes.into_iter();
         let mut want = sizes.next().unwrap_or(0);
+        let mut subscriptions = 0;
         for item in pending {
             match item {
                 Item::Control(frame) => out.extend_from_slice(&frame),
@@ -353,6 +362,16 @@ impl Websocket {
                     mask,
                     ..
                 } => {
+                    if subscription(&message) {
+                        if let Outgoing::Calls { original, .. } = &message {
+                            out.extend(ws::encode(opcode, original, mask));
+                        }
+                        subscriptions += 1;
+                        if subscriptions == MERGE_MAX as u32 {
+                            self.subscriptions_sent(std::mem::take(&mut subscriptions));
+                        }
+                        continue;
+                    }
                     if !mergeable(&message) {
                         let bytes = self.unit(vec![(message, opcode, mask)], counts);
                         out.extend(bytes);
@@ -367,12 +386,23 @@ impl Websocket {
                 }
             }
         }
+        self.subscriptions_sent(subscriptions);
         self.sent();
         self.waited = false;
         if verbatim {
             Flow::Through
         } else {
             Flow::Replace(out)
+        }
+    }
+
+    /// `n` subscriptions went as they came, as one unit.
+    fn subscriptions_sent(&mut self, n: u32) {
+        if n > 0 {
+            self.book.units.push_back(Unit {
+                due: n,
+                ..Unit::default()
+            });
         }
     }
 
@@ -386,7 +416,10 @@ impl Websocket {
         let Some(&(_, opcode, mask)) = messages.first() else {
             return Vec::new();
         };
-        let mut unit = Unit::default();
+        let mut unit = Unit {
+            due: 1,
+            ..Unit::default()
+        };
         if messages.len() > 1 {
             counts.merged += 1;
         }
@@ -546,6 +579,23 @@ fn size(out: &Outgoing) -> usize {
     }
 }
 
+/// A subscription (or unsubscription) that goes as it came: the piece's
+/// subscriptions go as one unit per `MERGE_MAX`, as calls packed in a batch
+/// do, so that a client may open more at once than its socket may have
+/// units (a wallet starting up, `Promise.all` of fifty `accountSubscribe`).
+/// A node registers them in microseconds each.
+fn subscription(out: &Outgoing) -> bool {
+    matches!(
+        out,
+        Outgoing::Calls {
+            mergeable: false,
+            alone: true,
+            batch: false,
+            ..
+        }
+    )
+}
+
 fn mergeable(out: &Outgoing) -> bool {
     matches!(
         out,
@@ -585,14 +635,25 @@ impl Book {
         self.units.remove(at)
     }
 
-    /// An answer that names no call of this socket: the oldest unit sent
-    /// as it came, else the oldest.
+    /// An answer that names no call of this socket: it answers the oldest
+    /// unit sent as it came, else the oldest, taken off the node if that
+    /// was its last answer due (`None` while more are).
     fn take_unnamed(&mut self) -> Option<Unit> {
         let at = self
             .units
             .iter()
             .position(|u| u.ids.is_empty())
             .unwrap_or(0);
+        self.answered(at)
+    }
+
+    /// One answer to the unit at `at`: the unit, if it was its last.
+    fn answered(&mut self, at: usize) -> Option<Unit> {
+        let unit = self.units.get_mut(at)?;
+        if unit.due > 1 {
+            unit.due -= 1;
+            return None;
+        }
         self.units.remove(at)
     }
 
@@ -697,8 +758,9 @@ impl Sink for ServerSink<'_> {
         let Some(payload) = message.payload.as_deref().filter(|_| kept) else {
             // Passed as it came: an answer to a unit sent as it came.
             if let Some(at) = self.book.units.iter().position(|u| u.ids.is_empty()) {
-                self.book.units.remove(at);
-                self.released += 1;
+                if self.book.answered(at).is_some() {
+                    self.released += 1;
+                }
             }
             return;
         };

@@ -261,18 +261,62 @@ fn a_socket_waits_for_its_own_answers_past_its_allowance() {
     ));
 }
 
-#[test]
-fn more_subscriptions_at_once_than_a_socket_may_have_close_it() {
-    let mut rig = Rig::new(r#"{"maxInflight": 100, "maxInflightPerWebsocket": 2}"#);
-    let mut ws = rig.socket();
-    let subscribe: Vec<u8> = (0..3)
+/// Subscriptions sent together: `n` of them on the piece.
+fn subscriptions(n: u32) -> Vec<u8> {
+    (0..n)
         .flat_map(|i| {
             client(&format!(
                 r#"{{"id":{i},"method":"eth_subscribe","params":["newHeads"]}}"#
             ))
         })
+        .collect()
+}
+
+#[test]
+fn more_subscriptions_at_once_than_a_socket_may_have_go_as_one_unit() {
+    let mut rig = Rig::new(r#"{"maxInflight": 4, "maxInflightPerWebsocket": 2}"#);
+    let mut ws = rig.socket();
+    let fifty = subscriptions(50);
+    let to_node = sent(rig.send(&mut ws, &fifty), &fifty);
+    assert_eq!(to_node, fifty, "each as it came");
+    assert_eq!((ws.at_node(), rig.inflight(), rig.counts.closed), (1, 1, 0));
+    // The slot comes back with the last of the fifty answers, not before.
+    let answers = node(&to_node);
+    let each = messages(Side::Server, &answers);
+    let (first, last) = answers.split_at(answers.len() - server(&each[49].to_string()).len());
+    assert_eq!(rig.answer(&mut ws, first), first);
+    assert_eq!((ws.at_node(), rig.inflight()), (1, 1));
+    rig.answer(&mut ws, last);
+    assert_eq!((ws.at_node(), rig.inflight()), (0, 0));
+    // With calls among them, the calls take the socket's other unit: the
+    // two packed in one batch.
+    let mixed = [subscriptions(3), calls(10..12)].concat();
+    let to_node = sent(rig.send(&mut ws, &mixed), &mixed);
+    assert_eq!(messages(Side::Client, &to_node).len(), 4);
+    assert_eq!(ws.at_node(), 2);
+    rig.answer(&mut ws, &node(&to_node));
+    assert_eq!((ws.at_node(), rig.inflight()), (0, 0));
+    // A hundred to a unit: 250 at once need three, more than this socket
+    // may ever have, and close it.
+    let Flow::Replace(close) = rig.send(&mut ws, &subscriptions(250)) else {
+        panic!()
+    };
+    assert_eq!(close[0], 0x88, "a close frame to the node");
+    assert_eq!((rig.counts.closed, ws.at_node()), (1, 0));
+}
+
+#[test]
+fn more_batches_at_once_than_a_socket_may_have_close_it() {
+    let mut rig = Rig::new(r#"{"maxInflight": 100, "maxInflightPerWebsocket": 2}"#);
+    let mut ws = rig.socket();
+    let batches: Vec<u8> = (0..3)
+        .flat_map(|i| {
+            client(&format!(
+                r#"[{{"id":{i},"method":"eth_subscribe","params":["newHeads"]}}]"#
+            ))
+        })
         .collect();
-    let Flow::Replace(close) = rig.send(&mut ws, &subscribe) else {
+    let Flow::Replace(close) = rig.send(&mut ws, &batches) else {
         panic!()
     };
     assert_eq!(close[0], 0x88, "a close frame to the node");

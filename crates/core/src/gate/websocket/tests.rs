@@ -2,6 +2,7 @@ use super::*;
 use crate::gate::class::RequestClass;
 use crate::gate::policy::GatePolicy;
 use crate::gate::Decision;
+use crate::jsonrpc::Name;
 use crate::request::testing::Bytes;
 use crate::shared::MemoryStore;
 use proptest::prelude::*;

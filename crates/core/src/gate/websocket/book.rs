@@ -12,7 +12,8 @@ use std::ops::Range;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Unit {
     /// Answers still due before it gives its slot back: one, but for the
-    /// subscriptions of one piece, which go together (`subscriptions`).
+    /// subscriptions of one piece, which go together (`subscription` in
+    /// mod.rs).
     pub(super) due: u32,
     /// Its gateway ids: each one's number, what it stands for, and which
     /// of the unit's messages it belongs to (none: sent as it came).

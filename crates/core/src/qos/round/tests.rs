@@ -1,6 +1,22 @@
 use super::*;
 use crate::shared::MemoryStore;
 
+/// A round in calls, below capacity, at `now_ms`.
+fn calls_plan(now_ms: u64) -> Plan<'static> {
+    Plan {
+        intervals: 1.0,
+        interval_ms: 20,
+        level: f64::INFINITY,
+        now_ms,
+        idle_ttl_ms: 60_000,
+        min_tokens: 2 * MILLI,
+        initial_tokens: 8 * MILLI,
+        fleet: None,
+        calls: true,
+        default_cost: 1.0,
+    }
+}
+
 /// An identity's demand over a run of rounds with these calls.
 fn demands(calls: &[u32]) -> Vec<f64> {
     let mut page = Page::default();
@@ -17,18 +33,7 @@ fn demands(calls: &[u32]) -> Vec<f64> {
                 arrivals: c,
                 ..Delta::default()
             };
-            let plan = Plan {
-                intervals: 1.0,
-                interval_ms: 20,
-                level: f64::INFINITY,
-                now_ms: 0,
-                idle_ttl_ms: 60_000,
-                min_tokens: 2 * MILLI,
-                initial_tokens: 8 * MILLI,
-                fleet: None,
-                calls: true,
-                default_cost: 1.0,
-            };
+            let plan = calls_plan(0);
             let (demand, _, quiet) = plan.demand(&page, 0, Some(&delta));
             page.set_demand(0, demand as f32);
             page.set_quiet(0, quiet);
@@ -206,18 +211,7 @@ fn a_reported_identity_a_newcomer_evicted_first_comes_in_again() {
             ..Entry::default()
         });
     }
-    let plan = Plan {
-        intervals: 1.0,
-        interval_ms: 20,
-        level: f64::INFINITY,
-        now_ms: 1000,
-        idle_ttl_ms: 60_000,
-        min_tokens: 2 * MILLI,
-        initial_tokens: 8 * MILLI,
-        fleet: None,
-        calls: true,
-        default_cost: 1.0,
-    };
+    let plan = calls_plan(1000);
     let call = |key| Delta {
         key,
         arrivals: 1,

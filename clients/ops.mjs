@@ -4,6 +4,7 @@
 //
 //   node ops.mjs viem|ethers HTTP_URL WS_URL
 //   node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow   (see `overload`)
+//   node ops.mjs viem subscribe WS_URL N   (see `subscribeMany`)
 //   node ops.mjs viem|ethers burst WS_URL N   (see `burst`)
 //
 // The chain must be anvil's dev chain (its unlocked accounts send the
@@ -201,14 +202,38 @@ async function burst(url, n) {
   };
 }
 
+// Subscriptions at once (`node ops.mjs viem subscribe WS_URL N`): N
+// `newHeads` subscriptions asked for together (`Promise.all`) on viem's one
+// socket, as an app watching several things opens them on start; then one
+// block mined, each waiting for its notification; then all closed. Prints
+// how many were opened and how many were notified.
+async function subscribeMany(url, n) {
+  const client = viem.createPublicClient({ chain: anvil, transport: viem.webSocket(url, { retryCount: 0 }) });
+  const notified = [];
+  const opened = await Promise.all(
+    Array.from({ length: n }, () => {
+      let resolve;
+      notified.push(new Promise((r) => (resolve = r)));
+      return client.transport.subscribe({ params: ["newHeads"], onData: () => resolve(true), onError: () => resolve(false) });
+    }),
+  );
+  await client.request({ method: "evm_mine", params: [] });
+  const heads = await Promise.all(notified);
+  await Promise.all(opened.map((s) => s.unsubscribe()));
+  await client.transport.getRpcClient().then((rpc) => rpc.close());
+  return { opened: opened.length, notified: heads.filter(Boolean).length };
+}
+
 const run =
   httpUrl === "overload"
     ? () => overload(wsUrl, process.argv[5])
     : httpUrl === "burst"
       ? () => burst(wsUrl, Number(process.argv[5]))
-      : { viem: withViem, ethers: withEthers }[library];
+      : httpUrl === "subscribe" && library === "viem"
+        ? () => subscribeMany(wsUrl, Number(process.argv[5]))
+        : { viem: withViem, ethers: withEthers }[library];
 if (!["viem", "ethers"].includes(library) || !run) {
-  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow, or node ops.mjs viem|ethers burst WS_URL N (not ${library})`);
+  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow, or node ops.mjs viem|ethers burst WS_URL N, or node ops.mjs viem subscribe WS_URL N (not ${library})`);
   process.exit(2);
 }
 try {

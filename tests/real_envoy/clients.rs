@@ -368,3 +368,28 @@ fn a_hundred_calls_at_once_on_one_websocket_are_all_answered_for_every_library()
     );
     assert_eq!(stat("closed"), 0);
 }
+
+/// An app opens its subscriptions together: 50 `newHeads` subscriptions
+/// asked for at once on viem's one socket, through `stakegate init`'s
+/// gateway (6 public slots): all are opened, each sees the next block, and
+/// the gate closes no socket (they share a unit at the node).
+#[test]
+fn fifty_subscriptions_opened_at_once_on_one_websocket_each_see_the_next_block() {
+    let anvil = Anvil::start().unwrap();
+    let (envoy, _dir) = gateway(&anvil);
+    let public = envoy.listener("public").unwrap();
+    let output = library("viem", &["subscribe", &format!("ws://{public}"), "50"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let got: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(got, json!({"opened": 50, "notified": 50}));
+    let closed = envoy
+        .stat("wasmcustom.stakegate.gate.websocket.closed")
+        .unwrap();
+    assert_eq!(closed, 0);
+}

@@ -219,6 +219,18 @@ pub fn assert_refused_call_by_call(answer: &http::Answer, status: u16, ids: &[se
     assert_eq!(answered, ids.iter().collect::<Vec<_>>());
 }
 
+/// What `command` printed, as JSON, once it has exited successfully (its
+/// stderr in the panic otherwise).
+pub fn json_output(command: &mut std::process::Command) -> serde_json::Value {
+    let output = command.output().expect("the command runs");
+    assert!(
+        output.status.success(),
+        "{command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
 /// The command that runs a client script under clients/: a Python one
 /// (`.py`, with the project's `.venv`), or a Node one given `library` as
 /// its first argument.

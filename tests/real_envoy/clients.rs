@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use stakegate_stack::{http, Anvil, Envoy};
 use stakegate_tests::{
     assert_refused_call_by_call, client_script, eventually, example_policy, gateway_on_one_worker,
-    start_initialised,
+    json_output, start_initialised,
 };
 use std::io::Write;
 use std::process::Command;
@@ -329,15 +329,7 @@ fn a_hundred_calls_at_once_on_one_websocket_are_all_answered_for_every_library()
     let (envoy, _dir) = gateway(&anvil);
     let public = envoy.listener("public").unwrap();
     let burst = |name: &str, url: &str| -> Value {
-        let output = library(name, &["burst", url, &CALLS.to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{name} at {url}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        serde_json::from_slice(&output.stdout).unwrap()
+        json_output(&mut library(name, &["burst", url, &CALLS.to_string()]))
     };
     for name in LIBRARIES {
         let direct = burst(name, &format!("ws://{}", anvil.addr()));
@@ -378,15 +370,10 @@ fn fifty_subscriptions_opened_at_once_on_one_websocket_each_see_the_next_block()
     let anvil = Anvil::start().unwrap();
     let (envoy, _dir) = gateway(&anvil);
     let public = envoy.listener("public").unwrap();
-    let output = library("viem", &["subscribe", &format!("ws://{public}"), "50"])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let got: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let got = json_output(&mut library(
+        "viem",
+        &["subscribe", &format!("ws://{public}"), "50"],
+    ));
     assert_eq!(got, json!({"opened": 50, "notified": 50}));
     let closed = envoy
         .stat("wasmcustom.stakegate.gate.websocket.closed")

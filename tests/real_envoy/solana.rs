@@ -8,7 +8,8 @@
 use serde_json::{json, Value};
 use stakegate_stack::{Envoy, RpcNode};
 use stakegate_tests::{
-    client_script, eventually, example_policy, gateway_on_one_worker, start_initialised,
+    client_script, eventually, example_policy, gateway_on_one_worker, json_output,
+    start_initialised,
 };
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,13 +51,7 @@ fn script(library: &str, args: &[&str]) -> Value {
     } else {
         "solana.mjs"
     };
-    let output = client_script(file, library).args(args).output().unwrap();
-    assert!(
-        output.status.success(),
-        "{library} {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+    json_output(client_script(file, library).args(args))
 }
 
 /// What moves with the slot between two runs (slots, blockhashes and what

@@ -6,12 +6,14 @@ core's imports (run by `make lint`):
   depend on proxy-wasm;
 - core depends on no other stakegate crate; nothing that runs in Envoy
   depends on the host, the CLI, the stack or the load generator;
-- inside core, no policy module (gate, dedup, qos) imports a sibling's module
-  for a helper: what they share lives in a neutral module (every other
-  top-level module of core), and a neutral module imports no policy module.
-  The one sibling import allowed: dedup is part of the gate (its pages name
-  the gate's workers), so it may use the gate's shard table, and the gate
-  its dedup (SIBLING_OK);
+- inside core, no policy module (gate, dedup, cache, qos) imports a
+  sibling's module for a helper: what they share lives in a neutral module
+  (every other top-level module of core), and a neutral module imports no
+  policy module. The sibling imports allowed (SIBLING_OK): dedup is part of
+  the gate (its pages name the gate's workers), so it may use the gate's
+  shard table, and the gate its dedup; the cache is part of the gate too,
+  and keeps dedup's answers under dedup's keys, as final as dedup's
+  finality says;
 - no two files of core import each other, directly or through others: the
   files form layers, each importing only those below it (a module's
   `mod.rs` counts as a file; test code is left out).
@@ -37,8 +39,8 @@ ALLOWED = {
 }
 PROXY_WASM_USERS = IN_ENVOY - {"stakegate-core"}
 # (importer, imported module): allowed, with the reason above.
-SIBLING_OK = {("dedup", "gate"), ("gate", "dedup")}
-POLICIES = ("gate", "dedup", "qos")
+SIBLING_OK = {("dedup", "gate"), ("gate", "dedup"), ("gate", "cache"), ("cache", "dedup")}
+POLICIES = ("gate", "dedup", "cache", "qos")
 CORE = ROOT / "crates/core/src"
 
 

@@ -3,6 +3,7 @@
 //! they run one at a time so timing-sensitive tests do not share the cores.
 
 mod admission_gate;
+mod cache;
 mod clients;
 mod deploy;
 mod failure_mode;

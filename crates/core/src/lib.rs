@@ -20,6 +20,7 @@
 //! - `validate`: the toolkit policies are checked with (errors name the field).
 
 pub mod baseline;
+pub mod cache;
 pub mod clock;
 pub mod cost;
 pub mod dedup;

@@ -277,11 +277,7 @@ impl Context for GateHttp {
 impl HttpContext for GateHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let on = self.with(|r| {
-            let head = Head::read(
-                end_of_stream,
-                r.worker.dedup_engaged(),
-                host::request_header,
-            );
+            let head = Head::read(end_of_stream, r.worker.reads_bodies(), host::request_header);
             r.headers(self.id, &mut StreamFacts, head)
         });
         match on {
@@ -331,8 +327,11 @@ impl HttpContext for GateHttp {
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let mut body = HostBody(BodyOf::Response);
-        let replace = self.with(|r| r.response_body(self.id, body_size, end_of_stream, &mut body));
-        if let Some(bytes) = replace {
+        let on = self.with(|r| r.response_body(self.id, body_size, end_of_stream, &mut body));
+        if on.hold {
+            return Action::Pause;
+        }
+        if let Some(bytes) = on.replace {
             host::replace_body(BodyOf::Response, &bytes);
         }
         Action::Continue

@@ -388,7 +388,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
         let n = self.waiting_on(&a.key, None);
         for (id, place) in self.held.iter_mut() {
             if place.held_for().is_some_and(|w| w.leads && w.key == a.key) {
-                let reply = place.answer(self.w, a);
+                let reply = place.answer(self.w, self.store, self.now.ms(), a);
                 self.acts.acts.push((*id, Act::Answer(reply)));
             }
         }
@@ -465,7 +465,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
     fn answer_all(&mut self, answer: &Answer) {
         for (id, place) in self.held.iter_mut() {
             if place.held_for().is_some_and(|w| w.key == answer.key) {
-                let reply = place.answer(self.w, answer);
+                let reply = place.answer(self.w, self.store, self.now.ms(), answer);
                 self.acts.acts.push((*id, Act::Answer(reply)));
             }
         }

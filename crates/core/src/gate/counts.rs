@@ -48,6 +48,27 @@ pub struct DedupCounts {
     pub standing_by: u64,
 }
 
+/// The answer cache's counts (all zero while it is off).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheCounts {
+    /// Requests answered from the cache.
+    pub hits: u64,
+    /// Requests whose answer could be kept and was not there.
+    pub misses: u64,
+    /// Requests whose answer can change: never looked up.
+    pub uncacheable: u64,
+    /// Answers kept.
+    pub kept: u64,
+    /// Answers to misses not kept: not found (an error, `null`), not final
+    /// yet, or too large.
+    pub not_kept: u64,
+    /// Answers dropped to make room.
+    pub evicted: u64,
+    /// Change of the answers this VM keeps, and of their bytes.
+    pub entries: i64,
+    pub bytes: i64,
+}
+
 /// The node-time counts (all zero without `nodeTime`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeTimeCounts {
@@ -85,6 +106,7 @@ pub struct Counts {
     pub expired_slots: u64,
     pub dedup: DedupCounts,
     pub node_time: NodeTimeCounts,
+    pub cache: CacheCounts,
 }
 
 /// What a heartbeat found, for the gauges.
@@ -137,6 +159,14 @@ impl Snapshot {
     }
 }
 
+/// A gauge each VM adds its change to.
+fn change<'a>(by: i64) -> Reading<'a> {
+    match by {
+        0 => Reading::Skip,
+        by => Reading::Change(by),
+    }
+}
+
 /// The gate's metrics (`stakegate.gate.*`), `policies/admission-gate.md`
 /// has what each means.
 #[rustfmt::skip]
@@ -182,6 +212,14 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "node_time.unpriced", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.unpriced) },
     Metric { name: "node_time.waited", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.waited) },
     Metric { name: "node_time.wait_refused", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.wait_refused) },
-    Metric { name: "node_time.waiting", kind: Kind::Gauge, read: |s, _| match s.counts.node_time.waiting { 0 => Reading::Skip, change => Reading::Change(change) } },
+    Metric { name: "node_time.waiting", kind: Kind::Gauge, read: |s, _| change(s.counts.node_time.waiting) },
+    Metric { name: "cache.hits", kind: Kind::Counter, read: |s, _| add(s.counts.cache.hits) },
+    Metric { name: "cache.misses", kind: Kind::Counter, read: |s, _| add(s.counts.cache.misses) },
+    Metric { name: "cache.uncacheable", kind: Kind::Counter, read: |s, _| add(s.counts.cache.uncacheable) },
+    Metric { name: "cache.kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.kept) },
+    Metric { name: "cache.not_kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.not_kept) },
+    Metric { name: "cache.evicted", kind: Kind::Counter, read: |s, _| add(s.counts.cache.evicted) },
+    Metric { name: "cache.entries", kind: Kind::Gauge, read: |s, _| change(s.counts.cache.entries) },
+    Metric { name: "cache.bytes", kind: Kind::Gauge, read: |s, _| change(s.counts.cache.bytes) },
     Metric { name: "dedup.finality_known", kind: Kind::Gauge, read: |s, _| set(s.finalized().map(|f| u64::from(f.is_some()))) },
 ];

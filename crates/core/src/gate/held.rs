@@ -7,6 +7,7 @@
 use super::reply::{Act, Callout, Reply, Target};
 use super::worker::GateWorker;
 use super::Ticket;
+use crate::cache::Miss;
 use crate::clock::Now;
 use crate::dedup::answer::{Answer, Id};
 use crate::dedup::key::Key;
@@ -67,6 +68,8 @@ pub struct Place {
     pub(super) ticket: Option<Ticket>,
     pub(super) class: RequestClass,
     pub(super) waiting: Option<Waiting>,
+    /// It missed the cache: its answer is kept if it cannot change.
+    pub(super) cache: Option<Miss>,
 }
 
 impl Place {
@@ -75,6 +78,7 @@ impl Place {
             ticket,
             class,
             waiting: None,
+            cache: None,
         }
     }
 
@@ -225,11 +229,21 @@ impl Place {
         Ok(callout(&dedup, waiting))
     }
 
-    /// It gets `answer`, with its own ids.
-    pub(super) fn answer(&mut self, w: &mut GateWorker, answer: &Answer) -> Reply {
+    /// It gets `answer`, with its own ids (and the cache keeps it, if it
+    /// missed and the answer cannot change).
+    pub(super) fn answer(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now_ms: u64,
+        answer: &Answer,
+    ) -> Reply {
         let Some(waiting) = self.waiting.take() else {
             return Reply::none(&[], "the request is gone");
         };
+        if let Some(miss) = self.cache.take() {
+            w.cache_keep(store, now_ms, miss, answer);
+        }
         let reply = Reply::answer(answer, &waiting.ids);
         if waiting.leads {
             return reply;

@@ -151,6 +151,12 @@ pub struct Priced {
 }
 
 impl Meter {
+    /// A method's learned cost in µs, if it has one.
+    pub fn estimate_us(&self, method: &str) -> Option<u64> {
+        let ms = self.learned.get(crate::cost::method_key(method))?;
+        ms.is_finite().then(|| (ms * 1000.0).round() as u64)
+    }
+
     /// Prices a whole body: a body the strict reader does not take is not
     /// cheap, nor is a method not measured yet unless its call is the
     /// method's probe (one at a time, while the table has room).

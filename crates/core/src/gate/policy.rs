@@ -2,6 +2,7 @@
 //! validated runtime values. The format is documented in
 //! `policies/admission-gate.md`.
 
+use crate::cache::policy::{CacheDoc, CachePolicy};
 use crate::dedup::policy::{DedupDoc, DedupPolicy};
 use crate::gate::class::Matcher;
 use crate::gate::node_time::{NodeTimeDoc, NodeTimePolicy};
@@ -39,6 +40,8 @@ struct Document {
     dedup: Option<DedupDoc>,
     /// Node-time measuring, cheap slots and waiting; absent means off.
     node_time: Option<NodeTimeDoc>,
+    /// The answer cache; absent means off.
+    cache: Option<CacheDoc>,
 }
 
 /// The fields that are lists; an array anywhere else is refused.
@@ -111,6 +114,8 @@ pub struct GatePolicy {
     pub dedup: Option<DedupPolicy>,
     /// The node's time on each request (`gate::node_time`).
     pub node_time: Option<NodeTimePolicy>,
+    /// Answers that cannot change, served again (`cache`).
+    pub cache: Option<CachePolicy>,
 }
 
 impl GatePolicy {
@@ -122,7 +127,7 @@ impl GatePolicy {
     /// Every field, with its default, as the docs' tables list them.
     pub fn fields() -> Vec<FieldDoc> {
         let mut fields = Fields::listing();
-        let all = br#"{"maxInflight": 8, "decideOnBody": true, "dedup": {}, "nodeTime": {}}"#;
+        let all = br#"{"maxInflight": 8, "decideOnBody": true, "dedup": {}, "nodeTime": {}, "cache": {}}"#;
         Self::read(all, &mut fields).map_or_else(|_| Vec::new(), |_| fields.listed())
     }
 
@@ -175,6 +180,10 @@ impl GatePolicy {
             .map(|d| NodeTimePolicy::compile(d, limits.most(SlotKind::Default), decide_on_body, f))
             .transpose()?;
         limits.cheap = node_time.as_ref().map_or(0, |n| n.cheap_slots);
+        ensure(doc.cache.is_none() || doc.dedup.is_some(), "cache", || {
+            "needs the dedup section: the cache follows the node's finalized block through dedup.upstream, and shares coalescing's keys and ids".into()
+        })?;
+        let cache = doc.cache.map(|d| CachePolicy::compile(d, f)).transpose()?;
         Ok(Self {
             limits,
             heartbeat_ms,
@@ -187,6 +196,7 @@ impl GatePolicy {
             priority: compile_matchers("classes.priority", priority)?,
             dedup: doc.dedup.map(|d| DedupPolicy::compile(d, f)).transpose()?,
             node_time,
+            cache,
         })
     }
 
@@ -224,6 +234,9 @@ impl GatePolicy {
         });
         if let Some(dedup) = &self.dedup {
             w.0.extend(dedup.warnings());
+        }
+        if let Some(cache) = &self.cache {
+            w.0.extend(cache.warnings());
         }
         w.0
     }
@@ -353,6 +366,7 @@ mod tests {
                 priority: vec![],
                 dedup: None,
                 node_time: None,
+                cache: None,
             }
         );
     }
@@ -438,6 +452,22 @@ mod tests {
             (
                 r#"{"maxInflight": 4, "classes": {"internal": [{"uriSan": ""}]}}"#,
                 "classes.internal[0].uriSan: must not be empty",
+            ),
+            (
+                r#"{"maxInflight": 4, "cache": {}}"#,
+                "cache: needs the dedup section",
+            ),
+            (
+                r#"{"maxInflight": 4, "dedup": {}, "cache": {"maxBytes": 4096, "maxAnswerBytes": 8192}}"#,
+                "cache.maxAnswerBytes: must be at most cache.maxBytes (4096); got 8192",
+            ),
+            (
+                r#"{"maxInflight": 4, "dedup": {}, "cache": {"maxEntries": 0}}"#,
+                "cache.maxEntries: must be",
+            ),
+            (
+                r#"{"maxInflight": 4, "dedup": {}, "cache": {"maxBytes": "1GB"}}"#,
+                "cache.maxBytes: invalid type",
             ),
         ] {
             let e = error(json);

@@ -82,6 +82,12 @@ impl Reply {
         self
     }
 
+    /// Says the answer came from the cache (`cache::HEADER`).
+    pub fn from_cache(mut self) -> Self {
+        self.headers.push((crate::cache::HEADER, "hit".into()));
+        self
+    }
+
     /// A refusal, as a held request's answer: the same headers as any.
     pub fn refusal(refusal: Rejection) -> Self {
         let mut reply = Self::json(refusal.status, refusal.body.into_bytes());

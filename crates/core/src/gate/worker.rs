@@ -5,7 +5,10 @@
 use super::counts::{Counts, Ticked};
 use super::reply::{Callout, Target};
 use super::{Admission, Decision, Heartbeat, InflightGate, Taken, Ticket};
+use crate::cache::rules::Lifetime;
+use crate::cache::{Cache, Lookup, Miss};
 use crate::clock::Now;
+use crate::dedup::answer::Answer;
 use crate::dedup::engage::Engagement;
 use crate::dedup::{finality, Dedup};
 use crate::gate::class::RequestClass;
@@ -19,6 +22,8 @@ pub struct GateWorker {
     pub gate: InflightGate,
     /// Retry-storm protection, when the policy has it.
     pub dedup: Option<Dedup>,
+    /// The answer cache, when the policy has it.
+    pub cache: Option<Cache>,
     /// Whether it is engaged (with `dedup`).
     engagement: Option<Engagement>,
     pub counts: Counts,
@@ -60,9 +65,11 @@ impl GateWorker {
                 .map(|m| m.saturating_sub(limits.reserved));
             Busy::threshold(slots, n.cheap_slots)
         });
+        let cache = policy.cache.clone().map(Cache::new);
         Self {
             gate,
             dedup,
+            cache,
             engagement,
             counts: Counts::default(),
             log: Vec::new(),
@@ -90,6 +97,59 @@ impl GateWorker {
                 None
             }
         }
+    }
+
+    /// The cache's word on a whole request body (`None`: no cache),
+    /// counted.
+    pub(super) fn cache_lookup(&mut self, body: &[u8]) -> Option<Lookup> {
+        let meter = &self.meter;
+        // What an answer saves: its method's learned node time, else the
+        // same for every answer.
+        let lookup = self
+            .cache
+            .as_mut()?
+            .lookup(body, |method| meter.estimate_us(method).unwrap_or(1000));
+        let counts = &mut self.counts.cache;
+        match &lookup {
+            Lookup::Hit(..) => counts.hits += 1,
+            Lookup::Miss(_) => counts.misses += 1,
+            Lookup::Uncacheable => counts.uncacheable += 1,
+        }
+        Some(lookup)
+    }
+
+    /// The answer to a request that missed the cache: kept if it cannot
+    /// change.
+    pub(super) fn cache_keep(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+        miss: Miss,
+        answer: &Answer,
+    ) {
+        if self.cache.is_none() {
+            return;
+        }
+        let finalized = match miss.lifetime {
+            Lifetime::AtBlock(_) | Lifetime::NamedBlock => self.finalized(store, now_ms),
+            _ => None,
+        };
+        let Some(cache) = self.cache.as_mut() else {
+            return;
+        };
+        let before = cache.size();
+        let kept = cache.keep(miss, answer, finalized);
+        let after = cache.size();
+        let counts = &mut self.counts.cache;
+        match kept {
+            Ok(evicted) => {
+                counts.kept += 1;
+                counts.evicted += evicted;
+            }
+            Err(_) => counts.not_kept += 1,
+        }
+        counts.entries += after.0 as i64 - before.0 as i64;
+        counts.bytes += after.1 as i64 - before.1 as i64;
     }
 
     /// At an engagement tick, when an answer tied to a block asked for it
@@ -152,6 +212,13 @@ impl GateWorker {
     /// engaged).
     pub fn dedup_engaged(&self) -> bool {
         self.engagement.as_ref().is_some_and(Engagement::engaged)
+    }
+
+    /// Whether a request's headers must say what its body needs (its
+    /// length, where a callout would go): dedup is engaged, or the cache
+    /// is on.
+    pub fn reads_bodies(&self) -> bool {
+        self.dedup_engaged() || self.cache.is_some()
     }
 
     /// Every `engage::TICK_MS`: whether dedup engages or stands by.

@@ -20,7 +20,7 @@ use super::counts::{Snapshot, Ticked};
 use super::node_time::{Waiters, SLOT_WAKE, WAITERS_KEY, WAIT_TICK_MS};
 use super::policy::GatePolicy;
 use super::reply::{Act, Callout, Reply};
-use super::stream::{Full, GateStream, Head, OnBody, OnHeaders, Settled};
+use super::stream::{Full, GateStream, Head, OnBody, OnHeaders, OnResponse, Settled};
 use super::worker::GateWorker;
 use super::InflightGate;
 use crate::clock::Now;
@@ -238,21 +238,25 @@ impl<S: SharedStore> Registry<S> {
     }
 
     /// A piece of stream `id`'s response body: what the client gets instead
-    /// of it, if the gate changed it.
+    /// of it, if the gate changed it, and whether to hold it until it is
+    /// whole.
     pub fn response_body(
         &mut self,
         id: u32,
         size: usize,
         end_of_stream: bool,
         body: &mut impl Body,
-    ) -> Option<Vec<u8>> {
-        let stream = self.streams.get_mut(&id)?;
-        let answered =
-            stream.response_body(&mut self.worker, &self.store, size, end_of_stream, body);
+    ) -> OnResponse {
+        let now = &mut Now::lazy_us(self.clock);
+        let Some(stream) = self.streams.get_mut(&id) else {
+            return OnResponse::default();
+        };
+        let w = &mut self.worker;
+        let answered = stream.response_body(w, &self.store, now, size, end_of_stream, body);
         if answered.released {
             self.retry(false);
         }
-        answered.replace
+        answered
     }
 
     /// Stream `id`'s response trailers.

@@ -266,7 +266,7 @@ fn sockets_waiting_for_a_slot_go_on_oldest_first_as_answers_free_slots() {
     // The node answers socket 1: its slot goes to socket 2, not 3.
     let answer = frame(r#"{"jsonrpc":"2.0","id":1,"result":"0x1"}"#, None);
     let replaced = r.response_body(1, answer.len(), false, &mut Bytes(answer));
-    assert_eq!(replaced, None);
+    assert_eq!(replaced.replace, None);
     assert_eq!(r.take().0, [Do::Resume(2, None)]);
     // Socket 2 closes with its call at the node: socket 3 goes on.
     r.done(2);
@@ -320,4 +320,104 @@ fn far_from_full_a_request_on_a_spare_slot_is_not_priced() {
     r.done(7);
     assert_eq!(send(&mut r, 8, &call(8, "eth_getProof")), Then::Continue);
     assert_eq!(counts(&r), (2, 4, 2));
+}
+
+/// A request for block `number` with id `id` (raw JSON).
+fn block_request(id: &str, number: &str) -> Vec<u8> {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_getBlockByNumber","params":["{number}",false]}}"#)
+        .into_bytes()
+}
+
+fn block_answer(number: &str) -> Vec<u8> {
+    format!(r#"{{"jsonrpc":"2.0","id":1,"result":{{"number":"{number}","hash":"0xab"}}}}"#)
+        .into_bytes()
+}
+
+/// A 200 with a JSON body of `length` bytes.
+fn json_headers(length: usize) -> impl FnMut(&str) -> Option<String> {
+    move |name| match name {
+        ":status" => Some("200".into()),
+        "content-type" => Some("application/json".into()),
+        "content-length" => Some(length.to_string()),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_final_answer_is_kept_and_served_again_with_no_slot_and_no_node() {
+    let policy = r#"{"maxInflight": 1, "dedup": {"engageAfterMs": 100, "standbyAfterMs": 100}, "cache": {}}"#;
+    let mut r = Registry::new(
+        GatePolicy::parse(policy.as_bytes()).unwrap(),
+        7,
+        MemoryStore::default(),
+        clock_us,
+    );
+    at_ms(10_000);
+    let finalized = br#"{"jsonrpc":"2.0","id":1,"result":{"number":"0x20"}}"#;
+    crate::dedup::finality::answered(&r.store, 10_000, Some(finalized)).unwrap();
+    // Coalescing starts engaged: the first request leads by callout, and
+    // its answer is kept on the way to its client.
+    assert_eq!(send(&mut r, 1, &block_request("1", "0x10")), Then::Pause);
+    let (id, _) = r.next_callout().unwrap();
+    r.sent(id, Ok(40));
+    r.callout_ended(40, Some(answered(&block_answer("0x10"))));
+    assert!(matches!(
+        r.take().0.as_slice(),
+        [Do::Poke, Do::Answer(1, _)]
+    ));
+    r.done(1);
+    assert_eq!(r.worker.counts.cache.kept, 1);
+    // The same call with another id: from the cache, at once.
+    let Then::Answer(reply) = send(&mut r, 2, &block_request(r#""x""#, "0x10")) else {
+        panic!("a hit")
+    };
+    let body: serde_json::Value = serde_json::from_slice(&reply.body).unwrap();
+    assert_eq!(
+        (body["id"].as_str(), body["result"]["number"].as_str()),
+        (Some("x"), Some("0x10"))
+    );
+    assert!(reply
+        .headers
+        .contains(&(crate::cache::HEADER, "hit".into())));
+    assert_eq!(r.next_callout(), None, "the node is not asked");
+    r.done(2);
+    // Standing by, a miss goes through the route with the gate's one slot;
+    // a hit meanwhile takes none.
+    at_ms(10_200);
+    r.engage(10_200);
+    at_ms(10_400);
+    r.engage(10_400);
+    assert!(!r.worker.dedup_engaged(), "standing by");
+    assert_eq!(send(&mut r, 3, &block_request("3", "0x11")), Then::Continue);
+    assert!(matches!(
+        send(&mut r, 4, &block_request("4", "0x10")),
+        Then::Answer(_)
+    ));
+    let node = block_answer("0x11");
+    r.response_headers(3, false, json_headers(node.len()));
+    let mut piece = Bytes(node[..10].to_vec());
+    assert!(r.response_body(3, 10, false, &mut piece).hold, "read whole");
+    let on = r.response_body(3, node.len(), true, &mut Bytes(node.clone()));
+    assert!(!on.hold && on.released);
+    assert!(matches!(
+        send(&mut r, 5, &block_request("5", "0x11")),
+        Then::Answer(_)
+    ));
+    // A block above the finalized one: its answer is not kept.
+    assert_eq!(send(&mut r, 6, &block_request("6", "0x21")), Then::Continue);
+    let node = block_answer("0x21");
+    r.response_headers(6, false, json_headers(node.len()));
+    r.response_body(6, node.len(), true, &mut Bytes(node));
+    assert_eq!(send(&mut r, 7, &block_request("7", "0x21")), Then::Continue);
+    let counts = &r.worker.counts.cache;
+    assert_eq!(
+        (
+            counts.hits,
+            counts.misses,
+            counts.kept,
+            counts.not_kept,
+            counts.entries
+        ),
+        (3, 4, 2, 1, 2)
+    );
 }

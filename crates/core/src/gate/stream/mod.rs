@@ -31,7 +31,9 @@ use super::reply::{Callout, Reply, Target};
 use super::websocket::{Flow, Websocket};
 use super::worker::GateWorker;
 use super::{slot_of, Ticket};
+use crate::cache::{Lookup, Miss};
 use crate::clock::Now;
+use crate::dedup::answer::Answer;
 use crate::dedup::client_name;
 use crate::gate::class::{classify, RequestClass};
 use crate::rejection::{Rejection, Rule, INVALID_REQUEST};
@@ -165,6 +167,11 @@ struct HttpRequest {
     /// With `nodeTime`: its price, when it got its slot, and whether it
     /// waits for one.
     metered: Option<Metered>,
+    /// The cache looks its whole body up (it is admitted then).
+    cache: bool,
+    /// A cache miss whose answer comes through the route: read whole, with
+    /// its content type, and kept if it cannot change.
+    capture: Option<(Miss, String)>,
 }
 
 /// What `GateStream::settle` found.
@@ -232,6 +239,8 @@ pub struct OnResponse {
     pub released: bool,
     /// Send the client these bytes instead of the piece.
     pub replace: Option<Vec<u8>>,
+    /// Hold the body until it is whole (the cache reads it).
+    pub hold: bool,
 }
 
 impl GateStream {
@@ -276,8 +285,16 @@ impl GateStream {
         }
         // With `decideOnBody`, a public request with a body is admitted
         // when its body is whole, so that a refusal can answer each of its
-        // calls (internal requests are never refused: nothing to wait for).
-        let waits = policy.decide_on_body && !head.end_of_stream && class != RequestClass::Internal;
+        // calls (internal requests are never refused: nothing to wait for);
+        // with the cache, so that a request the cache answers never waits
+        // for a slot nor is refused one.
+        let checked = !head.end_of_stream && class != RequestClass::Internal;
+        let cache = checked
+            && w.cache.is_some()
+            && w.dedup
+                .as_ref()
+                .is_some_and(|d| head.content_length.is_none_or(|n| d.fits(n)));
+        let waits = (policy.decide_on_body || cache) && checked;
         let ticket = if waits {
             None
         } else {
@@ -286,7 +303,6 @@ impl GateStream {
                 Err(refusal) => return OnHeaders::Refuse(refusal),
             }
         };
-        let checked = !head.end_of_stream && class != RequestClass::Internal;
         if checked && w.dedup.is_some() && !w.dedup_engaged() {
             w.counts.dedup.standing_by += 1;
         }
@@ -311,6 +327,8 @@ impl GateStream {
             dedup_client,
             target: head.target,
             metered: None,
+            cache,
+            capture: None,
         });
         OnHeaders::Continue
     }
@@ -413,8 +431,13 @@ impl GateStream {
         end_of_stream: bool,
         header: impl FnMut(&str) -> Option<String>,
     ) -> (bool, Option<u64>) {
+        let mut header = header;
         let node_us = match &mut self.state {
-            State::Http(request) => request.answered(w, now, header),
+            State::Http(request) => {
+                let node_us = request.answered(w, now, &mut header);
+                request.capture_answer(w, &mut header);
+                node_us
+            }
             _ => None,
         };
         (end_of_stream && self.response_ended(w, store), node_us)
@@ -427,23 +450,52 @@ impl GateStream {
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
+        now: &mut Now,
         size: usize,
         end_of_stream: bool,
         body: &mut impl Body,
     ) -> OnResponse {
-        if let State::Websocket(ws) = &mut self.state {
-            let (released, replace) = ws.answer(&body.read(0, size), &mut w.counts.websocket);
-            for _ in 0..released {
-                w.gate.give(ws.kind());
+        match &mut self.state {
+            State::Websocket(ws) => {
+                let (released, replace) = ws.answer(&body.read(0, size), &mut w.counts.websocket);
+                for _ in 0..released {
+                    w.gate.give(ws.kind());
+                }
+                return OnResponse {
+                    released: released > 0,
+                    replace,
+                    hold: false,
+                };
             }
-            return OnResponse {
-                released: released > 0,
-                replace,
-            };
+            State::Http(request) if request.capture.is_some() => {
+                let limit = w.cache.as_ref().map_or(0, |c| c.policy().max_answer_bytes);
+                if !end_of_stream && size as u64 <= limit {
+                    return OnResponse {
+                        hold: true,
+                        ..OnResponse::default()
+                    };
+                }
+                if let Some((miss, content_type)) = request.capture.take() {
+                    if end_of_stream {
+                        let answer = Answer {
+                            key: miss.key,
+                            status: 200,
+                            content_type,
+                            content_encoding: None,
+                            ids: miss.ids.clone(),
+                            body: body.read(0, size),
+                        };
+                        w.cache_keep(store, now.ms(), miss, &answer);
+                    } else {
+                        w.counts.cache.not_kept += 1;
+                    }
+                }
+            }
+            _ => {}
         }
         OnResponse {
             released: end_of_stream && self.response_ended(w, store),
-            replace: None,
+            ..OnResponse::default()
         }
     }
 
@@ -513,13 +565,25 @@ impl HttpRequest {
             if !end_of_stream {
                 return OnBody::Hold;
             }
+            if self.cache {
+                let bytes = body.read(0, size);
+                match w.cache_lookup(&bytes) {
+                    Some(Lookup::Hit(answer, ids)) => {
+                        let reply = Reply::answer(&answer, &ids).from_cache();
+                        return OnBody::Answer(reply.no_node_time(w.gate.policy()));
+                    }
+                    Some(Lookup::Miss(miss)) => self.place.cache = Some(miss),
+                    _ => {}
+                }
+                read = Some(bytes);
+            }
             let heavy = match &w.gate.policy().node_time {
                 Some(node_time) => {
                     // Priced only if it may take a slot from the pool or
                     // the gate is busy (`node_time::Busy`).
                     let spare = w.gate.has_spare(super::slot_of(self.place.class));
                     let priced = (w.busy.engaged() || !spare).then(|| {
-                        let bytes = body.read(0, size);
+                        let bytes = read.take().unwrap_or_else(|| body.read(0, size));
                         let priced = w.meter.price(&bytes, node_time.cheap_below_us);
                         read = Some(bytes);
                         priced
@@ -666,6 +730,31 @@ impl HttpRequest {
                 Settled::GateFull
             }
         }
+    }
+
+    /// The node's answer to a cache miss starts, through the route: it is
+    /// read whole if it may be kept (a 200, not encoded, not longer than
+    /// `maxAnswerBytes`).
+    fn capture_answer(
+        &mut self,
+        w: &mut GateWorker,
+        header: &mut impl FnMut(&str) -> Option<String>,
+    ) {
+        let (Some(miss), Some(cache)) = (self.place.cache.take(), &w.cache) else {
+            return;
+        };
+        let limit = cache.policy().max_answer_bytes;
+        let keepable = header(":status").as_deref() == Some("200")
+            && header("content-encoding").is_none_or(|e| e.eq_ignore_ascii_case("identity"))
+            && header("content-length")
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .is_none_or(|n| n <= limit);
+        if !keepable {
+            w.counts.cache.not_kept += 1;
+            return;
+        }
+        let content_type = header("content-type").unwrap_or_else(|| "application/json".into());
+        self.capture = Some((miss, content_type));
     }
 
     /// The node's answer starts: with `nodeTime`, its time on the request

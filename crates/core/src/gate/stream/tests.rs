@@ -85,7 +85,7 @@ fn an_http_slot_goes_back_when_the_response_ends() {
     let mut nothing = Bytes(Vec::new());
     assert!(
         first
-            .response_body(&mut w, &store, 0, true, &mut nothing)
+            .response_body(&mut w, &store, &mut Now::fixed(0), 0, true, &mut nothing)
             .released
     );
     // The client is still reading, but the node is done.

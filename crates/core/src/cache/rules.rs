@@ -1,0 +1,258 @@
+//! Which answers cannot change, read from the request: the cache's one
+//! table of rules (`policies/admission-gate.md` has it with the reason for
+//! each row).
+//!
+//! A request is looked at only when it is one call with an id (a batch or
+//! a notification is never cached). Its `params` are read strictly: a
+//! member written twice (`params`, `fromBlock`…) makes it uncacheable, as
+//! nodes do not agree on which one counts.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// Why a found answer to a request may be kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifetime {
+    /// The answer depends on the node's chain alone (`eth_chainId`).
+    Fixed,
+    /// A read by hash: its answer names the block it is in, and is kept
+    /// once that block is final.
+    NamedBlock,
+    /// A read at block `n` (a number in the params): kept if `n` is final
+    /// when the answer comes.
+    AtBlock(u64),
+    /// Solana, at the `finalized` commitment: a found finalized block or
+    /// transaction cannot change.
+    Finalized,
+}
+
+/// Methods whose answer depends on the chain alone.
+const FIXED: &[&str] = &["eth_chainId", "net_version", "getGenesisHash"];
+
+/// Reads by hash whose found answer names its block (`finality::block_of`).
+const BY_HASH: &[&str] = &[
+    "eth_getBlockByHash",
+    "eth_getTransactionByHash",
+    "eth_getTransactionReceipt",
+    "eth_getTransactionByBlockHashAndIndex",
+    "trace_transaction",
+];
+
+/// Reads at a block, and the position of the block in their params.
+const AT_BLOCK: &[(&str, usize)] = &[
+    ("eth_getBlockByNumber", 0),
+    ("eth_getBlockTransactionCountByNumber", 0),
+    ("eth_getTransactionByBlockNumberAndIndex", 0),
+    ("eth_getUncleCountByBlockNumber", 0),
+    ("eth_getUncleByBlockNumberAndIndex", 0),
+    ("eth_getBlockReceipts", 0),
+    ("trace_block", 0),
+    ("trace_replayBlockTransactions", 0),
+    ("debug_traceBlockByNumber", 0),
+    ("eth_getBalance", 1),
+    ("eth_getCode", 1),
+    ("eth_getTransactionCount", 1),
+    ("eth_call", 1),
+    ("eth_getStorageAt", 2),
+    ("eth_getProof", 2),
+    ("eth_feeHistory", 1),
+];
+
+/// Solana's reads whose found answer at `finalized` cannot change.
+const SOLANA_FINALIZED: &[&str] = &["getTransaction", "getBlock"];
+
+/// One call, as the cache reads it; a member written twice fails.
+#[derive(Deserialize)]
+struct Call {
+    method: String,
+    #[serde(default)]
+    params: Value,
+}
+
+/// `eth_getLogs`'s filter, strictly.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LogFilter {
+    from_block: Option<Value>,
+    to_block: Option<Value>,
+    block_hash: Option<Value>,
+}
+
+/// An EIP-1898 block object, strictly.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BlockObject {
+    block_number: Option<Value>,
+    block_hash: Option<Value>,
+}
+
+/// Why the answer to `body` (one call) may be kept, if it may.
+pub fn lifetime(body: &[u8]) -> Option<Lifetime> {
+    let call: Call = serde_json::from_slice(body).ok()?;
+    let method = call.method.as_str();
+    let params = &call.params;
+    if FIXED.contains(&method) {
+        return Some(Lifetime::Fixed);
+    }
+    if BY_HASH.contains(&method) {
+        return Some(Lifetime::NamedBlock);
+    }
+    if SOLANA_FINALIZED.contains(&method) {
+        return asks_finalized(params).then_some(Lifetime::Finalized);
+    }
+    if method == "eth_getLogs" {
+        return logs_block(params).map(Lifetime::AtBlock);
+    }
+    let (_, at) = AT_BLOCK.iter().find(|(m, _)| *m == method)?;
+    block_number(params.get(*at)?).map(Lifetime::AtBlock)
+}
+
+/// A block parameter's number: a hex quantity, `earliest`, or an EIP-1898
+/// object with `blockNumber`. Tags that move (`latest`, `safe`,
+/// `finalized`, `pending`) and block hashes have none.
+fn block_number(param: &Value) -> Option<u64> {
+    match param {
+        Value::String(tag) if tag == "earliest" => Some(0),
+        Value::String(hex) => quantity(hex),
+        Value::Object(_) => {
+            let object: BlockObject = serde_json::from_value(param.clone()).ok()?;
+            if object.block_hash.is_some() {
+                return None;
+            }
+            block_number(&object.block_number?)
+        }
+        _ => None,
+    }
+}
+
+/// The last block an `eth_getLogs` filter reads, when both its ends are
+/// numbers (an end left out is `latest`).
+fn logs_block(params: &Value) -> Option<u64> {
+    let filter: LogFilter = serde_json::from_value(params.get(0)?.clone()).ok()?;
+    if filter.block_hash.is_some() {
+        return None;
+    }
+    let from = block_number(&filter.from_block?)?;
+    let to = block_number(&filter.to_block?)?;
+    Some(from.max(to))
+}
+
+fn quantity(hex: &str) -> Option<u64> {
+    let digits = hex.strip_prefix("0x")?;
+    if digits.is_empty() || digits.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
+}
+
+/// Whether a Solana call asks for the `finalized` commitment: in its
+/// config object, or by giving none (Solana's default).
+fn asks_finalized(params: &Value) -> bool {
+    let configs = params.as_array().into_iter().flatten();
+    let asked = configs
+        .filter_map(Value::as_object)
+        .find_map(|config| config.get("commitment"));
+    asked.is_none_or(|commitment| commitment == "finalized")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn of(method: &str, params: Value) -> Option<Lifetime> {
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        lifetime(body.to_string().as_bytes())
+    }
+
+    #[test]
+    fn reads_at_a_numbered_block_name_it_and_moving_tags_are_never_cached() {
+        use Lifetime::*;
+        let addr = "0x00000000000000000000000000000000000000aa";
+        for (method, params, expected) in [
+            ("eth_chainId", json!([]), Some(Fixed)),
+            (
+                "eth_getBlockByNumber",
+                json!(["0x10", false]),
+                Some(AtBlock(16)),
+            ),
+            (
+                "eth_getBlockByNumber",
+                json!(["earliest", false]),
+                Some(AtBlock(0)),
+            ),
+            ("eth_getBlockByNumber", json!(["latest", false]), None),
+            ("eth_getBlockByNumber", json!(["finalized", false]), None),
+            ("eth_getBlockByNumber", json!(["safe", false]), None),
+            ("eth_getBlockByNumber", json!(["pending", false]), None),
+            ("eth_getBlockByNumber", json!([16, false]), None),
+            ("eth_getBalance", json!([addr, "0x2a"]), Some(AtBlock(42))),
+            ("eth_getBalance", json!([addr]), None),
+            (
+                "eth_getBalance",
+                json!([addr, {"blockNumber": "0x2a"}]),
+                Some(AtBlock(42)),
+            ),
+            ("eth_getBalance", json!([addr, {"blockHash": "0xab"}]), None),
+            (
+                "eth_call",
+                json!([{"to": addr, "data": "0x"}, "0x5"]),
+                Some(AtBlock(5)),
+            ),
+            (
+                "eth_call",
+                json!([{"to": addr, "data": "0x"}, "latest"]),
+                None,
+            ),
+            (
+                "eth_getStorageAt",
+                json!([addr, "0x0", "0x7"]),
+                Some(AtBlock(7)),
+            ),
+            (
+                "eth_getLogs",
+                json!([{"fromBlock": "0x1", "toBlock": "0x9"}]),
+                Some(AtBlock(9)),
+            ),
+            ("eth_getLogs", json!([{"fromBlock": "0x1"}]), None),
+            (
+                "eth_getLogs",
+                json!([{"fromBlock": "0x1", "toBlock": "latest"}]),
+                None,
+            ),
+            ("eth_getLogs", json!([{"blockHash": "0xab"}]), None),
+            (
+                "eth_getTransactionReceipt",
+                json!(["0xab"]),
+                Some(NamedBlock),
+            ),
+            ("eth_getTransactionCount", json!([addr, "pending"]), None),
+            ("eth_sendRawTransaction", json!(["0x00"]), None),
+            ("eth_getFilterChanges", json!(["0x1"]), None),
+            ("eth_blockNumber", json!([]), None),
+            ("getTransaction", json!(["sig"]), Some(Finalized)),
+            (
+                "getBlock",
+                json!([5, {"commitment": "finalized"}]),
+                Some(Finalized),
+            ),
+            ("getBlock", json!([5, {"commitment": "confirmed"}]), None),
+            ("getBalance", json!(["key"]), None),
+            ("getGenesisHash", json!([]), Some(Fixed)),
+        ] {
+            assert_eq!(of(method, params.clone()), expected, "{method} {params}");
+        }
+    }
+
+    #[test]
+    fn a_member_written_twice_is_never_cached() {
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xaa","0x1"],"params":["0xaa","latest"]}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"eth_getLogs","params":[{"fromBlock":"0x1","toBlock":"0x2","toBlock":"latest"}]}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xaa",{"blockNumber":"0x1","blockNumber":"latest"}]}"#,
+            "not json",
+        ] {
+            assert_eq!(lifetime(body.as_bytes()), None, "{body}");
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! The answer cache in the gateway `stakegate init` writes, in front of
+//! anvil: answers that cannot change (a final block, state at a final
+//! block, a receipt in one, the chain id) are served from the cache with
+//! each request's own id, and match the node's; answers that can change
+//! (`latest`, a block not final yet) never come from it, through a reorg.
+
+use serde_json::{json, Value};
+use stakegate_stack::{http, Anvil, Envoy};
+use stakegate_tests::eventually;
+use std::time::Duration;
+
+const STAT: &str = "wasmcustom.stakegate.gate.cache.";
+/// anvil's dev account 0, unlocked: it sends the transactions.
+const SENDER: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
+
+fn gateway(anvil: &Anvil, dir: &std::path::Path) -> Envoy {
+    let gate_policy = dir.join("gate.json");
+    let qos_policy = dir.join("qos.json");
+    let gate = stakegate_tests::example_policy("admission-gate", json!({ "cache": {} }));
+    std::fs::write(&gate_policy, gate).unwrap();
+    let qos = stakegate_tests::example_policy("stake-qos", json!({}));
+    std::fs::write(&qos_policy, qos).unwrap();
+    stakegate_tests::start_initialised(dir, anvil.addr(), &gate_policy, &qos_policy)
+}
+
+/// Sends a transaction from `SENDER` and waits until it is mined; its hash.
+fn send_tx(anvil: &Anvil, to: u64) -> Value {
+    let params = format!(r#"[{{"from":"{SENDER}","to":"0x{to:040x}","value":"0x{to:x}"}}]"#);
+    let hash = anvil.call("eth_sendTransaction", &params).unwrap();
+    let mined = || {
+        !anvil
+            .call("eth_getTransactionReceipt", &format!("[{hash}]"))
+            .unwrap()
+            .is_null()
+    };
+    assert!(eventually(Duration::from_secs(10), mined));
+    hash
+}
+
+/// Reads through the gateway with id `"c"`: the result, and whether it
+/// came from the cache. The id must be the request's own.
+fn read(url: &str, method: &str, params: &Value) -> (Value, bool) {
+    let body = json!({"jsonrpc": "2.0", "id": "c", "method": method, "params": params});
+    let answer = http::post(url, &[], &body.to_string()).unwrap();
+    assert_eq!(answer.status, 200, "{method}: {}", answer.body);
+    let value = answer.json().unwrap();
+    assert_eq!(value["id"], "c", "{method}: {}", answer.body);
+    (
+        value["result"].clone(),
+        answer.header("x-stakegate-cache") == Some("hit"),
+    )
+}
+
+/// The cache's and finality's counts, for a failure's message.
+fn stats(envoy: &Envoy) -> String {
+    let stat = |name: &str| {
+        envoy
+            .stat(&format!("wasmcustom.stakegate.gate.{name}"))
+            .unwrap_or(-1)
+    };
+    [
+        "cache.hits",
+        "cache.misses",
+        "cache.kept",
+        "cache.not_kept",
+        "cache.uncacheable",
+        "dedup.finalized",
+        "dedup.finality_known",
+        "dedup.led",
+        "dedup.standing_by",
+    ]
+    .map(|name| format!("{name} {}", stat(name)))
+    .join(", ")
+}
+
+fn hex(n: u64) -> String {
+    format!("0x{n:x}")
+}
+
+#[test]
+fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_reorg() {
+    let anvil = Anvil::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let envoy = gateway(&anvil, dir.path());
+    let url = envoy.url("public").unwrap();
+    let settled = send_tx(&anvil, 1);
+    anvil.call("anvil_mine", r#"["0x50"]"#).unwrap();
+    let finalized = anvil
+        .call("eth_getBlockByNumber", r#"["finalized", false]"#)
+        .unwrap();
+    let finalized = u64::from_str_radix(
+        finalized["number"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("0x"),
+        16,
+    )
+    .unwrap();
+    assert!(finalized >= 2, "anvil finalises: {finalized}");
+    let at = hex(finalized);
+    let mut stale = Vec::new();
+    let mut check = |method: &str, params: Value| -> bool {
+        let (got, hit) = read(&url, method, &params);
+        let truth = anvil.call(method, &params.to_string()).unwrap();
+        if got != truth {
+            stale.push(format!(
+                "{method}{params} (hit {hit}): gateway {got}, node {truth}"
+            ));
+        }
+        hit
+    };
+    let cacheable = [
+        ("eth_chainId", json!([])),
+        ("eth_getBlockByNumber", json!([at, false])),
+        ("eth_getBalance", json!([SENDER, at])),
+        ("eth_call", json!([{"to": SENDER, "data": "0x"}, at])),
+        ("eth_getLogs", json!([{"fromBlock": "0x0", "toBlock": at}])),
+        ("eth_getTransactionReceipt", json!([settled])),
+    ];
+    // Each is asked until it comes from the cache (the first answer may
+    // come before the gate knows the finalized block, and each Envoy
+    // worker keeps its own cache).
+    let until_hit = |check: &mut dyn FnMut(&str, Value) -> bool| {
+        for (method, params) in &cacheable {
+            let hit = eventually(Duration::from_secs(10), || check(method, params.clone()));
+            assert!(hit, "{method} never came from the cache: {}", stats(&envoy));
+        }
+    };
+    until_hit(&mut check);
+    // What can change never comes from the cache.
+    let above = hex(finalized + 10);
+    let changing = [
+        ("eth_getBlockByNumber", json!(["latest", false])),
+        ("eth_getBalance", json!([SENDER, "latest"])),
+        ("eth_getBlockByNumber", json!([above, false])),
+        ("eth_getTransactionCount", json!([SENDER, "pending"])),
+    ];
+    for _ in 0..3 {
+        for (method, params) in &changing {
+            assert!(
+                !check(method, params.clone()),
+                "{method}{params} came from the cache"
+            );
+        }
+    }
+    // A reorg above the finalized block: the block at its height is read
+    // before and after; the second read is the new block's.
+    let head = || {
+        let block = anvil.call("eth_blockNumber", "[]").unwrap();
+        u64::from_str_radix(block.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+    };
+    for round in 0..3u64 {
+        let snapshot = anvil.call("evm_snapshot", "[]").unwrap();
+        let hash = send_tx(&anvil, 100 + round);
+        let height = json!([hex(head()), false]);
+        for _ in 0..2 {
+            assert!(!check("eth_getBlockByNumber", height.clone()));
+            assert!(!check("eth_getTransactionReceipt", json!([hash])));
+        }
+        let before = read(&url, "eth_getBlockByNumber", &height).0["hash"].clone();
+        assert_eq!(
+            anvil.call("evm_revert", &format!("[{snapshot}]")).unwrap(),
+            true
+        );
+        send_tx(&anvil, 200 + round);
+        let (after, hit) = read(&url, "eth_getBlockByNumber", &height);
+        assert!(!hit);
+        assert_ne!(after["hash"], before, "the block at {height} changed");
+        assert!(!check("eth_getTransactionReceipt", json!([hash])));
+        until_hit(&mut check);
+    }
+    assert!(stale.is_empty(), "{stale:#?}");
+    // The counts reach Envoy at the gate's heartbeat.
+    let stat = |name: &str| envoy.stat(&format!("{STAT}{name}")).unwrap();
+    assert!(eventually(Duration::from_secs(5), || stat("hits") >= 24));
+    assert!(stat("kept") >= 6, "kept {}", stat("kept"));
+    assert!(stat("entries") >= 6 && stat("bytes") > 0);
+    // `latest`, `pending` (uncacheable), and blocks not final (not kept).
+    assert!(
+        stat("uncacheable") >= 9,
+        "uncacheable {}",
+        stat("uncacheable")
+    );
+    assert!(stat("not_kept") >= 9, "not kept {}", stat("not_kept"));
+    eprintln!(
+        "cache: {} hits, {} misses, {} kept, {} not kept, {} uncacheable, {} entries, {} bytes",
+        stat("hits"),
+        stat("misses"),
+        stat("kept"),
+        stat("not_kept"),
+        stat("uncacheable"),
+        stat("entries"),
+        stat("bytes")
+    );
+}

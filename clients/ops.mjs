@@ -6,6 +6,7 @@
 //   node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow   (see `overload`)
 //   node ops.mjs viem subscribe WS_URL N   (see `subscribeMany`)
 //   node ops.mjs viem|ethers burst WS_URL N   (see `burst`)
+//   node ops.mjs viem|ethers final HTTP_URL   (see `finalReads`)
 //
 // The chain must be anvil's dev chain (its unlocked accounts send the
 // transaction). Exits non-zero, with the library's own error, if any
@@ -224,8 +225,48 @@ async function subscribeMany(url, n) {
   return { opened: opened.length, notified: heads.filter(Boolean).length };
 }
 
+// Final reads (`node ops.mjs viem|ethers final HTTP_URL`): what a block
+// explorer or an indexer asks about a final block (the block, a balance and
+// a call at it, the logs up to it, the chain id), all five at once, six
+// times over: the answers, in order. The chain must have a finalized block
+// (anvil finalises 64 blocks deep).
+async function finalReads(url) {
+  let ask;
+  let close = () => {};
+  if (library === "viem") {
+    const client = viem.createPublicClient({ chain: anvil, transport: viem.http(url, { retryCount: 0 }) });
+    const at = (await client.getBlock({ blockTag: "finalized" })).number;
+    ask = () =>
+      Promise.all([
+        client.getBlock({ blockNumber: at }).then((b) => b.hash),
+        client.getBalance({ address: SENDER, blockNumber: at }).then(String),
+        client.call({ to: IDENTITY, data: "0x1234", blockNumber: at }).then((r) => r.data),
+        client.getLogs({ fromBlock: 0n, toBlock: at }).then((logs) => logs.length),
+        client.getChainId(),
+      ]);
+  } else {
+    const provider = new JsonRpcProvider(url, anvil.id, { staticNetwork: true, batchMaxCount: 1 });
+    const at = (await provider.getBlock("finalized")).number;
+    ask = () =>
+      Promise.all([
+        provider.getBlock(at).then((b) => b.hash),
+        provider.getBalance(SENDER, at).then(String),
+        provider.call({ to: IDENTITY, data: "0x1234", blockTag: at }),
+        provider.getLogs({ fromBlock: 0, toBlock: at }).then((logs) => logs.length),
+        provider.send("eth_chainId", []).then(Number),
+      ]);
+    close = () => provider.destroy();
+  }
+  const rounds = [];
+  for (let round = 0; round < 6; round++) rounds.push(await ask());
+  close();
+  return { rounds };
+}
+
 const run =
-  httpUrl === "overload"
+  httpUrl === "final"
+    ? () => finalReads(wsUrl)
+    : httpUrl === "overload"
     ? () => overload(wsUrl, process.argv[5])
     : httpUrl === "burst"
       ? () => burst(wsUrl, Number(process.argv[5]))
@@ -233,7 +274,7 @@ const run =
         ? () => subscribeMany(wsUrl, Number(process.argv[5]))
         : { viem: withViem, ethers: withEthers }[library];
 if (!["viem", "ethers"].includes(library) || !run) {
-  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow, or node ops.mjs viem|ethers burst WS_URL N, or node ops.mjs viem subscribe WS_URL N (not ${library})`);
+  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow, or node ops.mjs viem|ethers burst WS_URL N, or node ops.mjs viem|ethers final HTTP_URL, or node ops.mjs viem subscribe WS_URL N (not ${library})`);
   process.exit(2);
 }
 try {

@@ -6,7 +6,7 @@
 
 use serde_json::{json, Value};
 use stakegate_stack::{http, Anvil, Envoy};
-use stakegate_tests::eventually;
+use stakegate_tests::{eventually, json_output};
 use std::time::Duration;
 
 const STAT: &str = "wasmcustom.stakegate.gate.cache.";
@@ -192,4 +192,169 @@ fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_re
         stat("entries"),
         stat("bytes")
     );
+}
+
+/// What a block explorer asks about a final block (the block, a balance and
+/// a call at it, the logs up to it, the chain id), with viem and with
+/// ethers, the five at once, six times, through `stakegate init`'s gateway:
+/// the answers are the node's, and some come from the cache.
+#[test]
+fn viem_and_ethers_reading_a_final_block_get_the_node_s_answers_some_from_the_cache() {
+    let anvil = Anvil::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let envoy = gateway(&anvil, dir.path());
+    send_tx(&anvil, 1);
+    anvil.call("anvil_mine", r#"["0x50"]"#).unwrap();
+    let node = format!("http://{}", anvil.addr());
+    let public = envoy.url("public").unwrap();
+    let hits = || envoy.stat(&format!("{STAT}hits")).unwrap();
+    for name in ["viem", "ethers"] {
+        let reads = |url: &str| {
+            json_output(stakegate_tests::client_script("ops.mjs", name).args(["final", url]))
+        };
+        let straight = reads(&node);
+        let before = hits();
+        let through = reads(&public);
+        assert_eq!(
+            through, straight,
+            "{name}: through the gateway, then straight"
+        );
+        let first = &straight["rounds"][0];
+        assert_eq!(straight["rounds"].as_array().unwrap().len(), 6, "{name}");
+        assert_eq!(first[4], 31337, "{name}: {first}");
+        assert!(
+            first[0].as_str().is_some_and(|hash| hash.len() == 66),
+            "{name}: {first}"
+        );
+        // The counts reach Envoy at the gate's heartbeat.
+        assert!(
+            eventually(Duration::from_secs(5), || hits() > before),
+            "{name}: no answer came from the cache: {}",
+            stats(&envoy)
+        );
+    }
+}
+
+/// Readers through the gateway while the chain reorganises every
+/// `STAKEGATE_CACHE_SOAK_S / 4` seconds (60 s in CI: a reorg every 15 s;
+/// the issue's 10 minutes with a reorg every 30 s is
+/// `STAKEGATE_CACHE_SOAK_S=600` with `STAKEGATE_CACHE_REORG_S=30`): three
+/// readers ask about final blocks, blocks above them, `latest`, receipts
+/// and logs, and every answer, from the cache or not, is compared with
+/// the node's at that moment (a reorg waits for the readers' checks).
+#[test]
+fn readers_through_reorgs_are_never_given_a_stale_answer() {
+    let seconds = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(default)
+    };
+    let soak = Duration::from_secs(seconds("STAKEGATE_CACHE_SOAK_S", 60));
+    let every = Duration::from_secs(seconds("STAKEGATE_CACHE_REORG_S", soak.as_secs() / 4).max(1));
+    let anvil = Anvil::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let envoy = gateway(&anvil, dir.path());
+    let url = envoy.url("public").unwrap();
+    let first = send_tx(&anvil, 1);
+    anvil.call("anvil_mine", r#"["0x50"]"#).unwrap();
+    let head = || {
+        let block = anvil.call("eth_blockNumber", "[]").unwrap();
+        u64::from_str_radix(block.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+    };
+    // Readers check under the read lock; a new block and a reorg take the
+    // write lock, so the node does not change between a reader's two asks.
+    let lock = std::sync::RwLock::new(vec![first]);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (checked, stale, reorgs) = std::thread::scope(|scope| {
+        let readers: Vec<_> = (0..3u64)
+            .map(|reader| {
+                let (lock, stop, url, anvil) = (&lock, &stop, &url, &anvil);
+                scope.spawn(move || {
+                    let mut checked = 0u64;
+                    let mut stale = Vec::new();
+                    let mut i = reader;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let hashes = lock.read().unwrap();
+                        let top = {
+                            let block = anvil.call("eth_blockNumber", "[]").unwrap();
+                            u64::from_str_radix(
+                                block.as_str().unwrap().trim_start_matches("0x"),
+                                16,
+                            )
+                            .unwrap()
+                        };
+                        let n = hex(i % (top + 1));
+                        let hash = &hashes[i as usize % hashes.len()];
+                        let (method, params) = match i % 6 {
+                            0 => ("eth_getBlockByNumber", json!([n, false])),
+                            1 => ("eth_getBalance", json!([SENDER, n])),
+                            2 => ("eth_getTransactionReceipt", json!([hash])),
+                            3 => ("eth_getLogs", json!([{"fromBlock": "0x0", "toBlock": n}])),
+                            4 => ("eth_getBlockByNumber", json!(["latest", false])),
+                            _ => ("eth_getTransactionByHash", json!([hash])),
+                        };
+                        let (got, hit) = read(url, method, &params);
+                        let truth = anvil.call(method, &params.to_string()).unwrap();
+                        checked += 1;
+                        if got != truth {
+                            stale.push(format!(
+                                "{method}{params} (hit {hit}): gateway {got}, node {truth}"
+                            ));
+                        }
+                        drop(hashes);
+                        i += 7;
+                    }
+                    (checked, stale)
+                })
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        let mut reorgs = 0;
+        let mut to = 100;
+        while started.elapsed() < soak {
+            let snapshot = anvil.call("evm_snapshot", "[]").unwrap();
+            let round = std::time::Instant::now();
+            // Blocks come, one a second, each with a transaction.
+            while round.elapsed() < every && started.elapsed() < soak {
+                to += 1;
+                let mut hashes = lock.write().unwrap();
+                hashes.push(send_tx(&anvil, to));
+                drop(hashes);
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            // The reorg: back to the snapshot, and another block there.
+            let mut hashes = lock.write().unwrap();
+            let before = head();
+            assert_eq!(
+                anvil.call("evm_revert", &format!("[{snapshot}]")).unwrap(),
+                true
+            );
+            to += 1;
+            hashes.push(send_tx(&anvil, to));
+            assert!(head() <= before, "blocks were dropped");
+            reorgs += 1;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut checked = 0;
+        let mut stale = Vec::new();
+        for reader in readers {
+            let (c, s) = reader.join().unwrap();
+            checked += c;
+            stale.extend(s);
+        }
+        (checked, stale, reorgs)
+    });
+    let stat = |name: &str| envoy.stat(&format!("{STAT}{name}")).unwrap();
+    eprintln!(
+        "{checked} answers checked against the node over {soak:?}, {reorgs} reorgs, {} stale; cache: {}",
+        stale.len(),
+        stats(&envoy)
+    );
+    assert!(stale.is_empty(), "{stale:#?}");
+    assert!(
+        reorgs >= 3 && checked > 100,
+        "{reorgs} reorgs, {checked} checked"
+    );
+    assert!(eventually(Duration::from_secs(5), || stat("hits") > 0));
 }

@@ -75,6 +75,8 @@ struct Chain {
     elements: Vec<Element>,
     /// Most answers are refusals (wrk counts them as non-2xx).
     refuses: bool,
+    /// The wrk script of its calls (`UNIQUE_CALLS` but for the cache's).
+    calls: &'static str,
 }
 
 /// Envoy's local rate limit with a bucket that never empties.
@@ -129,6 +131,8 @@ const GATE_DEDUP_ENGAGED: &str = r#"{"maxInflight": 1000000, "dedup": {"maxEntri
 /// The gate with dedup, and in node time: each answer timed and told to
 /// QoS, cheap calls kept a slot.
 const GATE_NODE_TIME: &str = r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536}, "decideOnBody": true, "nodeTime": {}}"#;
+/// The gate with dedup and the answer cache.
+const GATE_CACHE: &str = r#"{"maxInflight": 1000000, "dedup": {"maxEntries": 65536}, "decideOnBody": true, "cache": {}}"#;
 const QOS_BELOW: &str = r#"{"capacityRps": 10000000, "decideOnBody": true}"#;
 /// Below its threshold, identifying every request (as it does from
 /// `identifyAbove` of capacity on, a tenth of it for calls like these).
@@ -172,6 +176,7 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
         what,
         elements,
         refuses,
+        calls: UNIQUE_CALLS,
     };
     Ok([
         chain(NO_FILTER, "Envoy answering by itself", vec![], false),
@@ -277,6 +282,24 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
             vec![qos(QOS_IDENTIFYING)?, gate(GATE_DEDUP_ENGAGED)?],
             false,
         ),
+        Chain {
+            calls: SAME_FINAL_CALL,
+            ..chain(
+                "gate + cache, hit",
+                "the gate with the answer cache, every call one it has kept (eth_chainId, each with its own id)",
+                vec![gate(GATE_CACHE)?],
+                false,
+            )
+        },
+        Chain {
+            calls: UNIQUE_FINAL_CALLS,
+            ..chain(
+                "full chain + cache, miss",
+                "the full chain with the cache, every call new and one it would keep (eth_call at a block number): looked up, answer read whole",
+                vec![qos(QOS_BELOW)?, gate(GATE_CACHE)?],
+                false,
+            )
+        },
     ]
     .into_iter()
     .chain(args.ratelimit.is_some().then(|| {
@@ -393,6 +416,7 @@ fn host_call_chains() -> anyhow::Result<Vec<Chain>> {
             what,
             elements: probe(calls)?,
             refuses: false,
+            calls: UNIQUE_CALLS,
         })
     };
     Ok(vec![
@@ -401,6 +425,7 @@ fn host_call_chains() -> anyhow::Result<Vec<Chain>> {
             what: "Envoy answering by itself",
             elements: vec![],
             refuses: false,
+            calls: UNIQUE_CALLS,
         },
         chain(NOOP, "a proxy-wasm filter that does nothing", "")?,
         chain("address", "the source.address property", "address")?,
@@ -448,8 +473,14 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
     }
     let envoy = builder.start()?;
     let pinned = pin(&[&envoy]);
-    let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
-    std::fs::write(script.path(), UNIQUE_CALLS)?;
+    let scripts = chains
+        .iter()
+        .map(|chain| {
+            let script = tempfile::Builder::new().suffix(".lua").tempfile()?;
+            std::fs::write(script.path(), chain.calls)?;
+            Ok(script)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     println!(
         "filters: one Envoy --concurrency 1, a listener per chain; wrk -c{} for {:?} per chain and round, {} rounds, on {}{}",
         args.connections,
@@ -465,7 +496,7 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
                 &url(i)?,
                 args.connections,
                 Duration::from_secs(1),
-                script.path(),
+                scripts[i].path(),
                 chain.refuses,
             )
         })
@@ -480,7 +511,7 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
                 &url(i)?,
                 args.connections,
                 args.duration,
-                script.path(),
+                scripts[i].path(),
                 chains[i].refuses,
             )?;
             run.busy = busy.share()?;
@@ -544,6 +575,14 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
             bail!("the chain in fleet mode never exchanged with Redis: its row is not fleet mode");
         }
     }
+    if chains.iter().any(|c| c.calls == SAME_FINAL_CALL) {
+        // The hit row means something only if its calls were hits.
+        let hits = envoy.stat("wasmcustom.stakegate.gate.cache.hits")?;
+        println!("cache: {hits} hits");
+        if hits == 0 {
+            bail!("the cache's hit row had no hit: it measured something else");
+        }
+    }
     if let Some(idle) = results.iter().find(|r| r.envoy_busy < 0.9) {
         eprintln!(
             "warning: Envoy was busy only {:.0}% of the {} runs: the load, not Envoy, set their pace",
@@ -590,7 +629,9 @@ fn check_in_path(
 ) -> anyhow::Result<()> {
     let counted = |config: &FilterConfig| -> anyhow::Result<i64> {
         Ok(if config.name.starts_with("stakegate.admission_gate") {
+            // A cache hit is answered before admission.
             envoy.stat("wasmcustom.stakegate.gate.admitted.default")?
+                + envoy.stat("wasmcustom.stakegate.gate.cache.hits")?
         } else if config.name.starts_with("stakegate.stake_qos") {
             // A shadow candidate counts under a prefix of its own.
             let prefix = stakegate_core::qos::policy::QosPolicy::parse(config.policy.as_bytes())
@@ -662,6 +703,38 @@ const UNIQUE_CALLS: &str = r#"local n = 0
 request = function()
   n = n + 1
   local body = string.format('{"jsonrpc":"2.0","id":%d,"method":"eth_call","params":[{"to":"0x%040d","data":"0x%d"},"latest"]}', n, n, n)
+  return wrk.format("POST", "/", {["content-type"] = "application/json"}, body)
+end
+"#;
+
+/// The same call every time, one the cache keeps (the chain's id), each
+/// with its own id.
+const SAME_FINAL_CALL: &str = r#"local n = 0
+request = function()
+  n = n + 1
+  local body = string.format('{"jsonrpc":"2.0","id":%d,"method":"eth_chainId","params":[]}', n)
+  return wrk.format("POST", "/", {["content-type"] = "application/json"}, body)
+end
+"#;
+
+/// Like `UNIQUE_CALLS`, at the block the bench's upstream says is
+/// finalized: each a cache miss whose answer is read whole and kept (the
+/// cache full, one is dropped for each). Unique across wrk's threads
+/// (each numbered in `setup`) and runs (the second it started), as a
+/// repeat would be a hit.
+const UNIQUE_FINAL_CALLS: &str = r#"local threads = 0
+setup = function(thread)
+  threads = threads + 1
+  thread:set("thread", threads)
+end
+local n = 0
+local run = 0
+init = function(args)
+  run = os.time()
+end
+request = function()
+  n = n + 1
+  local body = string.format('{"jsonrpc":"2.0","id":%d,"method":"eth_call","params":[{"to":"0x%040d","data":"0x%d%d%d"},"0x1"]}', n, n, run, thread, n)
   return wrk.format("POST", "/", {["content-type"] = "application/json"}, body)
 end
 "#;

@@ -277,7 +277,11 @@ impl Context for GateHttp {
 impl HttpContext for GateHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let on = self.with(|r| {
-            let head = Head::read(end_of_stream, r.worker.reads_bodies(), host::request_header);
+            let head = Head::read(
+                end_of_stream,
+                r.worker.dedup_engaged(),
+                host::request_header,
+            );
             r.headers(self.id, &mut StreamFacts, head)
         });
         match on {

@@ -18,6 +18,24 @@
 //! delete). So `maxBytes` and `maxEntries` bound each worker, and a key is
 //! asked of the node once per worker.
 //!
+//! **Keys.** A request's key is its body but its id, byte for byte, and
+//! where the id was, hashed twice with SipHash under this worker's random
+//! keys (128 bits no client can aim a collision at). Checking that a body
+//! is one call with a plain id, and the cheap method test, come first;
+//! the rules parse the params only on a miss. So a client gets the answer
+//! another client's request had only when their requests differ in the id
+//! alone; the same call spelled otherwise (spacing, member order) is
+//! another key, asked of the node once more, never a wrong answer.
+//! (Coalescing's canonical keys cost twice as much: the cache looks up
+//! every request it may answer.)
+//!
+//! **Kept at the second miss.** A worker keeps a key's answer only when
+//! the key missed before (a 64-bit digest of each key that missed once is
+//! remembered, as many as `maxEntries`, then forgotten all at once): a
+//! question asked once (a scan of unique keys, an identity that comes
+//! once) costs the lookup alone, its answer is not read whole, and it
+//! pushes out no answer that is asked for again (TinyLFU's doorkeeper).
+//!
 //! **Eviction by value.** Each answer is worth the node time it saves
 //! (with `nodeTime`, its method's learned cost; else the same for every
 //! answer). A full cache drops the answer of least worth, aged as in
@@ -31,11 +49,14 @@ pub mod rules;
 
 use crate::dedup::answer::{Answer, Id};
 use crate::dedup::finality;
-use crate::dedup::key::{self, Key};
-use crate::jsonrpc::Request;
+use crate::dedup::key::{Key, KEY_LEN};
+use crate::jsonrpc::{self, Request};
 use policy::CachePolicy;
 use rules::Lifetime;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::hash_map::RandomState;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, Hasher};
+use std::ops::Range;
 
 /// The response header that marks an answer from the cache.
 pub const HEADER: &str = "x-stakegate-cache";
@@ -59,8 +80,10 @@ pub struct Miss {
 pub enum Lookup {
     /// Its answer, with the request's own id.
     Hit(Answer, Vec<Id>),
-    /// Not kept yet: its answer may be.
+    /// Missed before: its answer is kept if it cannot change.
     Miss(Miss),
+    /// Its first miss on this worker: its answer is not kept.
+    First,
     /// Its answer can change (or it is not one call with an id).
     Uncacheable,
 }
@@ -96,6 +119,10 @@ pub struct Cache {
     floor: u64,
     seq: u64,
     bytes: u64,
+    /// Digests of the keys that missed once since it was last cleared.
+    seen: HashSet<u64>,
+    /// The keys of the two halves of a request's key (`key`).
+    hashers: [RandomState; 2],
 }
 
 impl Cache {
@@ -107,6 +134,8 @@ impl Cache {
             floor: 0,
             seq: 0,
             bytes: 0,
+            seen: HashSet::new(),
+            hashers: [RandomState::new(), RandomState::new()],
         }
     }
 
@@ -126,25 +155,31 @@ impl Cache {
             return Lookup::Uncacheable;
         };
         let call = &request.calls[0];
-        let Some(id) = request.id(call) else {
+        // One id, written plainly (a notification has no answer to keep).
+        let jsonrpc::Id::Plain(id) = &call.id else {
             return Lookup::Uncacheable;
         };
-        if matches!(call.id, crate::jsonrpc::Id::Unsure(_)) {
+        if !rules::keeps(call.method) {
             return Lookup::Uncacheable;
         }
-        let Some(lifetime) = rules::lifetime(body) else {
-            return Lookup::Uncacheable;
-        };
-        let Ok(key) = key::key(body, "cache") else {
-            return Lookup::Uncacheable;
-        };
-        let ids = vec![Some(id.to_vec())];
+        let key = self.key(body, id);
+        let ids = vec![Some(body[id.clone()].to_vec())];
         if let Some(kept) = self.entries.get_mut(&key) {
             self.order.remove(&(kept.rank, key));
             self.seq += 1;
             kept.rank = (self.floor.saturating_add(kept.worth), self.seq);
             self.order.insert((kept.rank, key));
             return Lookup::Hit(kept.answer.clone(), ids);
+        }
+        let Some(lifetime) = rules::lifetime(call.method, body) else {
+            return Lookup::Uncacheable;
+        };
+        if !self.seen.contains(&digest(&key)) {
+            if self.seen.len() as u64 >= self.policy.max_entries {
+                self.seen.clear();
+            }
+            self.seen.insert(digest(&key));
+            return Lookup::First;
         }
         Lookup::Miss(Miss {
             key,
@@ -163,7 +198,12 @@ impl Cache {
         answer: &Answer,
         finalized: Option<u64>,
     ) -> Result<u64, Unkept> {
-        let found = answer.status == 200 && answer.shareable() && answer.found();
+        // One call with an id: its answer is the request's whatever id the
+        // node wrote (`Answer::body_for`).
+        let found = answer.status == 200
+            && answer.content_encoding.is_none()
+            && matches!(answer.ids.as_slice(), [Some(_)])
+            && answer.found();
         if !found {
             return Err(Unkept::NotFound);
         }
@@ -180,6 +220,7 @@ impl Cache {
         }
         let bytes = answer.body.len() as u64 + answer.content_type.len() as u64 + ENTRY_OVERHEAD;
         self.remove(&miss.key);
+        self.seen.remove(&digest(&miss.key));
         let mut evicted = 0;
         while !self.entries.is_empty()
             && (self.entries.len() as u64 >= self.policy.max_entries
@@ -214,12 +255,35 @@ impl Cache {
         Ok(evicted)
     }
 
+    /// A request's key: the body but its id, byte for byte, and where the
+    /// id was, as two SipHash digests with this worker's random keys.
+    fn key(&self, body: &[u8], id: &Range<usize>) -> Key {
+        let half = |state: &RandomState| {
+            let mut hasher = state.build_hasher();
+            hasher.write_usize(id.start);
+            hasher.write(&body[..id.start]);
+            hasher.write(&body[id.end..]);
+            hasher.finish().to_le_bytes()
+        };
+        let mut key = [0; KEY_LEN];
+        key[..8].copy_from_slice(&half(&self.hashers[0]));
+        key[8..].copy_from_slice(&half(&self.hashers[1]));
+        key
+    }
+
     fn remove(&mut self, key: &Key) {
         if let Some(gone) = self.entries.remove(key) {
             self.order.remove(&(gone.rank, *key));
             self.bytes -= gone.bytes;
         }
     }
+}
+
+/// A key's first half, for the keys that missed once.
+fn digest(key: &Key) -> u64 {
+    let mut first = [0; 8];
+    first.copy_from_slice(&key[..8]);
+    u64::from_le_bytes(first)
 }
 
 #[cfg(test)]

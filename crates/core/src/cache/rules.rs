@@ -8,6 +8,7 @@
 //! nodes do not agree on which one counts.
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// Why a found answer to a request may be kept.
@@ -61,36 +62,51 @@ const AT_BLOCK: &[(&str, usize)] = &[
 /// Solana's reads whose found answer at `finalized` cannot change.
 const SOLANA_FINALIZED: &[&str] = &["getTransaction", "getBlock"];
 
-/// One call, as the cache reads it; a member written twice fails.
+/// One call's params, each left unread until a rule needs it; a member
+/// written twice fails. (The method is `jsonrpc::Request`'s: written once,
+/// plainly.)
 #[derive(Deserialize)]
-struct Call {
-    method: String,
-    #[serde(default)]
-    params: Value,
+struct Call<'a> {
+    #[serde(borrow, default)]
+    params: Vec<&'a RawValue>,
 }
 
-/// `eth_getLogs`'s filter, strictly.
+/// `eth_getLogs`'s filter, strictly (a member written twice fails).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct LogFilter {
-    from_block: Option<Value>,
-    to_block: Option<Value>,
-    block_hash: Option<Value>,
+struct LogFilter<'a> {
+    #[serde(borrow)]
+    from_block: Option<&'a RawValue>,
+    #[serde(borrow)]
+    to_block: Option<&'a RawValue>,
+    #[serde(borrow)]
+    block_hash: Option<&'a RawValue>,
 }
 
 /// An EIP-1898 block object, strictly.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct BlockObject {
-    block_number: Option<Value>,
-    block_hash: Option<Value>,
+struct BlockObject<'a> {
+    #[serde(borrow)]
+    block_number: Option<&'a RawValue>,
+    #[serde(borrow)]
+    block_hash: Option<&'a RawValue>,
 }
 
-/// Why the answer to `body` (one call) may be kept, if it may.
-pub fn lifetime(body: &[u8]) -> Option<Lifetime> {
+/// Whether a method's answer is ever kept: the cheap test, before the
+/// body is parsed.
+pub fn keeps(method: &str) -> bool {
+    FIXED.contains(&method)
+        || BY_HASH.contains(&method)
+        || SOLANA_FINALIZED.contains(&method)
+        || method == "eth_getLogs"
+        || AT_BLOCK.iter().any(|(m, _)| *m == method)
+}
+
+/// Why the answer to `body`, one call of `method`, may be kept, if it may.
+pub fn lifetime(method: &str, body: &[u8]) -> Option<Lifetime> {
     let call: Call = serde_json::from_slice(body).ok()?;
-    let method = call.method.as_str();
-    let params = &call.params;
+    let param = |at: usize| -> Option<&str> { call.params.get(at).map(|p| p.get()) };
     if FIXED.contains(&method) {
         return Some(Lifetime::Fixed);
     }
@@ -98,42 +114,42 @@ pub fn lifetime(body: &[u8]) -> Option<Lifetime> {
         return Some(Lifetime::NamedBlock);
     }
     if SOLANA_FINALIZED.contains(&method) {
-        return asks_finalized(params).then_some(Lifetime::Finalized);
+        let configs = call.params.iter().map(|p| p.get());
+        return asks_finalized(configs).then_some(Lifetime::Finalized);
     }
     if method == "eth_getLogs" {
-        return logs_block(params).map(Lifetime::AtBlock);
+        return logs_block(param(0)?).map(Lifetime::AtBlock);
     }
     let (_, at) = AT_BLOCK.iter().find(|(m, _)| *m == method)?;
-    block_number(params.get(*at)?).map(Lifetime::AtBlock)
+    block_number(param(*at)?).map(Lifetime::AtBlock)
 }
 
 /// A block parameter's number: a hex quantity, `earliest`, or an EIP-1898
 /// object with `blockNumber`. Tags that move (`latest`, `safe`,
 /// `finalized`, `pending`) and block hashes have none.
-fn block_number(param: &Value) -> Option<u64> {
-    match param {
-        Value::String(tag) if tag == "earliest" => Some(0),
-        Value::String(hex) => quantity(hex),
-        Value::Object(_) => {
-            let object: BlockObject = serde_json::from_value(param.clone()).ok()?;
-            if object.block_hash.is_some() {
-                return None;
-            }
-            block_number(&object.block_number?)
+fn block_number(param: &str) -> Option<u64> {
+    if param.starts_with('{') {
+        let object: BlockObject = serde_json::from_str(param).ok()?;
+        if object.block_hash.is_some() {
+            return None;
         }
-        _ => None,
+        return block_number(object.block_number?.get());
+    }
+    match serde_json::from_str::<String>(param).ok()?.as_str() {
+        "earliest" => Some(0),
+        hex => quantity(hex),
     }
 }
 
 /// The last block an `eth_getLogs` filter reads, when both its ends are
 /// numbers (an end left out is `latest`).
-fn logs_block(params: &Value) -> Option<u64> {
-    let filter: LogFilter = serde_json::from_value(params.get(0)?.clone()).ok()?;
+fn logs_block(filter: &str) -> Option<u64> {
+    let filter: LogFilter = serde_json::from_str(filter).ok()?;
     if filter.block_hash.is_some() {
         return None;
     }
-    let from = block_number(&filter.from_block?)?;
-    let to = block_number(&filter.to_block?)?;
+    let from = block_number(filter.from_block?.get())?;
+    let to = block_number(filter.to_block?.get())?;
     Some(from.max(to))
 }
 
@@ -147,11 +163,11 @@ fn quantity(hex: &str) -> Option<u64> {
 
 /// Whether a Solana call asks for the `finalized` commitment: in its
 /// config object, or by giving none (Solana's default).
-fn asks_finalized(params: &Value) -> bool {
-    let configs = params.as_array().into_iter().flatten();
-    let asked = configs
-        .filter_map(Value::as_object)
-        .find_map(|config| config.get("commitment"));
+fn asks_finalized<'a>(mut params: impl Iterator<Item = &'a str>) -> bool {
+    let asked = params.find_map(|p| {
+        let config: Value = serde_json::from_str(p).ok()?;
+        config.as_object()?.get("commitment").cloned()
+    });
     asked.is_none_or(|commitment| commitment == "finalized")
 }
 
@@ -162,7 +178,7 @@ mod tests {
 
     fn of(method: &str, params: Value) -> Option<Lifetime> {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
-        lifetime(body.to_string().as_bytes())
+        lifetime(method, body.to_string().as_bytes())
     }
 
     #[test]
@@ -246,13 +262,22 @@ mod tests {
 
     #[test]
     fn a_member_written_twice_is_never_cached() {
-        for body in [
-            r#"{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xaa","0x1"],"params":["0xaa","latest"]}"#,
-            r#"{"jsonrpc":"2.0","id":1,"method":"eth_getLogs","params":[{"fromBlock":"0x1","toBlock":"0x2","toBlock":"latest"}]}"#,
-            r#"{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xaa",{"blockNumber":"0x1","blockNumber":"latest"}]}"#,
-            "not json",
+        for (method, body) in [
+            (
+                "eth_getBalance",
+                r#"{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xaa","latest"],"params":["0xaa","0x1"]}"#,
+            ),
+            (
+                "eth_getLogs",
+                r#"{"jsonrpc":"2.0","id":1,"method":"eth_getLogs","params":[{"fromBlock":"0x1","toBlock":"latest","toBlock":"0x2"}]}"#,
+            ),
+            (
+                "eth_getBalance",
+                r#"{"jsonrpc":"2.0","id":1,"method":"eth_getBalance","params":["0xaa",{"blockNumber":"latest","blockNumber":"0x1"}]}"#,
+            ),
+            ("eth_getBalance", "not json"),
         ] {
-            assert_eq!(lifetime(body.as_bytes()), None, "{body}");
+            assert_eq!(lifetime(method, body.as_bytes()), None, "{body}");
         }
     }
 }

@@ -112,7 +112,7 @@ impl GateWorker {
         let counts = &mut self.counts.cache;
         match &lookup {
             Lookup::Hit(..) => counts.hits += 1,
-            Lookup::Miss(_) => counts.misses += 1,
+            Lookup::Miss(_) | Lookup::First => counts.misses += 1,
             Lookup::Uncacheable => counts.uncacheable += 1,
         }
         Some(lookup)
@@ -212,13 +212,6 @@ impl GateWorker {
     /// engaged).
     pub fn dedup_engaged(&self) -> bool {
         self.engagement.as_ref().is_some_and(Engagement::engaged)
-    }
-
-    /// Whether a request's headers must say what its body needs (its
-    /// length, where a callout would go): dedup is engaged, or the cache
-    /// is on.
-    pub fn reads_bodies(&self) -> bool {
-        self.dedup_engaged() || self.cache.is_some()
     }
 
     /// Every `engage::TICK_MS`: whether dedup engages or stands by.

@@ -565,7 +565,8 @@ impl HttpRequest {
             if !end_of_stream {
                 return OnBody::Hold;
             }
-            if self.cache {
+            let fits = w.dedup.as_ref().is_some_and(|d| d.fits(size as u64));
+            if self.cache && fits {
                 let bytes = body.read(0, size);
                 match w.cache_lookup(&bytes) {
                     Some(Lookup::Hit(answer, ids)) => {

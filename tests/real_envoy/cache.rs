@@ -73,6 +73,23 @@ fn stats(envoy: &Envoy) -> String {
     .join(", ")
 }
 
+/// A transaction mined, then 80 blocks, so that blocks are final (anvil
+/// finalises 64 deep): the transaction's hash.
+fn final_blocks(anvil: &Anvil) -> Value {
+    let hash = send_tx(anvil, 1);
+    anvil.call("anvil_mine", r#"["0x50"]"#).unwrap();
+    hash
+}
+
+/// anvil's head block's number.
+fn head(anvil: &Anvil) -> u64 {
+    quantity(&anvil.call("eth_blockNumber", "[]").unwrap())
+}
+
+fn quantity(value: &Value) -> u64 {
+    u64::from_str_radix(value.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+}
+
 fn hex(n: u64) -> String {
     format!("0x{n:x}")
 }
@@ -83,19 +100,11 @@ fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_re
     let dir = tempfile::tempdir().unwrap();
     let envoy = gateway(&anvil, dir.path());
     let url = envoy.url("public").unwrap();
-    let settled = send_tx(&anvil, 1);
-    anvil.call("anvil_mine", r#"["0x50"]"#).unwrap();
+    let settled = final_blocks(&anvil);
     let finalized = anvil
         .call("eth_getBlockByNumber", r#"["finalized", false]"#)
         .unwrap();
-    let finalized = u64::from_str_radix(
-        finalized["number"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches("0x"),
-        16,
-    )
-    .unwrap();
+    let finalized = quantity(&finalized["number"]);
     assert!(finalized >= 2, "anvil finalises: {finalized}");
     let at = hex(finalized);
     let mut stale = Vec::new();
@@ -145,14 +154,10 @@ fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_re
     }
     // A reorg above the finalized block: the block at its height is read
     // before and after; the second read is the new block's.
-    let head = || {
-        let block = anvil.call("eth_blockNumber", "[]").unwrap();
-        u64::from_str_radix(block.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
-    };
     for round in 0..3u64 {
         let snapshot = anvil.call("evm_snapshot", "[]").unwrap();
         let hash = send_tx(&anvil, 100 + round);
-        let height = json!([hex(head()), false]);
+        let height = json!([hex(head(&anvil)), false]);
         for _ in 0..2 {
             assert!(!check("eth_getBlockByNumber", height.clone()));
             assert!(!check("eth_getTransactionReceipt", json!([hash])));
@@ -196,15 +201,14 @@ fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_re
 
 /// What a block explorer asks about a final block (the block, a balance and
 /// a call at it, the logs up to it, the chain id), with viem and with
-/// ethers, the five at once, six times, through `stakegate init`'s gateway:
+/// ethers, one after another, six times, through `stakegate init`'s gateway:
 /// the answers are the node's, and some come from the cache.
 #[test]
 fn viem_and_ethers_reading_a_final_block_get_the_node_s_answers_some_from_the_cache() {
     let anvil = Anvil::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let envoy = gateway(&anvil, dir.path());
-    send_tx(&anvil, 1);
-    anvil.call("anvil_mine", r#"["0x50"]"#).unwrap();
+    final_blocks(&anvil);
     let node = format!("http://{}", anvil.addr());
     let public = envoy.url("public").unwrap();
     let hits = || envoy.stat(&format!("{STAT}hits")).unwrap();
@@ -256,12 +260,7 @@ fn readers_through_reorgs_are_never_given_a_stale_answer() {
     let dir = tempfile::tempdir().unwrap();
     let envoy = gateway(&anvil, dir.path());
     let url = envoy.url("public").unwrap();
-    let first = send_tx(&anvil, 1);
-    anvil.call("anvil_mine", r#"["0x50"]"#).unwrap();
-    let head = || {
-        let block = anvil.call("eth_blockNumber", "[]").unwrap();
-        u64::from_str_radix(block.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
-    };
+    let first = final_blocks(&anvil);
     // Readers check under the read lock; a new block and a reorg take the
     // write lock, so the node does not change between a reader's two asks.
     let lock = std::sync::RwLock::new(vec![first]);
@@ -276,14 +275,7 @@ fn readers_through_reorgs_are_never_given_a_stale_answer() {
                     let mut i = reader;
                     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                         let hashes = lock.read().unwrap();
-                        let top = {
-                            let block = anvil.call("eth_blockNumber", "[]").unwrap();
-                            u64::from_str_radix(
-                                block.as_str().unwrap().trim_start_matches("0x"),
-                                16,
-                            )
-                            .unwrap()
-                        };
+                        let top = head(anvil);
                         let n = hex(i % (top + 1));
                         let hash = &hashes[i as usize % hashes.len()];
                         let (method, params) = match i % 6 {
@@ -325,14 +317,14 @@ fn readers_through_reorgs_are_never_given_a_stale_answer() {
             }
             // The reorg: back to the snapshot, and another block there.
             let mut hashes = lock.write().unwrap();
-            let before = head();
+            let before = head(&anvil);
             assert_eq!(
                 anvil.call("evm_revert", &format!("[{snapshot}]")).unwrap(),
                 true
             );
             to += 1;
             hashes.push(send_tx(&anvil, to));
-            assert!(head() <= before, "blocks were dropped");
+            assert!(head(&anvil) <= before, "blocks were dropped");
             reorgs += 1;
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -2,7 +2,8 @@
 //! of Envoy's admin stats an interval apart give rates: per identity (the
 //! usage ledger) its requests, what it got against the share QoS gives it,
 //! its refusals by rule; the gateway's load against QoS's capacity, the
-//! gate's requests in flight and what it sheds, coalescing, the fleet.
+//! gate's requests in flight and what it sheds, coalescing, the answer
+//! cache, the fleet.
 //! Live in the terminal (q or Esc quits), or once on stdout (`--once`).
 
 use crate::usage::{self, Row};
@@ -80,6 +81,17 @@ fn view(before: &Reading, after: &Reading, seconds: f64, rows: usize) -> Vec<Str
         if stat(after, "gate.dedup.engaged") > 0 { "engaged" } else { "standing by" },
         stat(after, "gate.node_time.waiting"),
     ));
+    let looked_up = per_s("gate.cache.hits") + per_s("gate.cache.misses");
+    if looked_up > 0.0 || stat(after, "gate.cache.entries") > 0 {
+        out.push(format!(
+            "cache hits {:.0}/s ({:.0} % of lookups)   misses {:.0}/s   kept {}   {:.1} MiB",
+            per_s("gate.cache.hits"),
+            100.0 * per_s("gate.cache.hits") / looked_up.max(f64::MIN_POSITIVE),
+            per_s("gate.cache.misses"),
+            stat(after, "gate.cache.entries"),
+            stat(after, "gate.cache.bytes") as f64 / (1024.0 * 1024.0),
+        ));
+    }
     if after
         .stats
         .contains_key("wasmcustom.stakegate.qos.fleet.replicas")
@@ -226,10 +238,17 @@ mod tests {
             share_rps: Some(40.0),
             limited: true,
         };
-        let before = reading(&[("gate.rejected.default", 10)], vec![desk(100, 10)]);
+        let before = reading(
+            &[("gate.rejected.default", 10), ("gate.cache.hits", 100)],
+            vec![desk(100, 10)],
+        );
         let after = reading(
             &[
                 ("gate.rejected.default", 30),
+                ("gate.cache.hits", 400),
+                ("gate.cache.misses", 100),
+                ("gate.cache.entries", 12),
+                ("gate.cache.bytes", 3 << 20),
                 ("gate.inflight.default", 7),
                 ("qos.load_rps", 380),
                 ("qos.capacity_rps", 400),
@@ -247,6 +266,10 @@ mod tests {
             "{view}"
         );
         assert!(!view.contains("fleet"), "no fleet, no fleet line: {view}");
+        assert!(
+            view.contains("cache hits 150/s (75 % of lookups)   misses 50/s   kept 12   3.0 MiB"),
+            "{view}"
+        );
         let line = view.lines().find(|l| l.starts_with("desk-7")).unwrap();
         // 200 requests in 2 s, 150 admitted, share 40/s, 25 refusals a second.
         let fields: Vec<&str> = line.split_whitespace().collect();

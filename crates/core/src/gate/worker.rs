@@ -16,6 +16,9 @@ use crate::gate::node_time::{Busy, Meter};
 use crate::rejection::Rejection;
 use crate::shared::{SharedStore, StoreError};
 
+/// How long a read of the finalized block's number is used.
+const FINALIZED_MEMO_MS: u64 = 100;
+
 /// One VM's gate: what its streams share.
 #[derive(Debug)]
 pub struct GateWorker {
@@ -35,6 +38,8 @@ pub struct GateWorker {
     finality_poll: Option<u32>,
     /// An answer tied to a block found the finalized number out of date.
     wants_finality: bool,
+    /// The last read of the finalized number: when, and what it said.
+    finalized_read: Option<(u64, Option<u64>)>,
     /// Where requests go (their `:path` and `:authority`), for the poll.
     target: Option<Target>,
     /// The methods' learned costs (with `nodeTime`).
@@ -76,6 +81,7 @@ impl GateWorker {
             told: Vec::new(),
             finality_poll: None,
             wants_finality: false,
+            finalized_read: None,
             target: None,
             meter: Meter::default(),
             waiting_for_slot: 0,
@@ -86,10 +92,18 @@ impl GateWorker {
 
     /// The node's finalized block, for an answer tied to a block; one out
     /// of date is asked for again at the next tick (`finality_poll`).
+    /// A read is used for `FINALIZED_MEMO_MS` (the number only grows, so
+    /// a read that old says less, never more).
     pub(super) fn finalized(&mut self, store: &impl SharedStore, now_ms: u64) -> Option<u64> {
+        if let Some((at_ms, number)) = self.finalized_read {
+            if now_ms.saturating_sub(at_ms) < FINALIZED_MEMO_MS {
+                return number;
+            }
+        }
         match finality::finalized(store, now_ms) {
             Ok(known) => {
                 self.wants_finality |= known.due;
+                self.finalized_read = Some((now_ms, known.number));
                 known.number
             }
             Err(e) => {
@@ -100,8 +114,15 @@ impl GateWorker {
     }
 
     /// The cache's word on a whole request body (`None`: no cache),
-    /// counted.
-    pub(super) fn cache_lookup(&mut self, body: &[u8]) -> Option<Lookup> {
+    /// counted. A miss at a block number above the finalized one (or with
+    /// none known) comes back as `First`: its answer would not be kept, so
+    /// it is not read whole.
+    pub(super) fn cache_lookup(
+        &mut self,
+        store: &impl SharedStore,
+        now_ms: u64,
+        body: &[u8],
+    ) -> Option<Lookup> {
         let meter = &self.meter;
         // What an answer saves: its method's learned node time, else the
         // same for every answer.
@@ -109,6 +130,16 @@ impl GateWorker {
             .cache
             .as_mut()?
             .lookup(body, |method| meter.estimate_us(method).unwrap_or(1000));
+        let lookup = match lookup {
+            Lookup::Miss(Miss {
+                lifetime: Lifetime::AtBlock(n),
+                ..
+            }) if self.finalized(store, now_ms).is_none_or(|f| n > f) => {
+                self.counts.cache.not_kept += 1;
+                Lookup::First
+            }
+            lookup => lookup,
+        };
         let counts = &mut self.counts.cache;
         match &lookup {
             Lookup::Hit(..) => counts.hits += 1,

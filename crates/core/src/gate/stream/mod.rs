@@ -568,7 +568,7 @@ impl HttpRequest {
             let fits = w.dedup.as_ref().is_some_and(|d| d.fits(size as u64));
             if self.cache && fits {
                 let bytes = body.read(0, size);
-                match w.cache_lookup(&bytes) {
+                match w.cache_lookup(store, now.ms(), &bytes) {
                     Some(Lookup::Hit(answer, ids)) => {
                         let reply = Reply::answer(&answer, &ids).from_cache();
                         return OnBody::Answer(reply.no_node_time(w.gate.policy()));

@@ -3,9 +3,11 @@
 //! block, a receipt in one, the chain id) are served from the cache with
 //! each request's own id, and match the node's; answers that can change
 //! (`latest`, a block not final yet) never come from it, through a reorg.
+//! On Solana (rpc-node), a block at `finalized` is kept, one at `confirmed`
+//! is not.
 
 use serde_json::{json, Value};
-use stakegate_stack::{http, Anvil, Envoy};
+use stakegate_stack::{http, Anvil, Envoy, RpcNode};
 use stakegate_tests::{eventually, json_output};
 use std::time::Duration;
 
@@ -349,4 +351,58 @@ fn readers_through_reorgs_are_never_given_a_stale_answer() {
         "{reorgs} reorgs, {checked} checked"
     );
     assert!(eventually(Duration::from_secs(5), || stat("hits") > 0));
+}
+
+/// Solana through `stakegate init`'s gateway (two workers) in front of
+/// rpc-node: a block asked at `finalized` and the genesis hash reach the
+/// node at most twice per worker (a key is kept at its second miss), and
+/// every answer is the node's; a block at `confirmed` reaches it each time.
+#[test]
+fn a_finalized_solana_block_is_kept_and_a_confirmed_one_is_not() {
+    let node = RpcNode::start(&["--chain", "solana", "--block-interval", "400ms"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gate_policy = dir.path().join("gate.json");
+    let qos_policy = dir.path().join("qos.json");
+    let gate = stakegate_tests::example_policy("admission-gate", json!({}));
+    std::fs::write(&gate_policy, gate).unwrap();
+    let qos = stakegate_tests::example_policy("stake-qos", json!({}));
+    std::fs::write(&qos_policy, qos).unwrap();
+    let envoy =
+        stakegate_tests::start_initialised(dir.path(), node.addr(), &gate_policy, &qos_policy);
+    let url = envoy.url("public").unwrap();
+    let served = |method: &str| {
+        node.metrics().unwrap()["served"][method]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let block = |commitment: &str| json!([0, {"commitment": commitment, "transactionDetails": "none", "rewards": false}]);
+    for (method, params, most) in [
+        ("getBlock", block("finalized"), 4),
+        ("getGenesisHash", json!([]), 4),
+        ("getBlock", block("confirmed"), 8),
+    ] {
+        let before = served(method);
+        let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+        let truth = http::post(&node.url(), &[], &body.to_string())
+            .unwrap()
+            .json()
+            .unwrap();
+        for _ in 0..8 {
+            let (got, _) = read(&url, method, &params);
+            assert_eq!(got, truth["result"], "{method}{params}");
+        }
+        // The straight ask is one of the node's calls.
+        let reached = served(method) - before - 1;
+        assert!(
+            reached <= most,
+            "{method}{params}: {reached} of 8 reached the node"
+        );
+        if most == 8 {
+            assert_eq!(reached, 8, "{method}{params} is never kept");
+        }
+    }
+    assert!(eventually(Duration::from_secs(5), || envoy
+        .stat(&format!("{STAT}hits"))
+        .unwrap()
+        >= 8));
 }

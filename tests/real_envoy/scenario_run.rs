@@ -332,3 +332,27 @@ fn stake_shares_hold_with_solana_traffic() {
         );
     }
 }
+
+/// scenarios/read-mix.toml, whole: explorers and an indexer replaying reads
+/// of final blocks beside a wallet polling the head, through the gate with
+/// its answer cache. Every request is answered, and at least half of them
+/// never reach the node (the figure; the node counts what it saw).
+#[test]
+fn most_reads_of_final_history_never_reach_the_node() {
+    let out = tempfile::tempdir().unwrap();
+    let summary = scenario_run("read-mix", "30s", out.path());
+    let answered = summary["status_counts"]["200"].as_u64().unwrap();
+    let sent: u64 = summary["status_counts"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|n| n.as_u64().unwrap())
+        .sum();
+    assert_eq!(answered, sent, "{}", summary["status_counts"]);
+    let avoided = summary["node"]["calls_avoided"].as_f64().unwrap();
+    assert!(
+        avoided >= 0.5,
+        "{avoided} of the calls avoided: {}",
+        summary["node"]
+    );
+}

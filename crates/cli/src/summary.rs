@@ -98,6 +98,12 @@ pub struct NodeSummary {
     /// What reached the node, when it counts it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub upstream: Option<Upstream>,
+    /// Of the requests answered 200, the share the node never saw (the
+    /// gateway answered them: its answer cache, coalescing), in a real run:
+    /// `1 - requests at the node / answered`. The gateway's own calls (the
+    /// finality poll) count as the node's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calls_avoided: Option<f64>,
     /// Per second of a real run, sampled from the node.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<NodeSecond>,
@@ -176,6 +182,7 @@ impl NodeSummary {
                 Upstream::new(requests, metrics["unique_requests"].as_u64().unwrap_or(0))
             }),
             timeline: Vec::new(),
+            calls_avoided: None,
         }
     }
 }

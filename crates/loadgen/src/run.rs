@@ -156,6 +156,8 @@ impl Sender {
             let method = picker.pick(&mut rng);
             let params = if self.client.unique_params {
                 unique_params(method, self.seed, i)
+            } else if self.client.history {
+                history_params(method, self.seed, i)
             } else {
                 params_for(method).to_string()
             };
@@ -319,6 +321,41 @@ pub fn unique_params(method: &str, client: u64, i: u64) -> String {
     }
 }
 
+/// The blocks history reads choose from: 0 to `HISTORY_BLOCKS - 1`.
+pub const HISTORY_BLOCKS: u64 = 500;
+/// How far back from the newest of them a read goes, on average.
+const HISTORY_MEAN_BACK: f64 = 30.0;
+
+/// Params of request `i` of client `client` replaying reads of history: a
+/// block of the first `HISTORY_BLOCKS`, the newest most often (an
+/// exponential number of blocks back, `HISTORY_MEAN_BACK` on average, from a
+/// hash of the client and `i`), for methods read at a block; `params_for`'s
+/// for the others. A node whose head is past `HISTORY_BLOCKS` plus its
+/// finality depth has them all final.
+pub fn history_params(method: &str, client: u64, i: u64) -> String {
+    let mixed =
+        (client.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let u = ((mixed >> 11) as f64) / ((1u64 << 53) as f64);
+    let back = (-(1.0 - u).ln() * HISTORY_MEAN_BACK) as u64;
+    let block = HISTORY_BLOCKS - 1 - back.min(HISTORY_BLOCKS - 1);
+    let contract = "0x00000000219ab540356cbb839cbe05303d7705fa";
+    match method {
+        "eth_getBlockByNumber" => format!(r#"["{block:#x}",false]"#),
+        "eth_getBalance" | "eth_getTransactionCount" | "eth_getCode" => {
+            format!(r#"["{contract}","{block:#x}"]"#)
+        }
+        "eth_call" => format!(
+            r#"[{{"to":"{contract}","data":"0x70a08231000000000000000000000000d8da6bf26964af9d7eed9e03e53415d37aa96045"}},"{block:#x}"]"#
+        ),
+        "eth_getProof" => format!(r#"["{contract}",[],"{block:#x}"]"#),
+        "eth_getLogs" => format!(
+            r#"[{{"fromBlock":"{:#x}","toBlock":"{block:#x}"}}]"#,
+            block.saturating_sub(9)
+        ),
+        _ => params_for(method).to_string(),
+    }
+}
+
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
 }
@@ -374,5 +411,35 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":1,"result":"0x1"}"#
         ));
         assert!(!carries_rpc_error(b"not json"));
+    }
+
+    #[test]
+    fn history_reads_favour_recent_blocks_of_the_first_500() {
+        let blocks: Vec<u64> = (0..10_000)
+            .map(|i| {
+                let params: serde_json::Value =
+                    serde_json::from_str(&history_params("eth_getBlockByNumber", 3, i)).unwrap();
+                u64::from_str_radix(params[0].as_str().unwrap().trim_start_matches("0x"), 16)
+                    .unwrap()
+            })
+            .collect();
+        assert!(blocks.iter().all(|&b| b < HISTORY_BLOCKS));
+        let distinct: std::collections::BTreeSet<u64> = blocks.iter().copied().collect();
+        let recent = blocks.iter().filter(|&&b| b >= HISTORY_BLOCKS - 30).count();
+        // An exponential with mean 30: 1 - 1/e of them in the newest 30.
+        assert!(
+            (5_800..=6_800).contains(&recent),
+            "{recent} in the newest 30"
+        );
+        assert!(distinct.len() < 400, "{} distinct blocks", distinct.len());
+        // Another client reads others in another order.
+        assert_ne!(
+            history_params("eth_call", 3, 1),
+            history_params("eth_call", 4, 1)
+        );
+        assert_eq!(
+            history_params("eth_blockNumber", 3, 1),
+            params_for("eth_blockNumber")
+        );
     }
 }

@@ -41,6 +41,11 @@ pub struct ClientSpec {
     /// params.
     #[serde(default)]
     pub unique_params: bool,
+    /// Reads of history instead (`run::history_params`): each request at a
+    /// block of the first `run::HISTORY_BLOCKS`, most often a recent one,
+    /// as explorers and indexers replay them.
+    #[serde(default)]
+    pub history: bool,
     /// The local address its connections come from (default: the kernel's
     /// choice). Any 127.x.y.z works on Linux without configuration, so
     /// clients on one machine can still be told apart by address.
@@ -151,6 +156,7 @@ impl ClientSpec {
             targets: Vec::new(),
             retries: 0,
             unique_params: false,
+            history: false,
             source: None,
             timeout_ms: None,
             phases: Vec::new(),
@@ -222,6 +228,11 @@ impl FromStr for ClientSpec {
                     spec.unique_params = value
                         .parse()
                         .with_context(|| format!("client {text:?}: unique {value:?} (true or false)"))?
+                }
+                "history" => {
+                    spec.history = value
+                        .parse()
+                        .with_context(|| format!("client {text:?}: history {value:?} (true or false)"))?
                 }
                 "source" => {
                     spec.source = Some(

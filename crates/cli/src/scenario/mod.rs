@@ -163,6 +163,10 @@ struct ClientDoc {
     /// Every request with params of its own, so retries can be told apart.
     #[serde(default)]
     unique_params: bool,
+    /// Reads of history: each request at a block of the first 500, most
+    /// often a recent one (`stakegate_loadgen::run::history_params`).
+    #[serde(default)]
+    history: bool,
     /// Changes of rate during the run: `[{ at = "5s", rate = 600 }]`.
     #[serde(default)]
     phases: Vec<PhaseDoc>,
@@ -282,6 +286,7 @@ pub struct Client {
     pub timeout: Duration,
     pub retries: u32,
     pub unique_params: bool,
+    pub history: bool,
     /// Changes of rate during the run.
     pub phases: Vec<Phase>,
     /// Its first request comes due this long into the run.
@@ -488,6 +493,7 @@ impl Scenario {
                 api_key: c.api_key,
                 retries: c.retries,
                 unique_params: c.unique_params,
+                history: c.history,
                 phases,
                 offset_ms: 0,
             };

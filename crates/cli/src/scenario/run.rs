@@ -163,8 +163,18 @@ fn execute(scenario: &Scenario, stack: &Stack) -> anyhow::Result<Summary> {
         (report, samples, swaps, fleet)
     });
     let report = report?;
-    let mut node_summary = NodeSummary::from_metrics(&stack.node_metrics()?);
+    let node_metrics = stack.node_metrics()?;
+    let mut node_summary = NodeSummary::from_metrics(&node_metrics);
     node_summary.timeline = samples;
+    let answered = report.count("200");
+    if let (Some(at_node), true) = (node_metrics["requests"].as_u64(), answered > 0) {
+        let avoided = 1.0 - at_node as f64 / answered as f64;
+        node_summary.calls_avoided = Some((avoided * 1000.0).round() / 1000.0);
+        say(&format!(
+            "the node saw {at_node} requests for the {answered} answered: {:.1} % never reached it",
+            100.0 * avoided
+        ));
+    }
     if !scenario.clients.iter().any(|c| c.unique_params) {
         // The node tells requests apart by params: without unique params
         // every request of a method looks like a retry of the first.
@@ -223,6 +233,7 @@ fn run_spec(scenario: &Scenario, stack: &Stack) -> anyhow::Result<(RunSpec, Vec<
             targets,
             retries: client.retries,
             unique_params: client.unique_params,
+            history: client.history,
             source: if local {
                 loopback(&client.source)?
             } else {

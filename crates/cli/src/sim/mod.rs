@@ -141,6 +141,12 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
                 up.requests, up.unique_requests, up.amplification
             );
         }
+        if let Some(avoided) = node.calls_avoided {
+            out += &format!(
+                "node calls avoided: {:.1} % of the answered requests never reached the node\n",
+                avoided * 100.0
+            );
+        }
     }
     out += &format!("max share error: {:.1} pp\n", summary.max_share_error_pp);
     if let Some(node) = &summary.node_time {

@@ -149,6 +149,7 @@ impl VirtualNode {
             blocks_executed: self.chain.head(),
             upstream: Some(Upstream::new(self.requests, self.unique.len() as u64)),
             timeline: Vec::new(),
+            calls_avoided: None,
         }
     }
 }

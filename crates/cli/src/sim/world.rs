@@ -10,7 +10,7 @@ use rpc_node::costs::CostTable;
 use stakegate_core::baseline::{BaselineQos, Mechanism};
 use stakegate_host::{Callout, Host, LocalReply, Reply, Request, RequestId};
 use stakegate_loadgen::report::{ClientHeader, Outcome, Recorder};
-use stakegate_loadgen::run::{params_for, unique_params};
+use stakegate_loadgen::run::{history_params, params_for, unique_params};
 use stakegate_loadgen::Report;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -636,6 +636,8 @@ fn chain(scenario: &Scenario, internal: bool) -> Vec<usize> {
 fn request(client: &Client, index: usize, method: &str, n: u64, attempt: u32) -> Request {
     let params = if client.unique_params {
         unique_params(method, index as u64, n)
+    } else if client.history {
+        history_params(method, index as u64, n)
     } else {
         params_for(method).to_string()
     };

@@ -717,11 +717,11 @@ request = function()
 end
 "#;
 
-/// Like `UNIQUE_CALLS`, at the block the bench's upstream says is
-/// finalized: each a cache miss whose answer is read whole and kept (the
-/// cache full, one is dropped for each). Unique across wrk's threads
-/// (each numbered in `setup`) and runs (the second it started), as a
-/// repeat would be a hit.
+/// Like `UNIQUE_CALLS`, at a block number: each a new key's first miss in
+/// the cache (looked up, its params read by the rules, its answer neither
+/// read whole nor kept). Unique across wrk's threads (each numbered in
+/// `setup`) and runs (the second it started): a repeat would be kept at
+/// its second miss, then a hit.
 const UNIQUE_FINAL_CALLS: &str = r#"local threads = 0
 setup = function(thread)
   threads = threads + 1

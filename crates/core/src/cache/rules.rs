@@ -7,9 +7,10 @@
 //! member written twice (`params`, `fromBlock`…) makes it uncacheable, as
 //! nodes do not agree on which one counts.
 
+use crate::dedup::asks_finalized;
+use crate::dedup::policy::FINALIZED_REUSE;
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::Value;
 
 /// Why a found answer to a request may be kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,9 +60,6 @@ const AT_BLOCK: &[(&str, usize)] = &[
     ("eth_feeHistory", 1),
 ];
 
-/// Solana's reads whose found answer at `finalized` cannot change.
-const SOLANA_FINALIZED: &[&str] = &["getTransaction", "getBlock"];
-
 /// One call's params, each left unread until a rule needs it; a member
 /// written twice fails. (The method is `jsonrpc::Request`'s: written once,
 /// plainly.)
@@ -98,7 +96,7 @@ struct BlockObject<'a> {
 pub fn keeps(method: &str) -> bool {
     FIXED.contains(&method)
         || BY_HASH.contains(&method)
-        || SOLANA_FINALIZED.contains(&method)
+        || FINALIZED_REUSE.contains(&method)
         || method == "eth_getLogs"
         || AT_BLOCK.iter().any(|(m, _)| *m == method)
 }
@@ -113,9 +111,8 @@ pub fn lifetime(method: &str, body: &[u8]) -> Option<Lifetime> {
     if BY_HASH.contains(&method) {
         return Some(Lifetime::NamedBlock);
     }
-    if SOLANA_FINALIZED.contains(&method) {
-        let configs = call.params.iter().map(|p| p.get());
-        return asks_finalized(configs).then_some(Lifetime::Finalized);
+    if FINALIZED_REUSE.contains(&method) {
+        return asks_finalized(body).then_some(Lifetime::Finalized);
     }
     if method == "eth_getLogs" {
         return logs_block(param(0)?).map(Lifetime::AtBlock);
@@ -161,20 +158,10 @@ fn quantity(hex: &str) -> Option<u64> {
     u64::from_str_radix(digits, 16).ok()
 }
 
-/// Whether a Solana call asks for the `finalized` commitment: in its
-/// config object, or by giving none (Solana's default).
-fn asks_finalized<'a>(mut params: impl Iterator<Item = &'a str>) -> bool {
-    let asked = params.find_map(|p| {
-        let config: Value = serde_json::from_str(p).ok()?;
-        config.as_object()?.get("commitment").cloned()
-    });
-    asked.is_none_or(|commitment| commitment == "finalized")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{json, Value};
 
     fn of(method: &str, params: Value) -> Option<Lifetime> {
         let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
@@ -257,6 +244,29 @@ mod tests {
             ("getGenesisHash", json!([]), Some(Fixed)),
         ] {
             assert_eq!(of(method, params.clone()), expected, "{method} {params}");
+        }
+    }
+
+    #[test]
+    fn the_docs_table_of_rules_names_every_method_the_rules_keep() {
+        let docs = include_str!("../../../../policies/admission-gate.md");
+        let start = docs
+            .find("## The answer cache")
+            .expect("the cache's section");
+        let section = &docs[start..];
+        let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+        let kept = FIXED
+            .iter()
+            .chain(BY_HASH)
+            .chain(FINALIZED_REUSE)
+            .chain(AT_BLOCK.iter().map(|(m, _)| m))
+            .chain(&["eth_getLogs"]);
+        for method in kept {
+            assert!(keeps(method));
+            assert!(
+                section.contains(&format!("`{method}`")),
+                "{method} is not in the docs' table"
+            );
         }
     }
 

@@ -115,7 +115,7 @@ pub struct Keyed {
 
 /// Whether a Solana call asks for the `finalized` commitment: in its
 /// config object, or by giving none (Solana's default).
-fn asks_finalized(body: &[u8]) -> bool {
+pub(crate) fn asks_finalized(body: &[u8]) -> bool {
     let Ok(call) = serde_json::from_slice::<serde_json::Value>(body) else {
         return false;
     };

@@ -158,9 +158,6 @@ impl GateWorker {
         miss: Miss,
         answer: &Answer,
     ) {
-        if self.cache.is_none() {
-            return;
-        }
         let finalized = match miss.lifetime {
             Lifetime::AtBlock(_) | Lifetime::NamedBlock => self.finalized(store, now_ms),
             _ => None,

@@ -6,6 +6,7 @@ run straight at the node.
     python ops.py HTTP_URL WS_URL
     python ops.py overload HTTP_URL single|batch|duplicate|slow   (see overload)
     python ops.py burst WS_URL N   (see burst)
+    python ops.py final HTTP_URL   (see final_reads)
 
 The chain must be anvil's dev chain (its unlocked accounts send the
 transaction). Exits non-zero, with web3.py's own error, if any operation
@@ -121,7 +122,28 @@ async def burst(url, n):
     }
 
 
+def final_reads(url):
+    """What a block explorer or an indexer asks about a final block (the
+    block, a balance and a call at it, the logs up to it, the chain id), one
+    after another, six times over: the answers, in order, as ops.mjs's
+    `final` prints them. The chain must have a finalized block (anvil
+    finalises 64 blocks deep)."""
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": TIMEOUT_S}))
+    at = w3.eth.get_block("finalized")["number"]
+    ask = [
+        lambda: w3.to_hex(w3.eth.get_block(at)["hash"]),
+        lambda: str(w3.eth.get_balance(SENDER, at)),
+        lambda: w3.to_hex(w3.eth.call({"to": IDENTITY, "data": "0x1234"}, at)),
+        lambda: len(w3.eth.get_logs({"fromBlock": 0, "toBlock": at})),
+        lambda: w3.eth.chain_id,
+    ]
+    return {"rounds": [[question() for question in ask] for _ in range(6)]}
+
+
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "final":
+        print(json.dumps(final_reads(sys.argv[2])))
+        return 0
     if len(sys.argv) == 4 and sys.argv[1] == "burst":
         print(json.dumps(asyncio.run(burst(sys.argv[2], int(sys.argv[3])))))
         return 0
@@ -129,7 +151,7 @@ def main():
         print(json.dumps(overload(sys.argv[2], sys.argv[3])))
         return 0
     if len(sys.argv) != 3:
-        print("usage: python ops.py HTTP_URL WS_URL, or python ops.py overload HTTP_URL single|batch|duplicate|slow", file=sys.stderr)
+        print("usage: python ops.py HTTP_URL WS_URL, or python ops.py overload HTTP_URL single|batch|duplicate|slow, or python ops.py final HTTP_URL", file=sys.stderr)
         return 2
     http_url, ws_url = sys.argv[1:]
     try:

@@ -202,11 +202,11 @@ fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_re
 }
 
 /// What a block explorer asks about a final block (the block, a balance and
-/// a call at it, the logs up to it, the chain id), with viem and with
-/// ethers, one after another, six times, through `stakegate init`'s gateway:
-/// the answers are the node's, and some come from the cache.
+/// a call at it, the logs up to it, the chain id), with web3.py, viem and
+/// ethers, one after another, six times, through `stakegate init`'s
+/// gateway: the answers are the node's, and some come from the cache.
 #[test]
-fn viem_and_ethers_reading_a_final_block_get_the_node_s_answers_some_from_the_cache() {
+fn web3py_viem_and_ethers_reading_a_final_block_get_the_node_s_answers_some_from_the_cache() {
     let anvil = Anvil::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let envoy = gateway(&anvil, dir.path());
@@ -214,10 +214,8 @@ fn viem_and_ethers_reading_a_final_block_get_the_node_s_answers_some_from_the_ca
     let node = format!("http://{}", anvil.addr());
     let public = envoy.url("public").unwrap();
     let hits = || envoy.stat(&format!("{STAT}hits")).unwrap();
-    for name in ["viem", "ethers"] {
-        let reads = |url: &str| {
-            json_output(stakegate_tests::client_script("ops.mjs", name).args(["final", url]))
-        };
+    for name in crate::clients::LIBRARIES {
+        let reads = |url: &str| json_output(&mut crate::clients::library(name, &["final", url]));
         let straight = reads(&node);
         let before = hits();
         let through = reads(&public);

@@ -31,7 +31,7 @@ fn gateway(anvil: &Anvil) -> (Envoy, tempfile::TempDir) {
 }
 
 /// The command that runs `library`'s script (clients/ops.*) with `args`.
-fn library(name: &str, args: &[&str]) -> Command {
+pub(crate) fn library(name: &str, args: &[&str]) -> Command {
     let script = if name == "web3.py" {
         "ops.py"
     } else {
@@ -42,7 +42,7 @@ fn library(name: &str, args: &[&str]) -> Command {
     command
 }
 
-const LIBRARIES: [&str; 3] = ["web3.py", "viem", "ethers"];
+pub(crate) const LIBRARIES: [&str; 3] = ["web3.py", "viem", "ethers"];
 
 /// `library`'s operations against one endpoint, from one chain state:
 /// anvil is snapshotted before and reverted after, so runs compare.

@@ -295,7 +295,16 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
             calls: UNIQUE_FINAL_CALLS,
             ..chain(
                 "full chain + cache, miss",
-                "the full chain with the cache, every call new and one it would keep (eth_call at a block number): looked up, answer read whole",
+                "the full chain with the cache, every call new and one it would keep (eth_call at a block number): the cache sees no key repeat and stands by",
+                vec![qos(QOS_BELOW)?, gate(GATE_CACHE)?],
+                false,
+            )
+        },
+        Chain {
+            calls: MOSTLY_UNIQUE_FINAL_CALLS,
+            ..chain(
+                "full chain + cache, engaged miss",
+                "the same with one call in 32 repeated (a hit): the cache engaged, every call looked up, 31 in 32 a new key's miss",
                 vec![qos(QOS_BELOW)?, gate(GATE_CACHE)?],
                 false,
             )
@@ -583,6 +592,15 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
             bail!("the cache's hit row had no hit: it measured something else");
         }
     }
+    if chains.iter().any(|c| c.calls == UNIQUE_FINAL_CALLS) {
+        // And the miss row only if the cache stood by.
+        let stat = |name: &str| envoy.stat(&format!("wasmcustom.stakegate.gate.cache.{name}"));
+        let (misses, passed) = (stat("misses")?, stat("standing_by")?);
+        println!("cache: {misses} misses looked up, {passed} requests passed standing by");
+        if passed == 0 {
+            bail!("the cache never stood by: the miss row measured lookups");
+        }
+    }
     if let Some(idle) = results.iter().find(|r| r.envoy_busy < 0.9) {
         eprintln!(
             "warning: Envoy was busy only {:.0}% of the {} runs: the load, not Envoy, set their pace",
@@ -717,12 +735,17 @@ request = function()
 end
 "#;
 
-/// Like `UNIQUE_CALLS`, at a block number: each a new key's first miss in
-/// the cache (looked up, its params read by the rules, its answer neither
-/// read whole nor kept). Unique across wrk's threads (each numbered in
-/// `setup`) and runs (the second it started): a repeat would be kept at
-/// its second miss, then a hit.
-const UNIQUE_FINAL_CALLS: &str = r#"local threads = 0
+/// Like `UNIQUE_CALLS`, at a block number, but one call in `$every` (none
+/// with 0) the same final call each time (a hit). Unique across wrk's
+/// threads (each numbered in `setup`) and runs (the second it started): a
+/// repeat would be kept at its second miss, then a hit.
+macro_rules! final_calls {
+    ($every:literal) => {
+        concat!(
+            "local every = ",
+            $every,
+            r#"
+local threads = 0
 setup = function(thread)
   threads = threads + 1
   thread:set("thread", threads)
@@ -734,10 +757,26 @@ init = function(args)
 end
 request = function()
   n = n + 1
-  local body = string.format('{"jsonrpc":"2.0","id":%d,"method":"eth_call","params":[{"to":"0x%040d","data":"0x%d%d%d"},"0x1"]}', n, n, run, thread, n)
+  local body
+  if every > 0 and n % every == 0 then
+    body = string.format('{"jsonrpc":"2.0","id":%d,"method":"eth_chainId","params":[]}', n)
+  else
+    body = string.format('{"jsonrpc":"2.0","id":%d,"method":"eth_call","params":[{"to":"0x%040d","data":"0x%d%d%d"},"0x1"]}', n, n, run, thread, n)
+  end
   return wrk.format("POST", "/", {["content-type"] = "application/json"}, body)
 end
-"#;
+"#
+        )
+    };
+}
+
+/// Each call a new key's first miss in the cache (its answer neither read
+/// whole nor kept): the cache stands by after its first window of lookups.
+const UNIQUE_FINAL_CALLS: &str = final_calls!("0");
+
+/// One call in 32 a repeat: enough to keep the cache engaged (at least
+/// one lookup in `cache::REPEATS_AT_LEAST`), so every call is looked up.
+const MOSTLY_UNIQUE_FINAL_CALLS: &str = final_calls!("32");
 
 fn require_wrk() -> anyhow::Result<()> {
     if Command::new("wrk").arg("--version").output().is_err() {

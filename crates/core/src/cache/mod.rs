@@ -43,6 +43,15 @@
 //! worth of the last one dropped, so an answer not asked for in a long
 //! time goes before a dear one asked for often, and among equals the
 //! least recently used goes first.
+//!
+//! **Standing by while nothing repeats.** A lookup reads the body whole
+//! before admission; for traffic where no key comes twice (unique calls,
+//! moving tags) that is work for nothing. So each worker counts, over
+//! `WINDOW` lookups, the requests that repeated a key (a hit, or a miss of
+//! a key that missed before); with fewer than one in `REPEATS_AT_LEAST`
+//! it stands by: requests pass as if there were no cache but one in
+//! `SAMPLE_EVERY`, which is looked up, and the first sampled request that
+//! repeats a key engages it again.
 
 pub mod policy;
 pub mod rules;
@@ -60,6 +69,13 @@ use std::ops::Range;
 
 /// The response header that marks an answer from the cache.
 pub const HEADER: &str = "x-stakegate-cache";
+
+/// Lookups over which a worker's cache judges whether keys repeat.
+pub const WINDOW: u32 = 1024;
+/// Engaged while at least one lookup in this many repeats a key.
+pub const REPEATS_AT_LEAST: u32 = 64;
+/// Standing by, one request in this many is looked up.
+pub const SAMPLE_EVERY: u32 = 16;
 
 /// The bytes an entry is counted for beyond its answer: its key, its
 /// place in the map and the eviction order, the answer's fields.
@@ -123,6 +139,49 @@ pub struct Cache {
     seen: HashSet<u64>,
     /// The keys of the two halves of a request's key (`key`).
     hashers: [RandomState; 2],
+    standby: Standby,
+}
+
+/// Whether keys repeat (see the module's docs).
+#[derive(Debug, Default)]
+struct Standby {
+    standing_by: bool,
+    /// Engaged: lookups in this window, and those that repeated a key.
+    /// Standing by: requests passed since the last sample.
+    looked: u32,
+    repeated: u32,
+}
+
+impl Standby {
+    fn looks_up(&mut self) -> bool {
+        if !self.standing_by {
+            return true;
+        }
+        self.looked += 1;
+        if self.looked < SAMPLE_EVERY {
+            return false;
+        }
+        self.looked = 0;
+        true
+    }
+
+    fn saw(&mut self, repeat: bool) {
+        if self.standing_by {
+            if repeat {
+                *self = Self::default();
+            }
+            return;
+        }
+        self.looked += 1;
+        self.repeated += u32::from(repeat);
+        if self.looked == WINDOW {
+            let standing_by = self.repeated * REPEATS_AT_LEAST < WINDOW;
+            *self = Self {
+                standing_by,
+                ..Self::default()
+            };
+        }
+    }
 }
 
 impl Cache {
@@ -136,7 +195,19 @@ impl Cache {
             bytes: 0,
             seen: HashSet::new(),
             hashers: [RandomState::new(), RandomState::new()],
+            standby: Standby::default(),
         }
+    }
+
+    /// Whether to look the next request up: always while keys repeat,
+    /// one in `SAMPLE_EVERY` while the cache stands by.
+    pub fn looks_up(&mut self) -> bool {
+        self.standby.looks_up()
+    }
+
+    /// Whether it stands by (no key repeated lately).
+    pub fn standing_by(&self) -> bool {
+        self.standby.standing_by
     }
 
     pub fn policy(&self) -> &CachePolicy {
@@ -151,6 +222,13 @@ impl Cache {
     /// Looks `body` up; `worth` prices a method (the node time its answer
     /// saves).
     pub fn lookup(&mut self, body: &[u8], worth: impl FnOnce(&str) -> u64) -> Lookup {
+        let lookup = self.find(body, worth);
+        self.standby
+            .saw(matches!(lookup, Lookup::Hit(..) | Lookup::Miss(_)));
+        lookup
+    }
+
+    fn find(&mut self, body: &[u8], worth: impl FnOnce(&str) -> u64) -> Lookup {
         let Some(request) = Request::read(body).filter(|r| !r.batch) else {
             return Lookup::Uncacheable;
         };

@@ -166,3 +166,68 @@ fn a_full_cache_drops_the_answer_worth_least_and_stays_within_its_bounds() {
     assert_eq!(entries, 200.min(64 * 1024 / per_entry));
     assert_eq!(bytes, entries * per_entry);
 }
+
+/// Looks requests up as the gate does: only those `looks_up` lets through.
+/// Returns how many were looked up.
+fn pass(cache: &mut Cache, bodies: impl Iterator<Item = Vec<u8>>) -> u32 {
+    let mut looked = 0;
+    for body in bodies {
+        if cache.looks_up() {
+            looked += 1;
+            cache.lookup(&body, |_| 1);
+        }
+    }
+    looked
+}
+
+fn call_at(n: u64) -> Vec<u8> {
+    request(
+        json!(n),
+        "eth_getBalance",
+        json!(["0xaa", format!("{n:#x}")]),
+    )
+}
+
+#[test]
+fn with_no_key_repeating_it_stands_by_and_a_sampled_repeat_engages_it() {
+    let mut cache = Cache::new(policy(1 << 20, 100_000));
+    // A window of unique keys: every one looked up, then it stands by.
+    let unique = WINDOW as u64;
+    assert_eq!(pass(&mut cache, (0..unique).map(call_at)), WINDOW);
+    assert!(cache.standing_by());
+    // Standing by, one request in SAMPLE_EVERY is looked up.
+    let looked = pass(&mut cache, (unique..unique + 1600).map(call_at));
+    assert_eq!(looked, 1600 / SAMPLE_EVERY);
+    assert!(cache.standing_by());
+    // The same call over and over: a sample repeats a key, and from then
+    // on every request is looked up.
+    let same = std::iter::repeat_with(|| call_at(7));
+    let looked = pass(&mut cache, same.take(SAMPLE_EVERY as usize));
+    assert_eq!(looked, 1);
+    assert!(
+        !cache.standing_by(),
+        "the sample repeated a key seen before"
+    );
+    // A window where one lookup in REPEATS_AT_LEAST repeats a key keeps it
+    // engaged; one with fewer does not.
+    let window = |repeats: u64, from: u64| {
+        (0..WINDOW as u64).map(move |i| {
+            if i < repeats {
+                call_at(7)
+            } else {
+                call_at(from + i)
+            }
+        })
+    };
+    assert_eq!(
+        pass(
+            &mut cache,
+            window((WINDOW / REPEATS_AT_LEAST).into(), 1_000_000)
+        ),
+        WINDOW
+    );
+    assert!(!cache.standing_by());
+    let fewer = (WINDOW / REPEATS_AT_LEAST - 1).into();
+    assert_eq!(pass(&mut cache, window(fewer, 2_000_000)), WINDOW);
+    assert!(cache.standing_by(), "{fewer} repeats in a window");
+}

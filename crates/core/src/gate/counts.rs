@@ -57,6 +57,8 @@ pub struct CacheCounts {
     pub misses: u64,
     /// Requests whose answer can change: never looked up.
     pub uncacheable: u64,
+    /// Passed without a lookup: the cache stood by, no key repeating.
+    pub standing_by: u64,
     /// Answers kept.
     pub kept: u64,
     /// Answers to misses not kept: not found (an error, `null`), not final
@@ -216,6 +218,7 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "cache.hits", kind: Kind::Counter, read: |s, _| add(s.counts.cache.hits) },
     Metric { name: "cache.misses", kind: Kind::Counter, read: |s, _| add(s.counts.cache.misses) },
     Metric { name: "cache.uncacheable", kind: Kind::Counter, read: |s, _| add(s.counts.cache.uncacheable) },
+    Metric { name: "cache.standing_by", kind: Kind::Counter, read: |s, _| add(s.counts.cache.standing_by) },
     Metric { name: "cache.kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.kept) },
     Metric { name: "cache.not_kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.not_kept) },
     Metric { name: "cache.evicted", kind: Kind::Counter, read: |s, _| add(s.counts.cache.evicted) },

@@ -113,6 +113,17 @@ impl GateWorker {
         }
     }
 
+    /// Whether the cache looks a request up (it has a cache, and keys
+    /// repeat or this request is a sample), counted.
+    pub(super) fn cache_looks_up(&mut self) -> bool {
+        let Some(cache) = self.cache.as_mut() else {
+            return false;
+        };
+        let looks = cache.looks_up();
+        self.counts.cache.standing_by += u64::from(!looks);
+        looks
+    }
+
     /// The cache's word on a whole request body (`None`: no cache),
     /// counted. A miss at a block number above the finalized one (or with
     /// none known) comes back as `First`: its answer would not be kept, so

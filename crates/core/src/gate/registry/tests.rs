@@ -429,3 +429,40 @@ fn a_final_answer_is_kept_and_served_again_with_no_slot_and_no_node() {
         (3, 7, 2, 2, 2)
     );
 }
+
+#[test]
+fn with_no_key_repeating_the_cache_stands_by_and_requests_pass_unread() {
+    let policy = r#"{"maxInflight": 8, "dedup": {"engageAfterMs": 100, "standbyAfterMs": 100}, "cache": {}}"#;
+    let mut r = registry(policy);
+    for ms in [10_000, 10_200, 10_400] {
+        at_ms(ms);
+        r.engage(ms);
+    }
+    assert!(!r.worker.dedup_engaged(), "coalescing stands by");
+    let mut id = 0;
+    let mut unique = |r: &mut Rig| {
+        id += 1;
+        let block = format!("{:#x}", 0x1000 + id);
+        assert_eq!(send(r, id, &block_request("1", &block)), Then::Continue);
+        r.done(id);
+    };
+    for _ in 0..crate::cache::WINDOW {
+        unique(&mut r);
+    }
+    let counts = |r: &Rig| {
+        (
+            r.worker.counts.cache.misses,
+            r.worker.counts.cache.standing_by,
+        )
+    };
+    assert_eq!(counts(&r), (crate::cache::WINDOW.into(), 0));
+    // Standing by: one request in SAMPLE_EVERY is looked up.
+    let every = crate::cache::SAMPLE_EVERY;
+    for _ in 0..every * 2 {
+        unique(&mut r);
+    }
+    assert_eq!(
+        counts(&r),
+        ((crate::cache::WINDOW + 2).into(), (every * 2 - 2).into())
+    );
+}

@@ -286,15 +286,15 @@ impl GateStream {
         // With `decideOnBody`, a public request with a body is admitted
         // when its body is whole, so that a refusal can answer each of its
         // calls (internal requests are never refused: nothing to wait for);
-        // with the cache, so that a request the cache answers never waits
-        // for a slot nor is refused one.
+        // with the cache (unless it stands by), so that a request the cache
+        // answers never waits for a slot nor is refused one.
         let checked = !head.end_of_stream && class != RequestClass::Internal;
         let cache = checked
-            && w.cache.is_some()
             && w.dedup
                 .as_ref()
-                .is_some_and(|d| head.content_length.is_none_or(|n| d.fits(n)));
-        let waits = (policy.decide_on_body || cache) && checked;
+                .is_some_and(|d| head.content_length.is_none_or(|n| d.fits(n)))
+            && w.cache_looks_up();
+        let waits = (w.gate.policy().decide_on_body || cache) && checked;
         let ticket = if waits {
             None
         } else {

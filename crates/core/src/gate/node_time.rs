@@ -8,7 +8,9 @@
 //!
 //! - **measures** each answer's node time and tells the filters before it
 //!   in the `x-stakegate-node-us` response header: stake QoS charges it
-//!   instead of its own clock, which would count the wait here. A request
+//!   instead of its own clock, which would count the wait here (a request
+//!   that took a spare slot at once waited for nothing: unless the node
+//!   says its time, the gate leaves it to QoS's clock). A request
 //!   the gate answers itself (a coalesced waiter, a reused answer) is told
 //!   `0`: the node did no work for it;
 //! - **learns** each method's cost from those times (per worker: it only
@@ -232,6 +234,11 @@ impl Waiters {
         if let Some(deadline) = oldest {
             self.0.push((vm, deadline));
         }
+    }
+
+    /// Whether no VM has a request waiting.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// The live VMs other than `me` whose oldest request is older than

@@ -302,12 +302,9 @@ impl<S: SharedStore> Registry<S> {
     fn retry(&mut self, expire: bool) {
         let now = &mut Now::lazy_us(self.clock);
         let mut full = Full::expiring(expire);
-        if self.slots_wait() {
+        if self.slots_wait() && self.defer_to_older(now, expire) {
             // Another VM's requests waited longer: its turn for heavy slots.
-            let now_ms = now.ms();
-            if self.defer_to_older(now_ms) {
-                full.found(true);
-            }
+            full.found(true);
         }
         let mut i = 0;
         while i < self.waiting.len() {
@@ -538,17 +535,22 @@ impl<S: SharedStore> Registry<S> {
     /// Whether another VM's oldest waiting request is older than this
     /// VM's; if so, this VM's spare slots go back to the shared pool and
     /// those VMs are woken to take them (if there were any).
-    fn defer_to_older(&mut self, now_ms: u64) -> bool {
+    ///
+    /// The waiters record is read at a tick (`tick`), at most once a wait
+    /// tick; a release, which every request makes, goes by the record the
+    /// last tick read (at most a wait tick old, as before), with no clock
+    /// read and nothing to do while no VM has a request waiting.
+    fn defer_to_older(&mut self, now: &mut Now, tick: bool) -> bool {
         let Some(me) = self.worker.gate.vm() else {
             return false;
         };
         let ttl_ms = self.worker.gate.policy().stale_slot_ttl_ms;
-        // Read at most once a wait tick: a release is every request's.
-        let fresh = self
-            .waiters_seen
-            .as_ref()
-            .is_some_and(|(at, _)| now_ms.saturating_sub(*at) < WAIT_TICK_MS);
-        if !fresh {
+        let stale = match &self.waiters_seen {
+            Some((at, _)) => tick && now.ms().saturating_sub(*at) >= WAIT_TICK_MS,
+            None => true,
+        };
+        if stale {
+            let now_ms = now.ms();
             match read::<Waiters>(&self.store, WAITERS_KEY) {
                 Ok((waiters, _)) => self.waiters_seen = Some((now_ms, waiters)),
                 Err(e) => {
@@ -557,15 +559,16 @@ impl<S: SharedStore> Registry<S> {
                 }
             }
         }
-        let oldest = self.oldest_deadline();
-        let older = self
-            .waiters_seen
-            .as_ref()
-            .map_or_else(Vec::new, |(_, w)| w.older(me, oldest, now_ms, ttl_ms));
+        let older = match &self.waiters_seen {
+            Some((at, waiters)) if !waiters.is_empty() => {
+                waiters.older(me, self.oldest_deadline(), *at, ttl_ms)
+            }
+            _ => return false,
+        };
         if older.is_empty() {
             return false;
         }
-        match self.worker.gate.give_back(&self.store, now_ms) {
+        match self.worker.gate.give_back(&self.store, now.ms()) {
             Ok(Some(retries)) => {
                 self.worker.counts.store.retried(retries);
                 self.todo.push(Do::Wake(older, SLOT_WAKE.to_vec()));

@@ -206,6 +206,10 @@ fn a_freed_slot_goes_to_the_worker_whose_request_waited_longest() {
     assert_eq!(send(&mut a, 4), Then::Pause);
     a.take();
     b.take();
+    // A's wait tick reads who waits (it has no spare slot to hand over).
+    at_ms(1085);
+    a.retry_waiting();
+    assert_eq!(a.take().0, []);
     // A's own request ends: the slot is B's, whose request waited
     // longer; A hands it over and wakes B.
     at_ms(1090);
@@ -287,8 +291,8 @@ fn far_from_full_a_request_on_a_spare_slot_is_not_priced() {
     assert_eq!(send(&mut r, 1, &call(1, "eth_getProof")), Then::Continue);
     assert_eq!(answer(&mut r, 1, 1040), Some(40_000));
     r.done(1);
-    // On the spare slot it left, with 1 of 8 in flight: not priced, still
-    // timed for stake QoS.
+    // On the spare slot it left, with 1 of 8 in flight: not priced, and
+    // not timed (it waited for nothing: stake QoS's clock times it).
     assert_eq!(send(&mut r, 2, &call(2, "eth_getProof")), Then::Continue);
     assert_eq!(counts(&r), (1, 0, 1));
     // Three more from the pool make 4 in flight, half the slots: busy.
@@ -299,7 +303,7 @@ fn far_from_full_a_request_on_a_spare_slot_is_not_priced() {
         );
     }
     assert!(r.worker.busy.engaged());
-    assert_eq!(answer(&mut r, 2, 1050), Some(10_000));
+    assert_eq!(answer(&mut r, 2, 1050), None);
     r.done(2);
     // Now a heavy call is priced and leaves the spare slot for cheap ones
     // (the two eth_blockNumber after its probe were heavy until it was
@@ -465,4 +469,25 @@ fn with_no_key_repeating_the_cache_stands_by_and_requests_pass_unread() {
         counts(&r),
         ((crate::cache::WINDOW + 2).into(), (every * 2 - 2).into())
     );
+}
+
+#[test]
+fn a_request_on_a_spare_slot_is_timed_only_by_the_node_s_own_word() {
+    let policy = r#"{"maxInflight": 8, "decideOnBody": true, "nodeTime": {"serviceTimeHeader": "x-node-us"}}"#;
+    let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
+    let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
+    at_ms(1000);
+    assert_eq!(send(&mut r, 1, &call(1, "eth_call")), Then::Continue);
+    at_ms(1010);
+    r.done(1);
+    // On the spare slot the first left: unpriced, and the node says 7 ms.
+    assert_eq!(send(&mut r, 2, &call(2, "eth_call")), Then::Continue);
+    assert_eq!(r.worker.counts.node_time.unpriced, 1);
+    at_ms(1020);
+    let told = |name: &str| match name {
+        ":status" => Some("200".into()),
+        "x-node-us" => Some("7000".into()),
+        _ => None,
+    };
+    assert_eq!(r.response_headers(2, true, told), Some(7000));
 }

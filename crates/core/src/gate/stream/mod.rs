@@ -657,11 +657,14 @@ fn settle(
 }
 
 impl HttpRequest {
-    /// It has its slot: with `nodeTime`, the node's time on it starts now.
+    /// It has its slot: with `nodeTime`, the node's time on a priced
+    /// request starts now (an unpriced one took a spare slot at once, so
+    /// stake QoS's own clock, with no wait at the gate in it, times it
+    /// alike, and the gate reads no clock for it).
     fn slot_taken(&mut self, w: &mut GateWorker, now: &mut Now, ticket: super::Ticket) {
         self.place.ticket = Some(ticket);
         if let Some(metered) = &mut self.metered {
-            metered.since_us = Some(now.us());
+            metered.since_us = metered.priced.is_some().then(|| now.us());
             let counts = &mut w.counts.node_time;
             match metered.priced {
                 Some(priced) if priced.cheap => counts.cheap += 1,
@@ -759,8 +762,9 @@ impl HttpRequest {
     }
 
     /// The node's answer starts: with `nodeTime`, its time on the request
-    /// (as the node says in `serviceTimeHeader`, else since the request got
-    /// its slot), learned from if the answer is a success.
+    /// (as the node says in `serviceTimeHeader`, else, for a priced
+    /// request, since it got its slot), learned from if the answer is a
+    /// success.
     fn answered(
         &mut self,
         w: &mut GateWorker,
@@ -768,13 +772,13 @@ impl HttpRequest {
         mut header: impl FnMut(&str) -> Option<String>,
     ) -> Option<u64> {
         let metered = self.metered.as_mut()?;
-        let since_us = metered.since_us.take()?;
         let node_time = w.gate.policy().node_time.as_ref()?;
-        let us = node_time
+        let told = node_time
             .service_time_header
             .as_deref()
-            .and_then(|name| header(name)?.trim().parse().ok())
-            .unwrap_or_else(|| now.us().saturating_sub(since_us));
+            .and_then(|name| header(name)?.trim().parse().ok());
+        let since_us = metered.since_us.take();
+        let us = told.or_else(|| Some(now.us().saturating_sub(since_us?)))?;
         // Only a priced request's answer teaches its method's cost.
         if let Some(priced) = metered.priced {
             let ok = header(":status").and_then(|s| s.parse::<u32>().ok());

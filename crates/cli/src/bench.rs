@@ -254,7 +254,7 @@ fn chains(args: &FiltersArgs) -> anyhow::Result<Vec<Chain>> {
         ),
         chain(
             "gate + dedup, node time",
-            "the gate with dedup in nodeTime: each body priced, each answer timed",
+            "the gate with dedup in nodeTime, far below its limits: requests on spare slots neither priced nor timed",
             vec![gate(GATE_NODE_TIME)?],
             false,
         ),

@@ -20,7 +20,9 @@ fn gateway(anvil: &Anvil, dir: &std::path::Path) -> Envoy {
     let qos_policy = dir.join("qos.json");
     let gate = stakegate_tests::example_policy("admission-gate", json!({ "cache": {} }));
     std::fs::write(&gate_policy, gate).unwrap();
-    let qos = stakegate_tests::example_policy("stake-qos", json!({}));
+    // Stake QoS far from throttling: readers ask as fast as the machine
+    // lets them, and what they test is the cache.
+    let qos = stakegate_tests::example_policy("stake-qos", json!({ "capacityRps": 1_000_000 }));
     std::fs::write(&qos_policy, qos).unwrap();
     stakegate_tests::start_initialised(dir, anvil.addr(), &gate_policy, &qos_policy)
 }
@@ -363,7 +365,9 @@ fn a_finalized_solana_block_is_kept_and_a_confirmed_one_is_not() {
     let qos_policy = dir.path().join("qos.json");
     let gate = stakegate_tests::example_policy("admission-gate", json!({}));
     std::fs::write(&gate_policy, gate).unwrap();
-    let qos = stakegate_tests::example_policy("stake-qos", json!({}));
+    // Stake QoS far from throttling: readers ask as fast as the machine
+    // lets them, and what they test is the cache.
+    let qos = stakegate_tests::example_policy("stake-qos", json!({ "capacityRps": 1_000_000 }));
     std::fs::write(&qos_policy, qos).unwrap();
     let envoy =
         stakegate_tests::start_initialised(dir.path(), node.addr(), &gate_policy, &qos_policy);

@@ -82,12 +82,14 @@ fn view(before: &Reading, after: &Reading, seconds: f64, rows: usize) -> Vec<Str
         stat(after, "gate.node_time.waiting"),
     ));
     let looked_up = per_s("gate.cache.hits") + per_s("gate.cache.misses");
-    if looked_up > 0.0 || stat(after, "gate.cache.entries") > 0 {
+    let unread = per_s("gate.cache.standing_by");
+    if looked_up > 0.0 || unread > 0.0 || stat(after, "gate.cache.entries") > 0 {
         out.push(format!(
-            "cache hits {:.0}/s ({:.0} % of lookups)   misses {:.0}/s   kept {}   {:.1} MiB",
+            "cache hits {:.0}/s ({:.0} % of lookups)   misses {:.0}/s   passed unread {:.0}/s   kept {}   {:.1} MiB",
             per_s("gate.cache.hits"),
             100.0 * per_s("gate.cache.hits") / looked_up.max(f64::MIN_POSITIVE),
             per_s("gate.cache.misses"),
+            unread,
             stat(after, "gate.cache.entries"),
             stat(after, "gate.cache.bytes") as f64 / (1024.0 * 1024.0),
         ));
@@ -247,6 +249,7 @@ mod tests {
                 ("gate.rejected.default", 30),
                 ("gate.cache.hits", 400),
                 ("gate.cache.misses", 100),
+                ("gate.cache.standing_by", 40),
                 ("gate.cache.entries", 12),
                 ("gate.cache.bytes", 3 << 20),
                 ("gate.inflight.default", 7),
@@ -267,7 +270,7 @@ mod tests {
         );
         assert!(!view.contains("fleet"), "no fleet, no fleet line: {view}");
         assert!(
-            view.contains("cache hits 150/s (75 % of lookups)   misses 50/s   kept 12   3.0 MiB"),
+            view.contains("cache hits 150/s (75 % of lookups)   misses 50/s   passed unread 20/s   kept 12   3.0 MiB"),
             "{view}"
         );
         let line = view.lines().find(|l| l.starts_with("desk-7")).unwrap();

@@ -303,3 +303,67 @@ fn identities_that_come_once_during_a_flood_take_nothing_from_it() {
         "alone {alone}, beside {beside}"
     );
 }
+
+/// In node time, stake QoS charges each answer what the admission gate
+/// measured for it (here as the node said it, `serviceTimeHeader`), not
+/// its own clock, which would count the hops too: answers that came
+/// through the route and answers a coalescing leader's callout fetched
+/// alike; and nothing for an answer the gate gave itself (a cache hit).
+/// The gate tells it in the stream's filter state: nothing of it reaches
+/// the client.
+#[test]
+fn in_node_time_qos_charges_what_the_node_said_and_nothing_for_a_hit() {
+    let key = stakegate_core::request::sha256_hex(b"desk-key");
+    let qos = format!(
+        r#"{{"capacityNodeMs": 100000, "identifyAbove": 0, "decideOnBody": true,
+            "identity": {{"order": ["apiKey", "address"], "apiKeyHeader": "x-api-key"}},
+            "stakes": [{{"apiKeySha256": "{key}", "name": "desk", "stake": 1}}]}}"#
+    );
+    let gate = r#"{"maxInflight": 8, "decideOnBody": true, "dedup": {}, "cache": {},
+                   "nodeTime": {"serviceTimeHeader": "x-node-service-us"}}"#;
+    let (node, envoy) =
+        stakegate_tests::gateway_on_one_worker(&qos, gate, &["--cost", "eth_call=3ms"]);
+    let url = envoy.url("public").unwrap();
+    let ask = |body: &str| {
+        let answer = http::post(&url, &[("x-api-key", "desk-key")], body).unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert!(
+            answer.headers.iter().all(|(n, _)| !n.contains("node-us")),
+            "{:?}",
+            answer.headers
+        );
+        answer
+    };
+    let charged = || {
+        envoy
+            .stat("wasmcustom.stakegate.qos.usage.desk.node_us")
+            .unwrap()
+    };
+    // What the node said its answers took, summed: what QoS must charge.
+    let said = || node.metrics().unwrap()["service_us_said"].as_i64().unwrap();
+    let settled = |what: &str| {
+        assert!(
+            eventually(Duration::from_secs(10), || charged() == said()),
+            "{what}: charged {} µs, the node said {} µs: {}",
+            charged(),
+            said(),
+            node.metrics().unwrap()
+        );
+    };
+    for id in 0..20 {
+        ask(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_call","params":[{{"to":"0x{id:040x}"}},"latest"]}}"#
+        ));
+    }
+    assert!(said() >= 20 * 3_000, "{} µs", said());
+    settled("eth_call");
+    // eth_chainId cannot change: the cache keeps it once asked again,
+    // then answers it, charged nothing.
+    let chain_id = r#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}"#;
+    let asked = (1..=5)
+        .find(|_| ask(chain_id).header("x-stakegate-cache") == Some("hit"))
+        .expect("a hit");
+    let served = node.metrics().unwrap()["served"]["eth_chainId"].as_u64();
+    assert_eq!(served, Some(asked - 1), "the hit did not reach the node");
+    settled("eth_chainId, then a hit");
+}

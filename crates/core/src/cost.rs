@@ -26,9 +26,12 @@ use crate::shared::{Reader, Record};
 use std::collections::HashMap;
 
 pub const ESTIMATES_KEY: &str = "stakegate.stake_qos.v3.costs";
-/// The response header in which the admission gate tells the filters
-/// before it the node's time on a request, in µs (`gate::node_time`).
-pub const NODE_US_HEADER: &str = "x-stakegate-node-us";
+/// The property in which the admission gate tells the filters before it
+/// the node's time on a request, in µs as decimal digits
+/// (`gate::node_time`). Envoy keeps it in the stream's filter state
+/// (`wasm.stakegate_node_us`), which no client sees: no header to add,
+/// and none for stake QoS to take off again.
+pub const NODE_US_PROPERTY: &str = "stakegate_node_us";
 const VERSION: u8 = 1;
 const ENTRY_LEN: usize = 16;
 /// Methods learned at most; a method past it keeps `defaultCost` (a client

@@ -474,6 +474,7 @@ fn define_stream_control(linker: &mut Linker<VmState>) -> wasmtime::Result<()> {
                         status: code as u32,
                         headers,
                         body,
+                        filter_state: stream.filter_state.clone(),
                     });
                     status(Status::Ok)
                 }

@@ -37,7 +37,7 @@ mod shared;
 mod vm;
 
 pub use shared::Callout;
-pub use vm::LogLine;
+pub use vm::{FilterState, LogLine};
 
 use anyhow::{anyhow, bail, Context};
 use shared::Shared;
@@ -61,6 +61,17 @@ pub struct LocalReply {
     pub status: u32,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The stream's filter state when the module sent it.
+    pub filter_state: vm::FilterState,
+}
+
+/// What a filter's response path hands the filters before it, as Envoy
+/// does: the response headers as it left them, and the stream's filter
+/// state (the properties the filters after it set).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Passed {
+    pub headers: Vec<(String, String)>,
+    pub filter_state: vm::FilterState,
 }
 
 impl LocalReply {
@@ -389,19 +400,20 @@ impl Host {
     /// The upstream answered `status` after `latency`: response headers,
     /// then the end of the stream. (The clock is the caller's to advance.)
     pub fn finish(&mut self, id: RequestId, status: u16, latency: Duration) -> anyhow::Result<()> {
-        self.finish_with(id, status, latency, Vec::new()).map(drop)
+        self.finish_with(id, status, latency, Passed::default())
+            .map(drop)
     }
 
-    /// `finish`, the response carrying `headers` besides `:status` (what
-    /// the filters after this one set): returns the response headers as
-    /// this filter left them, for the filters before it.
+    /// `finish`, the response carrying what the filters after this one
+    /// passed (headers besides `:status`, and the stream's filter state):
+    /// returns what this filter passes on to the filters before it.
     pub fn finish_with(
         &mut self,
         id: RequestId,
         status: u16,
         latency: Duration,
-        headers: Vec<(String, String)>,
-    ) -> anyhow::Result<Vec<(String, String)>> {
+        passed: Passed,
+    ) -> anyhow::Result<Passed> {
         let vm = self.worker(id.worker)?;
         let stream = vm
             .state_mut()
@@ -416,11 +428,15 @@ impl Host {
             property_key(&["response".into(), "code".into()]),
             i64::from(status).to_le_bytes().to_vec(),
         );
+        for (path, value) in passed.filter_state {
+            stream.properties.insert(path.clone(), value.clone());
+            stream.filter_state.insert(path, value);
+        }
         let mut response = vec![(":status".to_string(), status.to_string())];
-        response.extend(headers);
-        let headers = vm.finish(id.context, Some(response))?;
+        response.extend(passed.headers);
+        let passed = vm.finish(id.context, Some(response))?;
         self.deliver()?;
-        Ok(headers)
+        Ok(passed)
     }
 
     /// The stream ended without a response (client or upstream reset).

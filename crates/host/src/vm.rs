@@ -6,7 +6,7 @@ use crate::shared::Shared;
 use crate::LocalReply;
 use anyhow::{anyhow, bail};
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use wasmtime::{Engine, Instance, Linker, Module, Store, TypedFunc};
 
@@ -24,6 +24,9 @@ pub type CallResponse = (Vec<(String, String)>, Vec<u8>);
 /// `proxy_on_http_call_response(context, token, headers, body, trailers)`.
 type OnHttpCallResponse = TypedFunc<(i32, i32, i32, i32, i32), ()>;
 
+/// A stream's filter state: property path (as the ABI sends it) → value.
+pub type FilterState = BTreeMap<Vec<u8>, Vec<u8>>;
+
 /// One HTTP stream's state, as the module sees it through hostcalls.
 #[derive(Debug, Default)]
 pub struct Stream {
@@ -33,6 +36,9 @@ pub struct Stream {
     pub trailers: Vec<(String, String)>,
     /// Property path (parts joined by NUL, as the ABI sends them) → value.
     pub properties: HashMap<Vec<u8>, Vec<u8>>,
+    /// The properties the filters set on the stream (`proxy_set_property`):
+    /// Envoy's filter state, which every filter of the stream reads.
+    pub filter_state: FilterState,
     pub local_reply: Option<LocalReply>,
     /// The root context (plugin) the stream was created under.
     pub root: u32,
@@ -98,7 +104,8 @@ impl VmState {
         let current = self.current;
         match self.streams.get_mut(&current) {
             Some(stream) => {
-                stream.properties.insert(path, value);
+                stream.properties.insert(path.clone(), value.clone());
+                stream.filter_state.insert(path, value);
             }
             None => {
                 self.plugin_properties.insert(path, value);
@@ -450,7 +457,7 @@ impl Vm {
         &mut self,
         context: u32,
         response: Option<Vec<(String, String)>>,
-    ) -> anyhow::Result<Vec<(String, String)>> {
+    ) -> anyhow::Result<crate::Passed> {
         self.state_mut().current = context;
         let answered = response.is_some();
         if let Some(headers) = response {
@@ -463,11 +470,14 @@ impl Vm {
                 .call(&mut self.store, (context as i32, count as i32, 1))
                 .map_err(|e| self.fail(e, "proxy_on_response_headers"))?;
         }
-        // The response headers as the filter left them, for the filters
-        // before it.
-        let headers = match self.state_mut().streams.get(&context) {
-            Some(stream) if answered => stream.response_headers.clone(),
-            _ => Vec::new(),
+        // The response headers as the filter left them, and the filter
+        // state, for the filters before it.
+        let passed = match self.state_mut().streams.get(&context) {
+            Some(stream) if answered => crate::Passed {
+                headers: stream.response_headers.clone(),
+                filter_state: stream.filter_state.clone(),
+            },
+            _ => crate::Passed::default(),
         };
         self.state_mut().current = context;
         self.exports
@@ -484,6 +494,6 @@ impl Vm {
             .map_err(|e| self.fail(e, "proxy_on_delete"))?;
         self.state_mut().streams.remove(&context);
         self.delete_idle_roots()?;
-        Ok(headers)
+        Ok(passed)
     }
 }

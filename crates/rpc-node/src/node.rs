@@ -51,6 +51,8 @@ pub struct Node {
     requests: Requests,
     inflight: AtomicU64,
     inflight_max: AtomicU64,
+    /// What the HTTP answers' `x-node-service-us` headers said, summed.
+    service_us_said: AtomicU64,
     websockets: AtomicU64,
     started: Instant,
     /// When the first request came (what `cost_changes` count from).
@@ -75,6 +77,10 @@ pub struct Metrics {
     pub read_slots: u32,
     pub read_slots_in_use: u32,
     pub served: BTreeMap<String, u64>,
+    /// The node's time on its HTTP answers as their `x-node-service-us`
+    /// headers said it, summed, in µs: what a gateway reading the header
+    /// was told in all.
+    pub service_us_said: u64,
     pub errors: BTreeMap<i64, u64>,
     /// HTTP request bodies received that parsed as JSON-RPC.
     pub requests: u64,
@@ -158,6 +164,7 @@ impl Node {
             requests: Requests::default(),
             inflight: AtomicU64::new(0),
             inflight_max: AtomicU64::new(0),
+            service_us_said: AtomicU64::new(0),
             websockets: AtomicU64::new(0),
             started: Instant::now(),
             first_request: std::sync::OnceLock::new(),
@@ -357,6 +364,11 @@ impl Node {
         });
     }
 
+    /// An HTTP answer said the node's time on it was `us`.
+    pub fn said_service(&self, us: u64) {
+        self.service_us_said.fetch_add(us, Ordering::Relaxed);
+    }
+
     pub fn metrics(&self) -> Metrics {
         let now = Instant::now();
         let mut chain = lock(&self.chain);
@@ -375,6 +387,7 @@ impl Node {
             read_slots: self.slots.total(),
             read_slots_in_use: self.slots.in_use(),
             served: lock(&self.served).clone(),
+            service_us_said: self.service_us_said.load(Ordering::Relaxed),
             errors: lock(&self.errors).clone(),
             requests: self.requests.total.load(Ordering::Relaxed),
             unique_requests: lock(&self.requests.seen).len() as u64,
@@ -391,6 +404,7 @@ impl Node {
         self.inflight_max
             .store(self.inflight.load(Ordering::Relaxed), Ordering::Relaxed);
         lock(&self.served).clear();
+        self.service_us_said.store(0, Ordering::Relaxed);
         lock(&self.errors).clear();
         self.requests.total.store(0, Ordering::Relaxed);
         lock(&self.requests.seen).clear();

@@ -10,7 +10,7 @@ use crate::node::Node;
 use crate::pubsub::Subscriptions;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -41,8 +41,9 @@ pub fn router(node: Arc<Node>) -> Router {
 
 /// The header each HTTP answer gives the node's work on it in, in
 /// microseconds (`Answer::service`), so that a load generator can sum the
-/// node time each client used. Real nodes send nothing like it; the
-/// gateway does not read it.
+/// node time each client used (`/metrics` sums them: `service_us_said`).
+/// Real nodes send nothing like it; the gateway reads it only where its
+/// policy says so (the admission gate's `nodeTime.serviceTimeHeader`).
 pub const SERVICE_HEADER: &str = "x-node-service-us";
 
 async fn rpc(State(node): State<Arc<Node>>, body: Bytes) -> Response {
@@ -52,10 +53,11 @@ async fn rpc(State(node): State<Arc<Node>>, body: Bytes) -> Response {
         Some(response) => Json(response).into_response(),
         None => StatusCode::NO_CONTENT.into_response(),
     };
-    let service_us = answer.service.as_micros().to_string();
-    if let Ok(value) = service_us.parse() {
-        response.headers_mut().insert(SERVICE_HEADER, value);
-    }
+    let service_us = answer.service.as_micros() as u64;
+    node.said_service(service_us);
+    response
+        .headers_mut()
+        .insert(SERVICE_HEADER, HeaderValue::from(service_us));
     response
 }
 

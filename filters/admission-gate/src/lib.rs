@@ -20,7 +20,6 @@ use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::dedup::wake_queue;
 use stakegate_core::gate::coalesce::Response;
 use stakegate_core::gate::counts::{Snapshot, Ticked, METRICS};
-use stakegate_core::gate::node_time::NODE_US_HEADER;
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::registry::{Do, Registry, Then};
 use stakegate_core::gate::stream::{Head, OnHeaders};
@@ -85,7 +84,7 @@ fn carry_out(vm: &Shared, current: u32, dos: Vec<Do>) {
             Do::Answer(id, reply) => {
                 moved = true;
                 if host::act_on(id) {
-                    host::send_reply(reply.status, &reply.headers, &reply.body);
+                    host::send_reply(&reply);
                 }
             }
             Do::Resume(id, bytes) => {
@@ -177,11 +176,11 @@ impl Context for GateRoot {
     ) {
         let Some(vm) = &self.vm else { return };
         // No headers: the callout failed (reset, timeout, no upstream).
-        let response = (num_headers > 0).then(|| {
-            let body = host::body(BodyOf::CallResponse, 0, body_size);
-            Response::read(host::call_response_header, body)
-        });
         with(vm, self.context_id, true, |r| {
+            let response = (num_headers > 0).then(|| {
+                let body = host::body(BodyOf::CallResponse, 0, body_size);
+                Response::read(host::call_response_header, body, r.service_time_header())
+            });
             r.callout_ended(token, response)
         });
     }
@@ -306,7 +305,7 @@ impl HttpContext for GateHttp {
             }
             Then::Pause => Action::Pause,
             Then::Answer(reply) => {
-                host::send_reply(reply.status, &reply.headers, &reply.body);
+                host::send_reply(&reply);
                 Action::Pause
             }
             Then::Refuse(refusal) => refuse(&refusal),
@@ -324,7 +323,7 @@ impl HttpContext for GateHttp {
         let node_us =
             self.with(|r| r.response_headers(self.id, end_of_stream, host::response_header));
         if let Some(us) = node_us {
-            host::set_response_header(NODE_US_HEADER, &us.to_string());
+            host::set_node_us(us);
         }
         Action::Continue
     }

@@ -47,6 +47,12 @@ extern "C" {
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
     ) -> u32;
+    fn proxy_set_property(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
     fn proxy_register_shared_queue(name_data: *const u8, name_size: usize, token: *mut u32) -> u32;
     fn proxy_resolve_shared_queue(
         vm_id_data: *const u8,
@@ -140,6 +146,14 @@ pub fn property(path: &[&str]) -> Option<Vec<u8>> {
         return None;
     }
     Some(owned(data, size))
+}
+
+/// Sets a property of the current stream (a one-part path): Envoy keeps it
+/// in the stream's filter state, where the filters after this one on the
+/// response's way read it with `property`. `false` if the host refused.
+pub fn set_property(name: &str, value: &[u8]) -> bool {
+    // SAFETY: the name's and the value's own bytes.
+    unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) == OK }
 }
 
 /// Removes a request header (nothing happens if it is absent).
@@ -284,10 +298,33 @@ pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool
     }
 }
 
-/// `send_response` with owned header values (a core `Reply`'s).
-pub fn send_reply(status: u32, headers: &[(&'static str, String)], body: &[u8]) -> bool {
-    let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    send_response(status, &headers, body)
+/// Answers the current request with the gate's `reply`, telling the
+/// filters before it the node's time on it where the reply says it.
+pub fn send_reply(reply: &stakegate_core::gate::reply::Reply) -> bool {
+    if let Some(us) = reply.node_us {
+        set_node_us(us);
+    }
+    let headers: Vec<(&str, &str)> = reply
+        .headers
+        .iter()
+        .map(|(n, v)| (*n, v.as_str()))
+        .collect();
+    send_response(reply.status, &headers, &reply.body)
+}
+
+/// Tells the filters before the gate the node's time on the current
+/// request (`cost::NODE_US_PROPERTY`).
+pub fn set_node_us(us: u64) -> bool {
+    set_property(
+        stakegate_core::cost::NODE_US_PROPERTY,
+        us.to_string().as_bytes(),
+    )
+}
+
+/// The node's time on the current request as the gate told it, if it did.
+pub fn node_us() -> Option<u64> {
+    let told = property(&[stakegate_core::cost::NODE_US_PROPERTY])?;
+    std::str::from_utf8(&told).ok()?.parse().ok()
 }
 
 /// Sends an HTTP callout to `cluster`; it belongs to the context it is

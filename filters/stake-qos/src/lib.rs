@@ -31,7 +31,6 @@ use fleet::FleetLink;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use stakegate_core::clock::Now;
-use stakegate_core::cost::NODE_US_HEADER;
 use stakegate_core::qos::counts::{Counts, Snapshot, METRICS};
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;
@@ -300,13 +299,7 @@ impl HttpContext for QosHttp {
                 &worker.qos,
                 &mut Now::lazy_us(now_us),
                 || host::response_header(":status").and_then(|s| s.parse().ok()),
-                || {
-                    // The admission gate's measure, for the gateway only.
-                    let told = host::response_header(NODE_US_HEADER)?;
-                    host::remove_response_header(NODE_US_HEADER);
-                    told.parse().ok()
-                },
-                || host::remove_response_header(NODE_US_HEADER),
+                host::node_us,
                 || host::response_header(RULE_HEADER),
             );
         }

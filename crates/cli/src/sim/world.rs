@@ -8,7 +8,7 @@ use crate::summary::{BaselineSummary, Summary, SwapResult};
 use anyhow::Context;
 use rpc_node::costs::CostTable;
 use stakegate_core::baseline::{BaselineQos, Mechanism};
-use stakegate_host::{Callout, Host, LocalReply, Reply, Request, RequestId};
+use stakegate_host::{Callout, Host, LocalReply, Passed, Reply, Request, RequestId};
 use stakegate_loadgen::report::{ClientHeader, Outcome, Recorder};
 use stakegate_loadgen::run::{history_params, params_for, unique_params};
 use stakegate_loadgen::Report;
@@ -106,7 +106,7 @@ fn pass(hosts: &mut [Host], filters: &[usize], r: &mut InFlight) -> anyhow::Resu
             Reply::Continue(id) => r.ids.push((filter, id)),
             Reply::LocalReply(reply) => {
                 let ids = std::mem::take(&mut r.ids);
-                finish_all(hosts, ids, reply.status, Duration::ZERO, &reply.headers)?;
+                finish_all(hosts, ids, reply.status, Duration::ZERO, passed(&reply))?;
                 return Ok(Passage::Replied(reply));
             }
             Reply::Held(id) => {
@@ -120,21 +120,29 @@ fn pass(hosts: &mut [Host], filters: &[usize], r: &mut InFlight) -> anyhow::Resu
 }
 
 /// Ends a request's streams from the last filter to the first, as Envoy
-/// encodes a response: each sees `status` and the response headers the
-/// filters after it left (`headers` from where the answer came).
+/// encodes a response: each sees `status`, the response headers the
+/// filters after it left and the stream's filter state (`passed` from
+/// where the answer came).
 fn finish_all(
     hosts: &mut [Host],
     ids: Vec<(usize, RequestId)>,
     status: u32,
     latency: Duration,
-    headers: &[(String, String)],
+    mut passed: Passed,
 ) -> anyhow::Result<()> {
-    let mut headers = headers.to_vec();
     for (filter, id) in ids.into_iter().rev() {
-        headers.retain(|(name, _)| name != ":status");
-        headers = hosts[filter].finish_with(id, status as u16, latency, headers)?;
+        passed.headers.retain(|(name, _)| name != ":status");
+        passed = hosts[filter].finish_with(id, status as u16, latency, passed)?;
     }
     Ok(())
+}
+
+/// What a filter's local reply passes to the filters before it.
+fn passed(reply: &LocalReply) -> Passed {
+    Passed {
+        headers: reply.headers.clone(),
+        filter_state: reply.filter_state.clone(),
+    }
 }
 
 /// What the virtual node answers a callout: a result for each call with
@@ -439,7 +447,8 @@ impl<'a> World<'a> {
             self.hosts[*filter].answer_callout(callout, Some((200, answer)))?;
         } else if !done.abandoned {
             let latency = Duration::from_nanos(now - done.arrived);
-            finish_all(&mut self.hosts, done.ids.clone(), 200, latency, &[])?;
+            let passed = Passed::default();
+            finish_all(&mut self.hosts, done.ids.clone(), 200, latency, passed)?;
             self.answered(now, &done, 200, Some(done.cost));
         }
         Ok(())
@@ -594,7 +603,7 @@ impl<'a> World<'a> {
                                 ids,
                                 status,
                                 Duration::ZERO,
-                                &reply.headers,
+                                passed(&reply),
                             )?;
                             self.answered(now, &r, reply.status, None);
                         }

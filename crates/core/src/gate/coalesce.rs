@@ -37,12 +37,20 @@ pub struct Response {
     /// `content-encoding`, unless absent or `identity`.
     pub content_encoding: Option<String>,
     pub body: Vec<u8>,
+    /// The node's time on it, in µs, as the node says it
+    /// (`nodeTime.serviceTimeHeader`).
+    pub said_us: Option<u64>,
 }
 
 impl Response {
     /// The answer from its headers (`header`) and `body`; an answer with
-    /// no status is a 502, one with no content type JSON.
-    pub fn read(header: impl Fn(&str) -> Option<String>, body: Vec<u8>) -> Self {
+    /// no status is a 502, one with no content type JSON. `said_in`: the
+    /// header in which the node says its time, if it does.
+    pub fn read(
+        header: impl Fn(&str) -> Option<String>,
+        body: Vec<u8>,
+        said_in: Option<&str>,
+    ) -> Self {
         Self {
             status: header(":status")
                 .and_then(|s| s.parse().ok())
@@ -51,6 +59,7 @@ impl Response {
             content_encoding: header("content-encoding")
                 .filter(|e| !e.eq_ignore_ascii_case("identity")),
             body,
+            said_us: said_in.and_then(|name| header(name)?.trim().parse().ok()),
         }
     }
 }
@@ -103,9 +112,9 @@ pub struct Coalescer {
 
 impl Coalescer {
     /// The callout of the request at `place` went out as `token` at
-    /// `now_ms`: it holds the key's lead and the slot until it ends.
-    pub fn sent(&mut self, w: &GateWorker, token: u32, place: &mut Place, now_ms: u64) {
-        if let Some(led) = place.led(w, now_ms) {
+    /// `now_us`: it holds the key's lead and the slot until it ends.
+    pub fn sent(&mut self, w: &GateWorker, token: u32, place: &mut Place, now_us: u64) {
+        if let Some(led) = place.led(w, now_us) {
             self.callouts.insert(token, led);
         }
     }
@@ -202,8 +211,7 @@ impl Coalescer {
             .iter()
             .filter(|(_, led)| {
                 now_ms
-                    > led
-                        .started_ms
+                    > (led.started_us / 1000)
                         .saturating_add(led.timeout_ms)
                         .saturating_add(5000)
             })
@@ -234,6 +242,9 @@ struct Step<'s, 'p, S: SharedStore> {
     now: &'s mut Now,
     held: &'s mut [Held<'p>],
     acts: Acts,
+    /// With `nodeTime`, the node's time on the callout whose answer is
+    /// being handed out, for its leader here (`Place::answer`).
+    led_us: Option<u64>,
 }
 
 impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
@@ -249,6 +260,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
             now,
             held,
             acts: Acts::default(),
+            led_us: None,
         }
     }
 
@@ -266,6 +278,12 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
         };
         if let Some(ticket) = led.ticket {
             self.w.release(ticket);
+        }
+        if self.w.gate.policy().node_time.is_some() {
+            self.led_us = response.as_ref().map(|r| {
+                r.said_us
+                    .unwrap_or_else(|| self.now.us().saturating_sub(led.started_us))
+            });
         }
         let answer = response.map(|r| Answer {
             key: led.pending.key,
@@ -388,7 +406,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
         let n = self.waiting_on(&a.key, None);
         for (id, place) in self.held.iter_mut() {
             if place.held_for().is_some_and(|w| w.leads && w.key == a.key) {
-                let reply = place.answer(self.w, self.store, self.now.ms(), a);
+                let reply = place.answer(self.w, self.store, self.now.ms(), a, self.led_us);
                 self.acts.acts.push((*id, Act::Answer(reply)));
             }
         }
@@ -465,7 +483,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
     fn answer_all(&mut self, answer: &Answer) {
         for (id, place) in self.held.iter_mut() {
             if place.held_for().is_some_and(|w| w.key == answer.key) {
-                let reply = place.answer(self.w, self.store, self.now.ms(), answer);
+                let reply = place.answer(self.w, self.store, self.now.ms(), answer, self.led_us);
                 self.acts.acts.push((*id, Act::Answer(reply)));
             }
         }

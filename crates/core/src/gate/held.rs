@@ -41,7 +41,7 @@ pub struct Led {
     pub(super) ids: Vec<Id>,
     /// The leader's gate slot, held until the callout ends.
     pub(super) ticket: Option<Ticket>,
-    pub(super) started_ms: u64,
+    pub(super) started_us: u64,
     pub(super) timeout_ms: u64,
     pub(super) reuse: Reuse,
 }
@@ -173,9 +173,9 @@ impl Place {
         }
     }
 
-    /// Its callout was sent at `now_ms`: the callout holds the key's lead
+    /// Its callout was sent at `now_us`: the callout holds the key's lead
     /// and the gate slot from now on.
-    pub(super) fn led(&mut self, w: &GateWorker, now_ms: u64) -> Option<Led> {
+    pub(super) fn led(&mut self, w: &GateWorker, now_us: u64) -> Option<Led> {
         let waiting = self.waiting.as_mut()?;
         let pending = waiting.pending.take()?;
         let timeout_ms = w
@@ -186,7 +186,7 @@ impl Place {
             pending,
             ids: waiting.ids.clone(),
             ticket: self.ticket.take(),
-            started_ms: now_ms,
+            started_us: now_us,
             timeout_ms,
             reuse: waiting.reuse,
         })
@@ -230,13 +230,15 @@ impl Place {
     }
 
     /// It gets `answer`, with its own ids (and the cache keeps it, if it
-    /// missed and the answer cannot change).
+    /// missed and the answer cannot change). A leader's says the node's
+    /// time on its callout (`led_us`); any other's that the node did none.
     pub(super) fn answer(
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
         now_ms: u64,
         answer: &Answer,
+        led_us: Option<u64>,
     ) -> Reply {
         let Some(waiting) = self.waiting.take() else {
             return Reply::none(&[], "the request is gone");
@@ -246,7 +248,10 @@ impl Place {
         }
         let reply = Reply::answer(answer, &waiting.ids);
         if waiting.leads {
-            return reply;
+            return Reply {
+                node_us: led_us,
+                ..reply
+            };
         }
         w.counts.dedup.shared += 1;
         reply.no_node_time(w.gate.policy())

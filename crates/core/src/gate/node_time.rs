@@ -7,7 +7,7 @@
 //! when it got one), or the node says it (`serviceTimeHeader`). The gate
 //!
 //! - **measures** each answer's node time and tells the filters before it
-//!   in the `x-stakegate-node-us` response header: stake QoS charges it
+//!   in the stream's filter state (`cost::NODE_US_PROPERTY`): stake QoS charges it
 //!   instead of its own clock, which would count the wait here (a request
 //!   that took a spare slot at once waited for nothing: unless the node
 //!   says its time, the gate leaves it to QoS's clock). A request
@@ -26,7 +26,7 @@
 //!   on oldest first, across workers too (`Waiters`); one still waiting
 //!   after `waitMs` is refused with 503.
 
-pub use crate::cost::NODE_US_HEADER;
+pub use crate::cost::NODE_US_PROPERTY;
 use crate::cost::{BodyCost, Costs, Estimates, Unit, MAX_METHODS};
 use crate::rejection::Rejection;
 use crate::shared::{Reader, Record};

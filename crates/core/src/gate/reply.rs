@@ -3,7 +3,6 @@
 //! leader's request, or the finality poll). The glue makes them with host
 //! calls as they are.
 
-use super::node_time::NODE_US_HEADER;
 use super::policy::GatePolicy;
 use crate::dedup::answer::{Answer, Id};
 use crate::rejection::{json_rpc_error_body, Rejection};
@@ -61,6 +60,9 @@ pub struct Reply {
     pub status: u32,
     pub headers: Vec<(&'static str, String)>,
     pub body: Vec<u8>,
+    /// The node's time on it, in µs, for the filters before the gate
+    /// (`node_time::NODE_US_PROPERTY`); `None` says nothing.
+    pub node_us: Option<u64>,
 }
 
 impl Reply {
@@ -70,6 +72,7 @@ impl Reply {
             status,
             headers: vec![("content-type", "application/json".into())],
             body,
+            node_us: None,
         }
     }
 
@@ -77,7 +80,7 @@ impl Reply {
     /// request's, or a kept one), so stake QoS charges it no node time.
     pub fn no_node_time(mut self, policy: &GatePolicy) -> Self {
         if policy.node_time.is_some() {
-            self.headers.push((NODE_US_HEADER, "0".into()));
+            self.node_us = Some(0);
         }
         self
     }
@@ -110,6 +113,7 @@ impl Reply {
             status: answer.status,
             headers,
             body: answer.body_for(ids),
+            node_us: None,
         }
     }
 

@@ -207,9 +207,8 @@ impl QosStream {
     /// Response headers: in reactive mode the upstream's status (503 and
     /// 429 are back-pressure); in the node-time unit, the status and the
     /// time the request took until them (`told_us`: as the admission gate
-    /// told it, the header then removed). The status is read only then. In
-    /// node time a request counted without an identity reads nothing: the
-    /// gate's header is only removed (`drop_told`). With the usage ledger
+    /// told it, `cost::NODE_US_PROPERTY`). The status is read only then. In
+    /// node time a request counted without an identity reads nothing. With the usage ledger
     /// on, an identified request's answer is asked which rule refused it
     /// further on (`rule`, the gate's `x-stakegate-rule`): if the status was
     /// read, only for a 429 or a 503. A shadow does not ask: its ledger is
@@ -220,12 +219,10 @@ impl QosStream {
         now: &mut Now,
         status: impl FnOnce() -> Option<u32>,
         told_us: impl FnOnce() -> Option<u64>,
-        drop_told: impl FnOnce(),
         rule: impl FnOnce() -> Option<String>,
     ) {
         let unit = qos.policy().costs.unit;
         if self.counted && unit == Unit::NodeTime {
-            drop_told();
             return;
         }
         let node_time = unit == Unit::NodeTime && self.ticket.is_some();
@@ -518,9 +515,9 @@ mod tests {
     }
 
     /// A request of 95 bytes in two pieces counted under `policy`, to its
-    /// end, asked nothing but whether it upgrades: QoS, and whether the
-    /// gate's node-time header was removed.
-    fn counted(policy: &[u8]) -> (StakeQos, bool) {
+    /// end, asked nothing but whether it upgrades (not even the gate's
+    /// node time).
+    fn counted(policy: &[u8]) -> StakeQos {
         let store = MemoryStore::default();
         let mut qos = StakeQos::new(QosPolicy::parse(policy).unwrap(), 1);
         qos.counting = true;
@@ -535,32 +532,29 @@ mod tests {
             .decided
             .is_none());
         post.body(&mut qos, &store, &mut now, 95, true, &mut Unread);
-        let mut dropped = false;
         post.response_headers(
             &qos,
             &mut now,
             || panic!("no status read"),
-            || panic!("the gate's header is not read"),
-            || dropped = true,
+            || panic!("the gate's node time is not read"),
             || panic!("no rule read"),
         );
         post.done(&mut qos, &mut now);
         assert!(!now.was_read());
         assert_eq!(facts.addresses, 0);
         assert_eq!(facts.headers, ["upgrade"], "only whether it upgrades");
-        (qos, dropped)
+        qos
     }
 
     #[test]
     fn a_counted_request_is_neither_identified_nor_timed_nor_read() {
-        let (mut qos, dropped) = counted(br#"{"capacityRps": 1000}"#);
+        let mut qos = counted(br#"{"capacityRps": 1000}"#);
         // 95 bytes: at most 4 calls, the first counted at the headers.
         assert_eq!(
             (qos.counted, qos.bound, qos.take_counted_requests()),
             (4, 0, 1)
         );
         assert_eq!(qos.local_identities(), 0);
-        assert!(!dropped, "in calls the gate's header is left alone");
         // The usage ledger has it, as unidentified.
         let by_label = qos.usage(&MemoryStore::default(), 1000).unwrap().unwrap();
         assert_eq!(by_label["unidentified"].requests, 1);
@@ -581,8 +575,7 @@ mod tests {
     #[test]
     fn in_node_time_a_counted_request_is_bounded_by_its_calls_at_the_dearest_cost() {
         let policy = br#"{"capacityNodeMs": 4000, "costs": {"eth_getLogs": 20}}"#;
-        let (mut qos, dropped) = counted(policy);
-        assert!(dropped, "the gate's header does not reach the client");
+        let mut qos = counted(policy);
         // At most 4 calls, each at most 20 ms (the table's dearest, above
         // the 10 ms default), in µs.
         assert_eq!(

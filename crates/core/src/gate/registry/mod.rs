@@ -203,7 +203,10 @@ impl<S: SharedStore> Registry<S> {
                 self.todo.push(Do::Poke);
                 Then::Pause
             }
-            OnBody::Answer(reply) => Then::Answer(reply),
+            OnBody::Answer(reply) => {
+                stream.answered_here();
+                Then::Answer(reply)
+            }
             OnBody::Refuse(refusal) => Then::Refuse(refusal),
         }
     }
@@ -220,7 +223,7 @@ impl<S: SharedStore> Registry<S> {
 
     /// Stream `id`'s response headers (`header` reads one, only if
     /// needed): with `nodeTime`, the node's time on it to tell the filters
-    /// before the gate (`node_time::NODE_US_HEADER`).
+    /// before the gate (`node_time::NODE_US_PROPERTY`).
     pub fn response_headers(
         &mut self,
         id: u32,
@@ -358,15 +361,22 @@ impl<S: SharedStore> Registry<S> {
     pub fn sent(&mut self, id: u32, sent: Result<u32, String>) {
         match sent {
             Ok(token) => {
-                let now_ms = self.now_ms();
+                let now_us = (self.clock)();
                 if let Some(place) = self.streams.get_mut(&id).and_then(GateStream::place) {
-                    self.coalescer.sent(&self.worker, token, place, now_ms);
+                    self.coalescer.sent(&self.worker, token, place, now_us);
                 }
             }
             Err(status) => self.coalesce(|c, w, store, now, held| {
                 c.lead_refused(w, store, now, id, &status, held)
             }),
         }
+    }
+
+    /// The header in which the node says its time on an answer
+    /// (`nodeTime.serviceTimeHeader`), read from callouts' answers too.
+    pub fn service_time_header(&self) -> Option<&str> {
+        let node_time = self.worker.gate.policy().node_time.as_ref()?;
+        node_time.service_time_header.as_deref()
     }
 
     /// A callout ended (`None`: with no answer: reset, timeout, no
@@ -464,7 +474,12 @@ impl<S: SharedStore> Registry<S> {
         }
         for (id, act) in acts.acts {
             match act {
-                Act::Answer(reply) => self.todo.push(Do::Answer(id, reply)),
+                Act::Answer(reply) => {
+                    if let Some(stream) = self.streams.get_mut(&id) {
+                        stream.answered_here();
+                    }
+                    self.todo.push(Do::Answer(id, reply));
+                }
                 Act::Resume => self.todo.push(Do::Resume(id, None)),
                 Act::Dispatch(callout) => self.to_dispatch.push_back((id, callout)),
             }

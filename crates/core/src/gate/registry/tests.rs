@@ -34,6 +34,7 @@ fn answered(body: &[u8]) -> Response {
         content_type: "application/json".into(),
         content_encoding: None,
         body: body.to_vec(),
+        said_us: None,
     }
 }
 
@@ -69,6 +70,50 @@ fn a_leaders_answer_goes_to_every_request_waiting_with_its_own_id() {
         ]
     );
     assert_eq!(r.coalesced(), 0);
+}
+
+/// With `nodeTime`, a leader's answer tells the filters before the gate
+/// the node's time on its callout (here as the node said it), a waiter's
+/// that the node did no work for it; without, neither says anything.
+#[test]
+fn a_leaders_answer_says_the_node_s_time_on_its_callout_and_a_waiter_s_none() {
+    let node_us = |policy: &str, said_us: Option<u64>| {
+        let mut r = registry(policy);
+        assert_eq!(send(&mut r, 1, CALL), Then::Pause);
+        assert_eq!(send(&mut r, 2, CALL), Then::Pause);
+        r.take();
+        let (id, _) = r.next_callout().unwrap();
+        r.sent(id, Ok(40));
+        let node = br#"{"jsonrpc":"2.0","id":1,"result":"0x2a"}"#;
+        r.callout_ended(
+            40,
+            Some(Response {
+                said_us,
+                ..answered(node)
+            }),
+        );
+        let (dos, _) = r.take();
+        let told: Vec<(u32, Option<u64>)> = dos
+            .iter()
+            .map(|d| match d {
+                Do::Answer(id, reply) => (*id, reply.node_us),
+                other => panic!("not an answer: {other:?}"),
+            })
+            .collect();
+        // The gate's replies pass through its own response path, which
+        // measures nothing over what they said.
+        for (id, _) in &told {
+            assert_eq!(r.response_headers(*id, false, |_| None), None, "{id}");
+        }
+        told
+    };
+    let timed = r#"{"maxInflight": 8, "decideOnBody": true, "dedup": {},
+                   "nodeTime": {"serviceTimeHeader": "x-node-us"}}"#;
+    assert_eq!(node_us(timed, Some(7000)), [(1, Some(7000)), (2, Some(0))]);
+    // Not said: the gate's clock, here a fixed one.
+    assert_eq!(node_us(timed, None), [(1, Some(0)), (2, Some(0))]);
+    let untimed = r#"{"maxInflight": 8, "decideOnBody": true, "dedup": {}}"#;
+    assert_eq!(node_us(untimed, Some(7000)), [(1, None), (2, None)]);
 }
 
 #[test]

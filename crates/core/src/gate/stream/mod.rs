@@ -629,6 +629,20 @@ impl HttpRequest {
 
 impl GateStream {
     /// Its place, if it is an HTTP request (coalescing's side of it).
+    /// The gate answers it itself (a kept or coalesced answer, a
+    /// leader's from its callout): that answer passes through the gate's
+    /// response path too, where the node's time on it is not to be
+    /// measured again (the reply says it, `Reply::node_us`).
+    pub fn answered_here(&mut self) {
+        if let State::Http(HttpRequest {
+            metered: Some(metered),
+            ..
+        }) = &mut self.state
+        {
+            metered.since_us = None;
+        }
+    }
+
     pub fn place(&mut self) -> Option<&mut Place> {
         match &mut self.state {
             State::Http(request) => Some(&mut request.place),

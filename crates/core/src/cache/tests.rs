@@ -231,3 +231,17 @@ fn with_no_key_repeating_it_stands_by_and_a_sampled_repeat_engages_it() {
     assert_eq!(pass(&mut cache, window(fewer, 2_000_000)), WINDOW);
     assert!(cache.standing_by(), "{fewer} repeats in a window");
 }
+
+/// The policy docs give the standby's constants as the code has them.
+#[test]
+fn the_policy_docs_say_when_the_cache_stands_by_as_the_code_does() {
+    let page = include_str!("../../../../policies/admission-gate.md");
+    let text = page.split_whitespace().collect::<Vec<_>>().join(" ");
+    for said in [
+        format!("judges its last {WINDOW} lookups"),
+        format!("fewer than one in {REPEATS_AT_LEAST} repeating a key"),
+        format!("but one in {SAMPLE_EVERY}, which is looked up"),
+    ] {
+        assert!(text.contains(&said), "policies/admission-gate.md: {said:?}");
+    }
+}

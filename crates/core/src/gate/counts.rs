@@ -2,6 +2,7 @@
 //! handed to Envoy as metrics by the glue once per heartbeat.
 
 use super::class::RequestClass;
+use super::node_time::Priced;
 use super::shards::Totals;
 use super::websocket;
 use crate::metrics::{add, set, Kind, Metric, Reading};
@@ -88,6 +89,17 @@ pub struct NodeTimeCounts {
     pub wait_refused: u64,
     /// Change of the requests waiting for a slot on this VM.
     pub waiting: i64,
+}
+
+impl NodeTimeCounts {
+    /// A request got its slot, priced so (or not at all).
+    pub fn admitted(&mut self, priced: Option<Priced>) {
+        match priced {
+            Some(priced) if priced.cheap => self.cheap += 1,
+            Some(_) => self.heavy += 1,
+            None => self.unpriced += 1,
+        }
+    }
 }
 
 /// What a gate VM reports as metrics, counted as things happen and handed

@@ -26,6 +26,7 @@
 //!   on oldest first, across workers too (`Waiters`); one still waiting
 //!   after `waitMs` is refused with 503.
 
+use crate::clock::Now;
 pub use crate::cost::NODE_US_PROPERTY;
 use crate::cost::{BodyCost, Costs, Estimates, Unit, MAX_METHODS};
 use crate::rejection::Rejection;
@@ -363,6 +364,22 @@ impl Metered {
 
     pub fn waits(&self) -> bool {
         self.waiting.is_some()
+    }
+
+    /// Its request got its slot: a priced one's node time starts now (an
+    /// unpriced one took a spare slot at once, so stake QoS's own clock,
+    /// with no wait at the gate in it, times it alike, and the gate reads
+    /// no clock for it).
+    pub fn slot_taken(&mut self, now: &mut Now) {
+        self.since_us = self.priced.is_some().then(|| now.us());
+    }
+
+    /// The gate answers its request itself (a kept or coalesced answer, a
+    /// leader's from its callout): that answer passes through the gate's
+    /// response path too, where the node's time on it is not measured
+    /// again (the reply says it, `Reply::node_us`).
+    pub fn answered_here(&mut self) {
+        self.since_us = None;
     }
 }
 

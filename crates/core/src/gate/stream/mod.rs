@@ -629,17 +629,13 @@ impl HttpRequest {
 
 impl GateStream {
     /// Its place, if it is an HTTP request (coalescing's side of it).
-    /// The gate answers it itself (a kept or coalesced answer, a
-    /// leader's from its callout): that answer passes through the gate's
-    /// response path too, where the node's time on it is not to be
-    /// measured again (the reply says it, `Reply::node_us`).
+    /// The gate answers it itself (`Metered::answered_here`).
     pub fn answered_here(&mut self) {
         if let State::Http(HttpRequest {
-            metered: Some(metered),
-            ..
+            metered: Some(m), ..
         }) = &mut self.state
         {
-            metered.since_us = None;
+            m.answered_here();
         }
     }
 
@@ -671,20 +667,12 @@ fn settle(
 }
 
 impl HttpRequest {
-    /// It has its slot: with `nodeTime`, the node's time on a priced
-    /// request starts now (an unpriced one took a spare slot at once, so
-    /// stake QoS's own clock, with no wait at the gate in it, times it
-    /// alike, and the gate reads no clock for it).
+    /// It has its slot (with `nodeTime`, `Metered::slot_taken`).
     fn slot_taken(&mut self, w: &mut GateWorker, now: &mut Now, ticket: super::Ticket) {
         self.place.ticket = Some(ticket);
         if let Some(metered) = &mut self.metered {
-            metered.since_us = metered.priced.is_some().then(|| now.us());
-            let counts = &mut w.counts.node_time;
-            match metered.priced {
-                Some(priced) if priced.cheap => counts.cheap += 1,
-                Some(_) => counts.heavy += 1,
-                None => counts.unpriced += 1,
-            }
+            metered.slot_taken(now);
+            w.counts.node_time.admitted(metered.priced);
         }
     }
 

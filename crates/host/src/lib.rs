@@ -75,6 +75,14 @@ pub struct Passed {
 }
 
 impl LocalReply {
+    /// What it passes to the filters before the one that sent it.
+    pub fn passed(&self) -> Passed {
+        Passed {
+            headers: self.headers.clone(),
+            filter_state: self.filter_state.clone(),
+        }
+    }
+
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
@@ -429,8 +437,7 @@ impl Host {
             i64::from(status).to_le_bytes().to_vec(),
         );
         for (path, value) in passed.filter_state {
-            stream.properties.insert(path.clone(), value.clone());
-            stream.filter_state.insert(path, value);
+            stream.set_state(path, value);
         }
         let mut response = vec![(":status".to_string(), status.to_string())];
         response.extend(passed.headers);

@@ -48,6 +48,15 @@ pub struct Stream {
     pub resumed: bool,
 }
 
+impl Stream {
+    /// A property of the stream's filter state, which its own filter reads
+    /// too.
+    pub fn set_state(&mut self, path: Vec<u8>, value: Vec<u8>) {
+        self.properties.insert(path.clone(), value.clone());
+        self.filter_state.insert(path, value);
+    }
+}
+
 /// What the module did with a request's headers and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -103,10 +112,7 @@ impl VmState {
     pub fn set_property(&mut self, path: Vec<u8>, value: Vec<u8>) {
         let current = self.current;
         match self.streams.get_mut(&current) {
-            Some(stream) => {
-                stream.properties.insert(path.clone(), value.clone());
-                stream.filter_state.insert(path, value);
-            }
+            Some(stream) => stream.set_state(path, value),
             None => {
                 self.plugin_properties.insert(path, value);
             }

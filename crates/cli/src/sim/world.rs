@@ -106,7 +106,7 @@ fn pass(hosts: &mut [Host], filters: &[usize], r: &mut InFlight) -> anyhow::Resu
             Reply::Continue(id) => r.ids.push((filter, id)),
             Reply::LocalReply(reply) => {
                 let ids = std::mem::take(&mut r.ids);
-                finish_all(hosts, ids, reply.status, Duration::ZERO, passed(&reply))?;
+                finish_all(hosts, ids, reply.status, Duration::ZERO, reply.passed())?;
                 return Ok(Passage::Replied(reply));
             }
             Reply::Held(id) => {
@@ -135,14 +135,6 @@ fn finish_all(
         passed = hosts[filter].finish_with(id, status as u16, latency, passed)?;
     }
     Ok(())
-}
-
-/// What a filter's local reply passes to the filters before it.
-fn passed(reply: &LocalReply) -> Passed {
-    Passed {
-        headers: reply.headers.clone(),
-        filter_state: reply.filter_state.clone(),
-    }
 }
 
 /// What the virtual node answers a callout: a result for each call with
@@ -603,7 +595,7 @@ impl<'a> World<'a> {
                                 ids,
                                 status,
                                 Duration::ZERO,
-                                passed(&reply),
+                                reply.passed(),
                             )?;
                             self.answered(now, &r, reply.status, None);
                         }

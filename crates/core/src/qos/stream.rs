@@ -208,11 +208,11 @@ impl QosStream {
     /// 429 are back-pressure); in the node-time unit, the status and the
     /// time the request took until them (`told_us`: as the admission gate
     /// told it, `cost::NODE_US_PROPERTY`). The status is read only then. In
-    /// node time a request counted without an identity reads nothing. With the usage ledger
-    /// on, an identified request's answer is asked which rule refused it
-    /// further on (`rule`, the gate's `x-stakegate-rule`): if the status was
-    /// read, only for a 429 or a 503. A shadow does not ask: its ledger is
-    /// what it would refuse itself.
+    /// node time a request counted without an identity reads nothing. With
+    /// the usage ledger on, an identified request's answer is asked which
+    /// rule refused it further on (`rule`, the gate's `x-stakegate-rule`):
+    /// if the status was read, only for a 429 or a 503. A shadow does not
+    /// ask: its ledger is what it would refuse itself.
     pub fn response_headers(
         &mut self,
         qos: &StakeQos,

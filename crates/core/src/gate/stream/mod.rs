@@ -628,7 +628,6 @@ impl HttpRequest {
 }
 
 impl GateStream {
-    /// Its place, if it is an HTTP request (coalescing's side of it).
     /// The gate answers it itself (`Metered::answered_here`).
     pub fn answered_here(&mut self) {
         if let State::Http(HttpRequest {
@@ -639,6 +638,7 @@ impl GateStream {
         }
     }
 
+    /// Its place, if it is an HTTP request (coalescing's side of it).
     pub fn place(&mut self) -> Option<&mut Place> {
         match &mut self.state {
             State::Http(request) => Some(&mut request.place),

@@ -15,10 +15,13 @@ const STAT: &str = "wasmcustom.stakegate.gate.cache.";
 /// anvil's dev account 0, unlocked: it sends the transactions.
 const SENDER: &str = "0xf39fd6e51aad88f6f4ce6ab8827279cfffb92266";
 
-fn gateway(anvil: &Anvil, dir: &std::path::Path) -> Envoy {
+/// `stakegate init`'s gateway in front of `anvil`, its cache answering
+/// reads at `latest` at the head if `latest`.
+fn gateway(anvil: &Anvil, dir: &std::path::Path, latest: bool) -> Envoy {
     let gate_policy = dir.join("gate.json");
     let qos_policy = dir.join("qos.json");
-    let gate = stakegate_tests::example_policy("admission-gate", json!({ "cache": {} }));
+    let gate = json!({ "cache": { "latest": latest } });
+    let gate = stakegate_tests::example_policy("admission-gate", gate);
     std::fs::write(&gate_policy, gate).unwrap();
     // Stake QoS far from throttling: readers ask as fast as the machine
     // lets them, and what they test is the cache.
@@ -68,6 +71,9 @@ fn stats(envoy: &Envoy) -> String {
         "cache.kept",
         "cache.not_kept",
         "cache.uncacheable",
+        "cache.at_head",
+        "cache.head_polls",
+        "cache.head_failed",
         "dedup.finalized",
         "dedup.finality_known",
         "dedup.led",
@@ -102,7 +108,7 @@ fn hex(n: u64) -> String {
 fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_reorg() {
     let anvil = Anvil::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let envoy = gateway(&anvil, dir.path());
+    let envoy = gateway(&anvil, dir.path(), false);
     let url = envoy.url("public").unwrap();
     let settled = final_blocks(&anvil);
     let finalized = anvil
@@ -211,7 +217,7 @@ fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_re
 fn web3py_viem_and_ethers_reading_a_final_block_get_the_node_s_answers_some_from_the_cache() {
     let anvil = Anvil::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let envoy = gateway(&anvil, dir.path());
+    let envoy = gateway(&anvil, dir.path(), false);
     final_blocks(&anvil);
     let node = format!("http://{}", anvil.addr());
     let public = envoy.url("public").unwrap();
@@ -245,9 +251,11 @@ fn web3py_viem_and_ethers_reading_a_final_block_get_the_node_s_answers_some_from
 /// `STAKEGATE_CACHE_SOAK_S / 4` seconds (60 s in CI: a reorg every 15 s;
 /// the 10 minutes with a reorg every 30 s is
 /// `STAKEGATE_CACHE_SOAK_S=600` with `STAKEGATE_CACHE_REORG_S=30`): three
-/// readers ask about final blocks, blocks above them, `latest`, receipts
-/// and logs, and every answer, from the cache or not, is compared with
-/// the node's at that moment (a reorg waits for the readers' checks).
+/// readers ask about final blocks, blocks above them, receipts, logs, and
+/// `latest` (the head's number and block, a balance and a nonce, answered
+/// at the head with `cache.latest`), and every answer, from the cache or
+/// not, is compared with the node's at that moment (a reorg waits for the
+/// readers' checks).
 #[test]
 fn readers_through_reorgs_are_never_given_a_stale_answer() {
     let seconds = |name: &str, default: u64| {
@@ -260,7 +268,7 @@ fn readers_through_reorgs_are_never_given_a_stale_answer() {
     let every = Duration::from_secs(seconds("STAKEGATE_CACHE_REORG_S", soak.as_secs() / 4).max(1));
     let anvil = Anvil::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let envoy = gateway(&anvil, dir.path());
+    let envoy = gateway(&anvil, dir.path(), true);
     let url = envoy.url("public").unwrap();
     let first = final_blocks(&anvil);
     // Readers check under the read lock; a new block and a reorg take the
@@ -280,13 +288,16 @@ fn readers_through_reorgs_are_never_given_a_stale_answer() {
                         let top = head(anvil);
                         let n = hex(i % (top + 1));
                         let hash = &hashes[i as usize % hashes.len()];
-                        let (method, params) = match i % 6 {
+                        let (method, params) = match i % 9 {
                             0 => ("eth_getBlockByNumber", json!([n, false])),
                             1 => ("eth_getBalance", json!([SENDER, n])),
                             2 => ("eth_getTransactionReceipt", json!([hash])),
                             3 => ("eth_getLogs", json!([{"fromBlock": "0x0", "toBlock": n}])),
                             4 => ("eth_getBlockByNumber", json!(["latest", false])),
-                            _ => ("eth_getTransactionByHash", json!([hash])),
+                            5 => ("eth_getTransactionByHash", json!([hash])),
+                            6 => ("eth_blockNumber", json!([])),
+                            7 => ("eth_getBalance", json!([SENDER, "latest"])),
+                            _ => ("eth_getTransactionCount", json!([SENDER, "latest"])),
                         };
                         let (got, hit) = read(url, method, &params);
                         let truth = anvil.call(method, &params.to_string()).unwrap();
@@ -351,6 +362,88 @@ fn readers_through_reorgs_are_never_given_a_stale_answer() {
         "{reorgs} reorgs, {checked} checked"
     );
     assert!(eventually(Duration::from_secs(5), || stat("hits") > 0));
+    assert!(stat("at_head") > 0 && stat("head_polls") > 0);
+    assert_eq!(stat("head_failed"), 0);
+}
+
+/// With `cache.latest`, reads at `latest` through the gateway, while the
+/// chain grows and reorganises: each answer is the node's at that moment
+/// (the head's number and block from the gate's head poll, state asked at
+/// the head's hash and kept under it), many come from the gate, and
+/// reads that come together share a poll.
+#[test]
+fn reads_at_latest_are_answered_at_a_head_seen_after_they_came_through_blocks_and_reorgs() {
+    let anvil = Anvil::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let envoy = gateway(&anvil, dir.path(), true);
+    let url = envoy.url("public").unwrap();
+    send_tx(&anvil, 1);
+    let reads = [
+        ("eth_blockNumber", json!([])),
+        ("eth_getBlockByNumber", json!(["latest", false])),
+        ("eth_getBalance", json!([SENDER, "latest"])),
+        ("eth_getTransactionCount", json!([SENDER, "latest"])),
+        ("eth_call", json!([{"to": SENDER, "data": "0x"}, "latest"])),
+    ];
+    let asks = 8;
+    let mut hits = std::collections::BTreeMap::<&str, u64>::new();
+    let mut snapshot = Value::Null;
+    for round in 0..6u64 {
+        for (method, params) in &reads {
+            for _ in 0..asks {
+                let (got, hit) = read(&url, method, params);
+                let truth = anvil.call(method, &params.to_string()).unwrap();
+                assert_eq!(got, truth, "round {round}: {method}{params} (hit {hit})");
+                *hits.entry(method).or_default() += u64::from(hit);
+            }
+        }
+        // The chain moves: a new block, then a reorg to another block at
+        // the same height (another hash: nothing kept for the old applies).
+        if round % 2 == 0 {
+            snapshot = anvil.call("evm_snapshot", "[]").unwrap();
+            send_tx(&anvil, 10 + round);
+        } else {
+            let height = head(&anvil);
+            assert_eq!(
+                anvil.call("evm_revert", &format!("[{snapshot}]")).unwrap(),
+                true
+            );
+            send_tx(&anvil, 100 + round);
+            assert_eq!(head(&anvil), height, "a block at the same height");
+        }
+    }
+    eprintln!(
+        "hits of {} asks per read: {hits:?}; {}",
+        6 * asks,
+        stats(&envoy)
+    );
+    // The head's number and block come from the poll, always; a state
+    // read is kept at its pinned key's second miss on a worker (two
+    // workers: at least two hits of eight asks a round).
+    for (method, _) in &reads[..2] {
+        assert_eq!(hits[method], 6 * asks, "{method}");
+    }
+    for (method, _) in &reads[2..] {
+        assert!(hits[method] >= 6 * 2, "{method}: {} hits", hits[method]);
+    }
+    // Reads that come together: each poll covers at least one of them.
+    let stat = |name: &str| envoy.stat(&format!("{STAT}{name}")).unwrap() as u64;
+    let counted = 6 * asks * reads.len() as u64;
+    assert!(eventually(Duration::from_secs(5), || stat("at_head") >= counted));
+    let polls = stat("head_polls");
+    let together = 32;
+    std::thread::scope(|scope| {
+        for _ in 0..together {
+            scope.spawn(|| read(&url, "eth_getBalance", &json!([SENDER, "latest"])));
+        }
+    });
+    assert!(eventually(Duration::from_secs(5), || {
+        stat("at_head") >= counted + together
+    }));
+    let shared = stat("head_polls") - polls;
+    eprintln!("{together} reads at once: {shared} head polls");
+    assert!((1..=together).contains(&shared), "{shared} polls");
+    assert_eq!(stat("head_failed"), 0);
 }
 
 /// Solana through `stakegate init`'s gateway (two workers) in front of

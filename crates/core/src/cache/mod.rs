@@ -53,6 +53,7 @@
 //! `SAMPLE_EVERY`, which is looked up, and the first sampled request that
 //! repeats a key engages it again.
 
+pub mod head;
 pub mod policy;
 pub mod rules;
 
@@ -61,7 +62,7 @@ use crate::dedup::finality;
 use crate::dedup::key::{Key, KEY_LEN};
 use crate::jsonrpc::{self, Request};
 use policy::CachePolicy;
-use rules::Lifetime;
+use rules::{AtHead, Lifetime};
 use std::collections::hash_map::RandomState;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
@@ -100,6 +101,8 @@ pub enum Lookup {
     Miss(Miss),
     /// Its first miss on this worker: its answer is not kept.
     First,
+    /// A read at `latest` the head answers (`cache.latest`; `head`).
+    AtHead(AtHead, Vec<Id>),
     /// Its answer can change (or it is not one call with an id).
     Uncacheable,
 }
@@ -221,14 +224,34 @@ impl Cache {
 
     /// Looks `body` up; `worth` prices a method (the node time its answer
     /// saves).
+    /// A read at the head is not judged yet: its lookup at the head is
+    /// (`lookup_pinned`, `saw_head`).
     pub fn lookup(&mut self, body: &[u8], worth: impl FnOnce(&str) -> u64) -> Lookup {
-        let lookup = self.find(body, worth);
+        let lookup = self.find(body, worth, false);
+        if !matches!(lookup, Lookup::AtHead(..)) {
+            self.standby
+                .saw(matches!(lookup, Lookup::Hit(..) | Lookup::Miss(_)));
+        }
+        lookup
+    }
+
+    /// Looks up a read at `latest` pinned to the head's hash
+    /// (`rules::pinned`). Its key is apart from every request's own: a
+    /// client that asks at that hash itself is never given it.
+    pub fn lookup_pinned(&mut self, body: &[u8], worth: impl FnOnce(&str) -> u64) -> Lookup {
+        let lookup = self.find(body, worth, true);
         self.standby
             .saw(matches!(lookup, Lookup::Hit(..) | Lookup::Miss(_)));
         lookup
     }
 
-    fn find(&mut self, body: &[u8], worth: impl FnOnce(&str) -> u64) -> Lookup {
+    /// A read at the head was answered from the head poll itself: a key
+    /// that repeats.
+    pub fn saw_head(&mut self) {
+        self.standby.saw(true);
+    }
+
+    fn find(&mut self, body: &[u8], worth: impl FnOnce(&str) -> u64, pinned: bool) -> Lookup {
         let Some(request) = Request::read(body).filter(|r| !r.batch) else {
             return Lookup::Uncacheable;
         };
@@ -237,11 +260,11 @@ impl Cache {
         let jsonrpc::Id::Plain(id) = &call.id else {
             return Lookup::Uncacheable;
         };
-        if !rules::keeps(call.method) {
-            return Lookup::Uncacheable;
-        }
-        let key = self.key(body, id);
         let ids = vec![Some(body[id.clone()].to_vec())];
+        if !rules::keeps(call.method) {
+            return self.at_head(call.method, body, ids);
+        }
+        let key = self.key(body, id, pinned);
         if let Some(kept) = self.entries.get_mut(&key) {
             self.order.remove(&(kept.rank, key));
             self.seq += 1;
@@ -249,8 +272,12 @@ impl Cache {
             self.order.insert((kept.rank, key));
             return Lookup::Hit(kept.answer.clone(), ids);
         }
-        let Some(lifetime) = rules::lifetime(call.method, body) else {
-            return Lookup::Uncacheable;
+        let lifetime = match pinned {
+            true => Some(Lifetime::Pinned),
+            false => rules::lifetime(call.method, body),
+        };
+        let Some(lifetime) = lifetime else {
+            return self.at_head(call.method, body, ids);
         };
         if !self.seen.contains(&digest(&key)) {
             if self.seen.len() as u64 >= self.policy.max_entries {
@@ -265,6 +292,15 @@ impl Cache {
             lifetime,
             worth: worth(call.method).max(1),
         })
+    }
+
+    /// A request that cannot be kept under its own key: read at the head,
+    /// if `cache.latest` and the rules say so.
+    fn at_head(&self, method: &str, body: &[u8], ids: Vec<Id>) -> Lookup {
+        match rules::at_head(method, body).filter(|_| self.policy.latest) {
+            Some(at) => Lookup::AtHead(at, ids),
+            None => Lookup::Uncacheable,
+        }
     }
 
     /// The answer to a request that missed came: kept if it cannot change
@@ -286,7 +322,7 @@ impl Cache {
             return Err(Unkept::NotFound);
         }
         let block = match miss.lifetime {
-            Lifetime::Fixed | Lifetime::Finalized => None,
+            Lifetime::Fixed | Lifetime::Finalized | Lifetime::Pinned => None,
             Lifetime::AtBlock(n) => Some(n),
             Lifetime::NamedBlock => Some(finality::block_of(&answer.body).ok_or(Unkept::NotFinal)?),
         };
@@ -334,10 +370,12 @@ impl Cache {
     }
 
     /// A request's key: the body but its id, byte for byte, and where the
-    /// id was, as two SipHash digests with this worker's random keys.
-    fn key(&self, body: &[u8], id: &Range<usize>) -> Key {
+    /// id was, as two SipHash digests with this worker's random keys; a
+    /// pinned read's apart.
+    fn key(&self, body: &[u8], id: &Range<usize>, pinned: bool) -> Key {
         let half = |state: &RandomState| {
             let mut hasher = state.build_hasher();
+            hasher.write_u8(u8::from(pinned));
             hasher.write_usize(id.start);
             hasher.write(&body[..id.start]);
             hasher.write(&body[id.end..]);

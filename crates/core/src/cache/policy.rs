@@ -10,6 +10,7 @@ pub(crate) struct CacheDoc {
     max_bytes: Option<u64>,
     max_entries: Option<u64>,
     max_answer_bytes: Option<u64>,
+    latest: Option<bool>,
 }
 
 /// A worker's cache may hold at most this much (a Wasm VM's memory is at
@@ -29,6 +30,9 @@ pub struct CachePolicy {
     pub max_entries: u64,
     /// Larger answers are not kept.
     pub max_answer_bytes: u64,
+    /// Reads at `latest` are answered at the head the gate has just seen
+    /// (`cache::head`).
+    pub latest: bool,
 }
 
 impl CachePolicy {
@@ -63,6 +67,7 @@ impl CachePolicy {
             max_bytes,
             max_entries,
             max_answer_bytes,
+            latest: doc.latest.unwrap_or(false),
         })
     }
 

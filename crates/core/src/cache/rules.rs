@@ -11,6 +11,7 @@ use crate::dedup::asks_finalized;
 use crate::dedup::policy::FINALIZED_REUSE;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::ops::Range;
 
 /// Why a found answer to a request may be kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,66 @@ pub enum Lifetime {
     /// Solana, at the `finalized` commitment: a found finalized block or
     /// transaction cannot change.
     Finalized,
+    /// A read at `latest`, asked of the node at the head's block hash
+    /// (`AtHead::State`): the state at a block cannot change.
+    Pinned,
+}
+
+/// A read at `latest` the gate answers at the head it has just seen
+/// (`cache.latest`): held until a head poll that started after it came
+/// says which block is the head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AtHead {
+    /// `eth_blockNumber`: the head's number.
+    Number,
+    /// `eth_getBlockByNumber("latest", false)`: the head block, as the
+    /// poll got it.
+    Block,
+    /// A read of state at `latest`: where `"latest"` is in the body, to be
+    /// replaced by the head's hash (EIP-1898).
+    State(Range<usize>),
+}
+
+/// Reads of state whose block may be an EIP-1898 block object, and the
+/// position of the block in their params.
+const STATE_AT: &[(&str, usize)] = &[
+    ("eth_getBalance", 1),
+    ("eth_getCode", 1),
+    ("eth_getTransactionCount", 1),
+    ("eth_call", 1),
+    ("eth_getStorageAt", 2),
+    ("eth_getProof", 2),
+];
+
+/// Whether `body`, one call of `method`, reads at `latest` in a way the
+/// head answers (the block written `"latest"`, plainly, as its last
+/// param).
+pub fn at_head(method: &str, body: &[u8]) -> Option<AtHead> {
+    let call: Call = serde_json::from_slice(body).ok()?;
+    let params: Vec<&str> = call.params.iter().map(|p| p.get()).collect();
+    match (method, params.as_slice()) {
+        ("eth_blockNumber", []) => return Some(AtHead::Number),
+        ("eth_getBlockByNumber", [r#""latest""#, "false"]) => return Some(AtHead::Block),
+        _ => {}
+    }
+    let (_, at) = STATE_AT.iter().find(|(m, _)| *m == method)?;
+    let latest = *params.get(*at).filter(|p| **p == r#""latest""#)?;
+    if params.len() != at + 1 {
+        return None;
+    }
+    let start = latest.as_ptr() as usize - body.as_ptr() as usize;
+    Some(AtHead::State(start..start + latest.len()))
+}
+
+/// `body` with its `"latest"` (at `at`) replaced by the block with this
+/// hash, as an EIP-1898 block object.
+pub fn pinned(body: &[u8], at: &Range<usize>, hash: &str) -> Vec<u8> {
+    let object = format!(r#"{{"blockHash":"{hash}"}}"#);
+    let mut out = Vec::with_capacity(body.len() + object.len());
+    out.extend_from_slice(&body[..at.start]);
+    out.extend_from_slice(object.as_bytes());
+    out.extend_from_slice(&body[at.end..]);
+    out
 }
 
 /// Methods whose answer depends on the chain alone.
@@ -268,6 +329,51 @@ mod tests {
                 "{method} is not in the docs' table"
             );
         }
+    }
+
+    #[test]
+    fn reads_at_latest_are_answered_at_the_head_and_state_reads_pinned_to_its_hash() {
+        let addr = "0x00000000000000000000000000000000000000aa";
+        let head = |method: &str, params: Value| {
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params});
+            let body = body.to_string().into_bytes();
+            (at_head(method, &body), body)
+        };
+        assert_eq!(head("eth_blockNumber", json!([])).0, Some(AtHead::Number));
+        assert_eq!(
+            head("eth_getBlockByNumber", json!(["latest", false])).0,
+            Some(AtHead::Block)
+        );
+        for (method, params) in [
+            ("eth_getBlockByNumber", json!(["latest", true])),
+            ("eth_getBlockByNumber", json!(["0x1", false])),
+            ("eth_getBalance", json!([addr, "pending"])),
+            ("eth_getBalance", json!([addr, "0x1"])),
+            ("eth_getBalance", json!([addr])),
+            ("eth_getBalance", json!([addr, "latest", "latest"])),
+            ("eth_getLogs", json!([{"toBlock": "latest"}])),
+            ("eth_blockNumber", json!(["latest"])),
+            ("eth_sendRawTransaction", json!(["latest"])),
+        ] {
+            assert_eq!(head(method, params.clone()).0, None, "{method} {params}");
+        }
+        let call = json!([{"to": addr, "data": "0x"}, "latest"]);
+        let (Some(AtHead::State(at)), body) = head("eth_call", call) else {
+            panic!("eth_call at latest is read at the head");
+        };
+        assert_eq!(&body[at.clone()], br#""latest""#);
+        let hash = format!("0x{}", "ab".repeat(32));
+        let pinned: Value = serde_json::from_slice(&pinned(&body, &at, &hash)).unwrap();
+        assert_eq!(
+            pinned["params"],
+            json!([{"to": addr, "data": "0x"}, {"blockHash": hash}])
+        );
+        assert_eq!(pinned["id"], 1);
+        assert_eq!(
+            lifetime("eth_call", &body),
+            None,
+            "never kept under its own key"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@ fn policy(max_bytes: u64, max_entries: u64) -> CachePolicy {
         max_bytes,
         max_entries,
         max_answer_bytes: 4096,
+        latest: false,
     }
 }
 
@@ -244,4 +245,35 @@ fn the_policy_docs_say_when_the_cache_stands_by_as_the_code_does() {
     ] {
         assert!(text.contains(&said), "policies/admission-gate.md: {said:?}");
     }
+}
+
+#[test]
+fn with_latest_a_read_at_latest_is_read_at_the_head_and_its_pinned_key_is_its_own() {
+    let mut cache = Cache::new(CachePolicy {
+        latest: true,
+        ..policy(1 << 20, 100)
+    });
+    let at_latest = request(json!(1), "eth_getBalance", json!(["0xaa", "latest"]));
+    let Lookup::AtHead(rules::AtHead::State(at), ids) = cache.lookup(&at_latest, |_| 1) else {
+        panic!("read at the head");
+    };
+    assert_eq!(ids, [Some(b"1".to_vec())]);
+    let hash = format!("0x{}", "ab".repeat(32));
+    let pinned = rules::pinned(&at_latest, &at, &hash);
+    assert_eq!(cache.lookup_pinned(&pinned, |_| 1), Lookup::First);
+    let Lookup::Miss(miss) = cache.lookup_pinned(&pinned, |_| 1) else {
+        panic!("its second miss");
+    };
+    assert_eq!(miss.lifetime, Lifetime::Pinned);
+    cache.keep(miss, &answer("1", json!("0x2a")), None).unwrap();
+    assert!(matches!(
+        cache.lookup_pinned(&pinned, |_| 1),
+        Lookup::Hit(..)
+    ));
+    // A client asking at that hash itself is not given it: the node says
+    // whether it still knows the block.
+    assert_eq!(cache.lookup(&pinned, |_| 1), Lookup::Uncacheable);
+    // Without `latest`, a read at `latest` is not looked at.
+    let mut off = Cache::new(policy(1 << 20, 100));
+    assert_eq!(off.lookup(&at_latest, |_| 1), Lookup::Uncacheable);
 }

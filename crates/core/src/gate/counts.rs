@@ -58,6 +58,12 @@ pub struct CacheCounts {
     pub misses: u64,
     /// Requests whose answer can change: never looked up.
     pub uncacheable: u64,
+    /// Reads at `latest` held for a head poll (`cache.latest`).
+    pub at_head: u64,
+    /// Head polls sent, and those that found no head (their reads went
+    /// on as they came).
+    pub head_polls: u64,
+    pub head_failed: u64,
     /// Passed without a lookup: the cache stood by, no key repeating.
     pub standing_by: u64,
     /// Answers kept.
@@ -230,6 +236,9 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "cache.hits", kind: Kind::Counter, read: |s, _| add(s.counts.cache.hits) },
     Metric { name: "cache.misses", kind: Kind::Counter, read: |s, _| add(s.counts.cache.misses) },
     Metric { name: "cache.uncacheable", kind: Kind::Counter, read: |s, _| add(s.counts.cache.uncacheable) },
+    Metric { name: "cache.at_head", kind: Kind::Counter, read: |s, _| add(s.counts.cache.at_head) },
+    Metric { name: "cache.head_polls", kind: Kind::Counter, read: |s, _| add(s.counts.cache.head_polls) },
+    Metric { name: "cache.head_failed", kind: Kind::Counter, read: |s, _| add(s.counts.cache.head_failed) },
     Metric { name: "cache.standing_by", kind: Kind::Counter, read: |s, _| add(s.counts.cache.standing_by) },
     Metric { name: "cache.kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.kept) },
     Metric { name: "cache.not_kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.not_kept) },

@@ -7,7 +7,9 @@
 use super::reply::{Act, Callout, Reply, Target};
 use super::worker::GateWorker;
 use super::Ticket;
-use crate::cache::Miss;
+use crate::cache::head::Head;
+use crate::cache::rules::{pinned, AtHead};
+use crate::cache::{Lookup, Miss};
 use crate::clock::Now;
 use crate::dedup::answer::{Answer, Id};
 use crate::dedup::key::Key;
@@ -46,6 +48,15 @@ pub struct Led {
     pub(super) reuse: Reuse,
 }
 
+/// A read at `latest` held for the head (`cache::head`).
+#[derive(Debug)]
+pub struct HeadRead {
+    at: AtHead,
+    ids: Vec<Id>,
+    body: Vec<u8>,
+    target: Target,
+}
+
 /// What dedup's check of a whole body found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Checked {
@@ -70,6 +81,8 @@ pub struct Place {
     pub(super) waiting: Option<Waiting>,
     /// It missed the cache: its answer is kept if it cannot change.
     pub(super) cache: Option<Miss>,
+    /// A read at `latest`, held for the head (it holds no slot).
+    head: Option<HeadRead>,
 }
 
 impl Place {
@@ -79,7 +92,97 @@ impl Place {
             class,
             waiting: None,
             cache: None,
+            head: None,
         }
+    }
+
+    /// It reads at `latest`: held for the head.
+    pub(super) fn hold_for_head(
+        &mut self,
+        at: AtHead,
+        ids: Vec<Id>,
+        body: Vec<u8>,
+        target: Option<Target>,
+    ) {
+        let target = target.unwrap_or_default();
+        self.head = Some(HeadRead {
+            at,
+            ids,
+            body,
+            target,
+        });
+    }
+
+    /// The head poll it waited for ended (`head`: the head it found, if
+    /// any). The head number and block come from the poll; a read of state
+    /// is looked up pinned to the head's hash, and a miss is asked of the
+    /// node at that hash as coalescing asks (it leads its pinned key, or
+    /// waits for it), with a gate slot. With no head, or a read
+    /// coalescing does not take, it goes on as it came (`Continue`).
+    pub(super) fn at_head(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now: &mut Now,
+        head: Option<&Head>,
+    ) -> Checked {
+        let Some(read) = self.head.take() else {
+            return Checked::Continue;
+        };
+        let ids = &read.ids;
+        let answered = |w: &GateWorker, answer: &Answer| {
+            let reply = Reply::answer(answer, ids).from_cache();
+            Checked::Answer(reply.no_node_time(w.gate.policy()))
+        };
+        let at = match (head, &read.at) {
+            (None, _) => {
+                w.counts.cache.head_failed += 1;
+                return self.admitted(w, store, now, &read.body);
+            }
+            (Some(head), AtHead::Number) => {
+                w.cache_answered_by_head();
+                return answered(w, &head.number_answer());
+            }
+            (Some(head), AtHead::Block) => {
+                w.cache_answered_by_head();
+                return answered(w, &head.block);
+            }
+            (Some(head), AtHead::State(at)) => pinned(&read.body, at, &head.hash),
+        };
+        match w.cache_lookup_pinned(&at) {
+            Some(Lookup::Hit(answer, _)) => return answered(w, &answer),
+            Some(Lookup::Miss(miss)) => self.cache = Some(miss),
+            _ => {}
+        }
+        if let refused @ Checked::Refuse(_) = self.admitted(w, store, now, &read.body) {
+            return refused;
+        }
+        match self.check(w, store, now, "pinned", at, Some(read.target)) {
+            Checked::Continue => {
+                // It goes on at `latest`: nothing to keep under the pin.
+                self.cache = None;
+                Checked::Continue
+            }
+            checked => checked,
+        }
+    }
+
+    /// Takes a gate slot for it if it holds none (`Continue`), or the
+    /// gate's refusal.
+    fn admitted(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now: &mut Now,
+        body: &[u8],
+    ) -> Checked {
+        if self.ticket.is_none() {
+            match w.admit(store, now, self.class, false, false) {
+                Ok(ticket) => self.ticket = Some(ticket),
+                Err(refusal) => return Checked::Refuse(refusal.answering(body)),
+            }
+        }
+        Checked::Continue
     }
 
     /// What it waits for, if it is held for an answer.
@@ -320,13 +423,10 @@ impl Place {
         now: &mut Now,
     ) -> Act {
         let body = self.waiting.take().map(|w| w.body).unwrap_or_default();
-        if self.ticket.is_none() {
-            match w.admit(store, now, self.class, false, false) {
-                Ok(ticket) => self.ticket = Some(ticket),
-                Err(refusal) => return Act::Answer(Reply::refusal(refusal.answering(&body))),
-            }
+        match self.admitted(w, store, now, &body) {
+            Checked::Refuse(refusal) => Act::Answer(Reply::refusal(refusal)),
+            _ => Act::Resume,
         }
-        Act::Resume
     }
 
     /// The stream is over: whatever it holds goes back. A request still

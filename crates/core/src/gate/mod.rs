@@ -35,6 +35,7 @@
 //! and `retry-after` is derived from the drain rate and jittered instead of
 //! a constant 1 s.
 
+pub mod at_head;
 pub mod class;
 pub mod coalesce;
 pub mod counts;

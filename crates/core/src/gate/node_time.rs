@@ -383,6 +383,39 @@ impl Metered {
     }
 }
 
+/// What one pass over the waiting streams has found full, so that it
+/// tries no slot it knows it cannot get: a heavy request that found none
+/// says nothing of the cheap slots, a cheap one that found none says the
+/// gate is full.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Full {
+    heavy: bool,
+    pub(super) all: bool,
+    /// Requests that waited `waitMs` are refused in this pass.
+    pub(super) expire: bool,
+}
+
+impl Full {
+    pub fn expiring(expire: bool) -> Self {
+        Self {
+            expire,
+            ..Self::default()
+        }
+    }
+
+    pub(super) fn blocks(&self, heavy: bool) -> bool {
+        self.all || (heavy && self.heavy)
+    }
+
+    pub(super) fn found(&mut self, heavy: bool) {
+        if heavy {
+            self.heavy = true;
+        } else {
+            self.all = true;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -156,8 +156,34 @@ impl GateWorker {
             Lookup::Hit(..) => counts.hits += 1,
             Lookup::Miss(_) | Lookup::First => counts.misses += 1,
             Lookup::Uncacheable => counts.uncacheable += 1,
+            Lookup::AtHead(..) => counts.at_head += 1,
         }
         Some(lookup)
+    }
+
+    /// A read at `latest` pinned to the head's hash, looked up
+    /// (`Place::at_head`), counted as a lookup.
+    pub(super) fn cache_lookup_pinned(&mut self, body: &[u8]) -> Option<Lookup> {
+        let meter = &self.meter;
+        let lookup = self
+            .cache
+            .as_mut()?
+            .lookup_pinned(body, |method| meter.estimate_us(method).unwrap_or(1000));
+        let counts = &mut self.counts.cache;
+        match &lookup {
+            Lookup::Hit(..) => counts.hits += 1,
+            Lookup::Miss(_) | Lookup::First => counts.misses += 1,
+            _ => counts.uncacheable += 1,
+        }
+        Some(lookup)
+    }
+
+    /// A read at `latest` was answered from the head poll: a hit.
+    pub(super) fn cache_answered_by_head(&mut self) {
+        if let Some(cache) = self.cache.as_mut() {
+            cache.saw_head();
+            self.counts.cache.hits += 1;
+        }
     }
 
     /// The answer to a request that missed the cache: kept if it cannot
@@ -207,7 +233,7 @@ impl GateWorker {
                 return None;
             }
         }
-        let target = self.target.clone().unwrap_or_default();
+        let target = self.callout_target();
         Some(Callout::post(
             &upstream.cluster,
             &target,
@@ -241,6 +267,11 @@ impl GateWorker {
     }
 
     /// Where requests go, for the finality poll: the first seen is kept.
+    /// Where the gate's own callouts go: where requests went last.
+    pub(super) fn callout_target(&self) -> Target {
+        self.target.clone().unwrap_or_default()
+    }
+
     pub(super) fn saw_target(&mut self, target: &Target) {
         if self.target.is_none() {
             self.target = Some(target.clone());

@@ -15,15 +15,21 @@
 //! glue to `Poke` this VM's own queue, and the root context then sends what
 //! `next_callout` gives it and reports each with `sent`.
 
+use super::at_head::{Heads, HEAD_POLL};
 use super::coalesce::{Acts, Coalescer, Held, Response};
 use super::counts::{Snapshot, Ticked};
+use super::held::Checked;
+use super::node_time::Full;
 use super::node_time::{Waiters, SLOT_WAKE, WAITERS_KEY, WAIT_TICK_MS};
 use super::policy::GatePolicy;
 use super::reply::{Act, Callout, Reply};
-use super::stream::{Full, GateStream, Head, OnBody, OnHeaders, OnResponse, Settled};
+use super::stream::{GateStream, Head, OnBody, OnHeaders, OnResponse, Settled};
 use super::worker::GateWorker;
 use super::InflightGate;
+use crate::cache::head::Head as ChainHead;
 use crate::clock::Now;
+use crate::dedup::answer::Answer;
+use crate::dedup::key::KEY_LEN;
 use crate::rejection::Rejection;
 use crate::request::{Body, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore};
@@ -75,6 +81,8 @@ pub struct Registry<S: SharedStore> {
     coalesced: Vec<u32>,
     /// Leaders' callouts to send from the root context.
     to_dispatch: VecDeque<(u32, Callout)>,
+    /// Reads at `latest` held for the head, and its poll.
+    heads: Heads,
     todo: Vec<Do>,
     /// When the heartbeat's work last ran.
     last_heartbeat_ms: u64,
@@ -106,6 +114,7 @@ impl<S: SharedStore> Registry<S> {
             waiting: Vec::new(),
             coalesced: Vec::new(),
             to_dispatch: VecDeque::new(),
+            heads: Heads::default(),
             todo: Vec::new(),
             last_heartbeat_ms: now_ms,
             last_engage_ms: 0,
@@ -208,6 +217,12 @@ impl<S: SharedStore> Registry<S> {
                 Then::Answer(reply)
             }
             OnBody::Refuse(refusal) => Then::Refuse(refusal),
+            OnBody::AtHead => {
+                if self.heads.hold(id) {
+                    self.todo.push(Do::Poke);
+                }
+                Then::Pause
+            }
         }
     }
 
@@ -340,9 +355,19 @@ impl<S: SharedStore> Registry<S> {
         !self.waiting.is_empty() || self.slots_wait()
     }
 
-    /// The next leader's callout to send from the root context, skipping
-    /// those whose stream ended first (it left its key to its waiters).
+    /// The next callout to send from the root context: the head poll (as
+    /// stream `HEAD_POLL`), if reads wait for one, then the leaders',
+    /// skipping those whose stream ended first (it left its key to its
+    /// waiters).
     pub fn next_callout(&mut self) -> Option<(u32, Callout)> {
+        let upstream = self.worker.dedup.as_ref().map(|d| &d.policy().upstream);
+        let poll = upstream
+            .filter(|_| self.heads.held() > 0)
+            .and_then(|u| self.heads.next(u, &self.worker.callout_target()));
+        if let Some(poll) = poll {
+            self.worker.counts.cache.head_polls += 1;
+            return Some((HEAD_POLL, poll));
+        }
         while let Some((id, callout)) = self.to_dispatch.pop_front() {
             let leads = self
                 .streams
@@ -359,6 +384,10 @@ impl<S: SharedStore> Registry<S> {
     /// Stream `id`'s callout went out as `token`, or the host refused it
     /// (`Err`, its status as the host said it).
     pub fn sent(&mut self, id: u32, sent: Result<u32, String>) {
+        if id == HEAD_POLL {
+            let settled = self.heads.sent(sent.ok());
+            return self.settle_heads(settled, None);
+        }
         match sent {
             Ok(token) => {
                 let now_us = (self.clock)();
@@ -383,6 +412,18 @@ impl<S: SharedStore> Registry<S> {
     /// upstream): the finality poll's, or a leader's, whose answer goes to
     /// every request waiting for it.
     pub fn callout_ended(&mut self, token: u32, response: Option<Response>) {
+        if self.heads.is_poll(token) {
+            let answer = response.map(|r| Answer {
+                key: [0; KEY_LEN],
+                status: r.status,
+                content_type: r.content_type,
+                content_encoding: r.content_encoding,
+                ids: Vec::new(),
+                body: r.body,
+            });
+            let (settled, head) = self.heads.ended(answer);
+            return self.settle_heads(settled, head.as_ref());
+        }
         let body = response.as_ref().map(|r| r.body.as_slice());
         let now_ms = self.now_ms();
         if self
@@ -441,6 +482,34 @@ impl<S: SharedStore> Registry<S> {
         let ticked = self.worker.tick(&self.store, self.now_ms());
         self.coalesce(|c, w, store, now, held| c.heartbeat(w, store, now, held));
         ticked
+    }
+
+    /// The head poll these reads waited for ended (`head`: what it found):
+    /// each is answered, held for its pinned key's answer, or goes on.
+    fn settle_heads(&mut self, settled: Vec<u32>, head: Option<&ChainHead>) {
+        let now = &mut Now::lazy_us(self.clock);
+        for id in settled {
+            let Some(stream) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            let Some(place) = stream.place() else {
+                continue;
+            };
+            match place.at_head(&mut self.worker, &self.store, now, head) {
+                Checked::Continue => self.todo.push(Do::Resume(id, None)),
+                Checked::Hold => self.coalesced.push(id),
+                Checked::Lead(callout) => {
+                    self.coalesced.push(id);
+                    self.to_dispatch.push_back((id, callout));
+                    self.todo.push(Do::Poke);
+                }
+                Checked::Answer(reply) => {
+                    stream.answered_here();
+                    self.todo.push(Do::Answer(id, reply));
+                }
+                Checked::Refuse(refusal) => self.todo.push(Do::Answer(id, Reply::refusal(refusal))),
+            }
+        }
     }
 
     /// Runs a coalescing step over the streams held for an answer, oldest

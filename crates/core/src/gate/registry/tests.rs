@@ -536,3 +536,125 @@ fn a_request_on_a_spare_slot_is_timed_only_by_the_node_s_own_word() {
     };
     assert_eq!(r.response_headers(2, true, told), Some(7000));
 }
+
+fn head_answer(number: &str, hash: &str) -> Response {
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"result":{{"number":"{number}","hash":"{hash}","miner":"0x0"}}}}"#
+    );
+    answered(body.as_bytes())
+}
+
+/// The bodies the gate answered with, by stream.
+fn answers(dos: &[Do]) -> Vec<(u32, serde_json::Value)> {
+    dos.iter()
+        .filter_map(|d| match d {
+            Do::Answer(id, reply) => Some((*id, serde_json::from_slice(&reply.body).unwrap())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// With `cache.latest`, a read at `latest` is held until a head poll
+/// that went out after it came answers: `eth_blockNumber` and the head
+/// block come from the poll, a read of state is asked at the head's hash
+/// (and kept under it), and a new head, on another branch, is asked again.
+#[test]
+fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
+    use crate::cache::head::REQUEST as POLL;
+    let mut r = registry(r#"{"maxInflight": 8, "dedup": {}, "cache": {"latest": true}}"#);
+    let (a, b) = (
+        format!("0x{}", "aa".repeat(32)),
+        format!("0x{}", "bb".repeat(32)),
+    );
+    let number = |id: u32| format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_blockNumber"}}"#);
+    let balance = |id: u32| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_getBalance","params":["0x01","latest"]}}"#
+        )
+    };
+    let block = |id: u32| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_getBlockByNumber","params":["latest",false]}}"#
+        )
+    };
+    assert_eq!(send(&mut r, 1, number(1).as_bytes()), Then::Pause);
+    assert_eq!(send(&mut r, 2, balance(2).as_bytes()), Then::Pause);
+    assert_eq!(send(&mut r, 3, block(3).as_bytes()), Then::Pause);
+    assert!(r.take().0.contains(&Do::Poke));
+    let (id, poll) = r.next_callout().unwrap();
+    assert_eq!((id, poll.body.as_slice()), (HEAD_POLL, POLL));
+    assert_eq!(r.next_callout(), None, "one poll at a time");
+    r.sent(HEAD_POLL, Ok(50));
+    // This one came after the poll went out: the next poll's.
+    assert_eq!(send(&mut r, 4, number(4).as_bytes()), Then::Pause);
+    r.callout_ended(50, Some(head_answer("0x10", &a)));
+    let got = answers(&r.take().0);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        (got[0].0, &got[0].1["id"], &got[0].1["result"]),
+        (1, &1.into(), &"0x10".into())
+    );
+    assert_eq!(
+        (got[1].0, &got[1].1["result"]["hash"]),
+        (3, &a.clone().into())
+    );
+    // The next poll (for 4), then 2's read at the head's hash.
+    let (id, _) = r.next_callout().unwrap();
+    assert_eq!(id, HEAD_POLL);
+    r.sent(HEAD_POLL, Ok(51));
+    let (id, pinned) = r.next_callout().unwrap();
+    let params: serde_json::Value = serde_json::from_slice(&pinned.body).unwrap();
+    assert_eq!(
+        (id, &params["params"][1]["blockHash"]),
+        (2, &a.clone().into())
+    );
+    r.sent(2, Ok(52));
+    r.callout_ended(
+        52,
+        Some(answered(br#"{"jsonrpc":"2.0","id":2,"result":"0x2a"}"#)),
+    );
+    r.callout_ended(51, Some(head_answer("0x10", &a)));
+    let got = answers(&r.take().0);
+    assert_eq!(got.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [2, 4]);
+    assert_eq!(got[0].1["result"], "0x2a");
+    // The pinned key's second miss is kept; its third is a hit, with no
+    // callout but the poll.
+    let ask = |r: &mut Rig, id: u32, head: &str, token: u32| {
+        assert_eq!(send(r, id, balance(id).as_bytes()), Then::Pause);
+        let (poll, _) = r.next_callout().unwrap();
+        r.sent(poll, Ok(token));
+        r.callout_ended(token, Some(head_answer("0x10", head)));
+        if let Some((leader, _)) = r.next_callout() {
+            r.sent(leader, Ok(token + 1));
+            let node = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":"0x2a"}}"#);
+            r.callout_ended(token + 1, Some(answered(node.as_bytes())));
+        }
+        let got = answers(&r.take().0);
+        assert_eq!((got[0].0, &got[0].1["result"]), (id, &"0x2a".into()));
+        r.done(id);
+    };
+    ask(&mut r, 5, &a, 60);
+    assert_eq!(r.worker.counts.cache.kept, 1);
+    let misses = r.worker.counts.cache.misses;
+    ask(&mut r, 6, &a, 70);
+    assert_eq!(r.worker.counts.cache.misses, misses, "a hit");
+    // Another branch's head, at the same height: asked again.
+    ask(&mut r, 7, &b, 80);
+    assert_eq!(r.worker.counts.cache.misses, misses + 1);
+    // A poll with no answer: the read goes on as it came.
+    assert_eq!(send(&mut r, 8, balance(8).as_bytes()), Then::Pause);
+    let (poll, _) = r.next_callout().unwrap();
+    r.sent(poll, Ok(90));
+    r.callout_ended(90, None);
+    assert_eq!(r.take().0, [Do::Poke, Do::Resume(8, None)]);
+    let counts = &r.worker.counts.cache;
+    assert_eq!(
+        (
+            counts.at_head,
+            counts.head_polls,
+            counts.head_failed,
+            counts.hits
+        ),
+        (8, 6, 1, 4)
+    );
+}

@@ -26,7 +26,7 @@
 //! coalescing's (`coalesce`), scheduled by the registry.
 
 use super::held::{Checked, Place};
-use super::node_time::Metered;
+use super::node_time::{Full, Metered};
 use super::reply::{Callout, Reply, Target};
 use super::websocket::{Flow, Websocket};
 use super::worker::GateWorker;
@@ -130,6 +130,8 @@ pub enum OnBody {
     Lead(Callout),
     /// Answer it with another request's answer.
     Answer(Reply),
+    /// Hold it for the head (a read at `latest`, `cache::head`).
+    AtHead,
 }
 
 /// One stream at the gate.
@@ -186,39 +188,6 @@ pub enum Settled {
     GateFull,
     /// It waited `nodeTime.waitMs` for a slot in vain: refused.
     Refuse(Rejection),
-}
-
-/// What one pass over the waiting streams has found full, so that it
-/// tries no slot it knows it cannot get: a heavy request that found none
-/// says nothing of the cheap slots, a cheap one that found none says the
-/// gate is full.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Full {
-    heavy: bool,
-    all: bool,
-    /// Requests that waited `waitMs` are refused in this pass.
-    expire: bool,
-}
-
-impl Full {
-    pub fn expiring(expire: bool) -> Self {
-        Self {
-            expire,
-            ..Self::default()
-        }
-    }
-
-    fn blocks(&self, heavy: bool) -> bool {
-        self.all || (heavy && self.heavy)
-    }
-
-    pub(super) fn found(&mut self, heavy: bool) {
-        if heavy {
-            self.heavy = true;
-        } else {
-            self.all = true;
-        }
-    }
 }
 
 impl Settled {
@@ -574,6 +543,11 @@ impl HttpRequest {
                         return OnBody::Answer(reply.no_node_time(w.gate.policy()));
                     }
                     Some(Lookup::Miss(miss)) => self.place.cache = Some(miss),
+                    Some(Lookup::AtHead(at, ids)) => {
+                        let target = self.target.take();
+                        self.place.hold_for_head(at, ids, bytes, target);
+                        return OnBody::AtHead;
+                    }
                     _ => {}
                 }
                 read = Some(bytes);

@@ -67,7 +67,7 @@ impl CachePolicy {
             max_bytes,
             max_entries,
             max_answer_bytes,
-            latest: doc.latest.unwrap_or(false),
+            latest: f.or("cache.latest", doc.latest, false),
         })
     }
 

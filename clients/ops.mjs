@@ -7,6 +7,7 @@
 //   node ops.mjs viem subscribe WS_URL N   (see `subscribeMany`)
 //   node ops.mjs viem|ethers burst WS_URL N   (see `burst`)
 //   node ops.mjs viem|ethers final HTTP_URL   (see `finalReads`)
+//   node ops.mjs viem|ethers head HTTP_URL    (see `headReads`)
 //
 // The chain must be anvil's dev chain (its unlocked accounts send the
 // transaction). Exits non-zero, with the library's own error, if any
@@ -267,9 +268,48 @@ async function finalReads(url) {
   return { rounds };
 }
 
+// Head reads (`node ops.mjs viem|ethers head HTTP_URL`): what a wallet asks
+// at the head (the block number, the head block's hash, a balance, a nonce
+// and a call at `latest`), one after another, six times over: the answers,
+// in order, as ops.py's `head` prints them.
+async function headReads(url) {
+  let ask;
+  let close = () => {};
+  if (library === "viem") {
+    const client = viem.createPublicClient({ chain: anvil, transport: viem.http(url, { retryCount: 0 }), cacheTime: 0 });
+    ask = [
+      () => client.getBlockNumber({ cacheTime: 0 }).then(Number),
+      () => client.getBlock().then((b) => b.hash),
+      () => client.getBalance({ address: SENDER }).then(String),
+      () => client.getTransactionCount({ address: SENDER }),
+      () => client.call({ to: IDENTITY, data: "0x1234" }).then((r) => r.data),
+    ];
+  } else {
+    const provider = new JsonRpcProvider(url, anvil.id, { staticNetwork: true, batchMaxCount: 1 });
+    ask = [
+      () => provider.getBlockNumber(),
+      () => provider.getBlock("latest").then((b) => b.hash),
+      () => provider.getBalance(SENDER).then(String),
+      () => provider.getTransactionCount(SENDER),
+      () => provider.call({ to: IDENTITY, data: "0x1234" }),
+    ];
+    close = () => provider.destroy();
+  }
+  const rounds = [];
+  for (let round = 0; round < 6; round++) {
+    const answers = [];
+    for (const question of ask) answers.push(await question());
+    rounds.push(answers);
+  }
+  close();
+  return { rounds };
+}
+
 const run =
   httpUrl === "final"
     ? () => finalReads(wsUrl)
+    : httpUrl === "head"
+    ? () => headReads(wsUrl)
     : httpUrl === "overload"
     ? () => overload(wsUrl, process.argv[5])
     : httpUrl === "burst"
@@ -278,7 +318,7 @@ const run =
         ? () => subscribeMany(wsUrl, Number(process.argv[5]))
         : { viem: withViem, ethers: withEthers }[library];
 if (!["viem", "ethers"].includes(library) || !run) {
-  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow, or node ops.mjs viem|ethers burst WS_URL N, or node ops.mjs viem|ethers final HTTP_URL, or node ops.mjs viem subscribe WS_URL N (not ${library})`);
+  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow, or node ops.mjs viem|ethers burst WS_URL N, or node ops.mjs viem|ethers final|head HTTP_URL, or node ops.mjs viem subscribe WS_URL N (not ${library})`);
   process.exit(2);
 }
 try {

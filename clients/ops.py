@@ -7,6 +7,7 @@ run straight at the node.
     python ops.py overload HTTP_URL single|batch|duplicate|slow   (see overload)
     python ops.py burst WS_URL N   (see burst)
     python ops.py final HTTP_URL   (see final_reads)
+    python ops.py head HTTP_URL    (see head_reads)
 
 The chain must be anvil's dev chain (its unlocked accounts send the
 transaction). Exits non-zero, with web3.py's own error, if any operation
@@ -140,9 +141,25 @@ def final_reads(url):
     return {"rounds": [[question() for question in ask] for _ in range(6)]}
 
 
+def head_reads(url):
+    """What a wallet asks at the head (the block number, the head block's
+    hash, a balance, a nonce and a call at `latest`), one after another, six
+    times over: the answers, in order, as ops.mjs's `head` prints them."""
+    w3 = Web3(Web3.HTTPProvider(url, request_kwargs={"timeout": TIMEOUT_S}))
+    ask = [
+        lambda: w3.eth.block_number,
+        lambda: w3.to_hex(w3.eth.get_block("latest")["hash"]),
+        lambda: str(w3.eth.get_balance(SENDER)),
+        lambda: w3.eth.get_transaction_count(SENDER),
+        lambda: w3.to_hex(w3.eth.call({"to": IDENTITY, "data": "0x1234"})),
+    ]
+    return {"rounds": [[question() for question in ask] for _ in range(6)]}
+
+
 def main():
-    if len(sys.argv) == 3 and sys.argv[1] == "final":
-        print(json.dumps(final_reads(sys.argv[2])))
+    if len(sys.argv) == 3 and sys.argv[1] in ("final", "head"):
+        reads = final_reads if sys.argv[1] == "final" else head_reads
+        print(json.dumps(reads(sys.argv[2])))
         return 0
     if len(sys.argv) == 4 and sys.argv[1] == "burst":
         print(json.dumps(asyncio.run(burst(sys.argv[2], int(sys.argv[3])))))
@@ -151,7 +168,7 @@ def main():
         print(json.dumps(overload(sys.argv[2], sys.argv[3])))
         return 0
     if len(sys.argv) != 3:
-        print("usage: python ops.py HTTP_URL WS_URL, or python ops.py overload HTTP_URL single|batch|duplicate|slow, or python ops.py final HTTP_URL", file=sys.stderr)
+        print("usage: python ops.py HTTP_URL WS_URL, or python ops.py overload HTTP_URL single|batch|duplicate|slow, or python ops.py final|head HTTP_URL", file=sys.stderr)
         return 2
     http_url, ws_url = sys.argv[1:]
     try:

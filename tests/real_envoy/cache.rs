@@ -210,38 +210,48 @@ fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_re
 }
 
 /// What a block explorer asks about a final block (the block, a balance and
-/// a call at it, the logs up to it, the chain id), with web3.py, viem and
-/// ethers, one after another, six times, through `stakegate init`'s
-/// gateway: the answers are the node's, and some come from the cache.
+/// a call at it, the logs up to it, the chain id), and with `cache.latest`
+/// what a wallet asks at the head (the block number, the head block, a
+/// balance, a nonce and a call at `latest`), with web3.py, viem and ethers,
+/// one after another, six times, through `stakegate init`'s gateway: the
+/// answers are the node's, and some come from the cache.
 #[test]
-fn web3py_viem_and_ethers_reading_a_final_block_get_the_node_s_answers_some_from_the_cache() {
+fn web3py_viem_and_ethers_reading_a_final_block_or_the_head_get_the_node_s_answers_some_from_the_cache(
+) {
     let anvil = Anvil::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let envoy = gateway(&anvil, dir.path(), false);
+    let envoy = gateway(&anvil, dir.path(), true);
     final_blocks(&anvil);
     let node = format!("http://{}", anvil.addr());
     let public = envoy.url("public").unwrap();
     let hits = || envoy.stat(&format!("{STAT}hits")).unwrap();
-    for name in crate::clients::LIBRARIES {
-        let reads = |url: &str| json_output(&mut crate::clients::library(name, &["final", url]));
-        let straight = reads(&node);
+    for (name, reads) in crate::clients::LIBRARIES
+        .iter()
+        .flat_map(|name| [(name, "final"), (name, "head")])
+    {
+        let ask = |url: &str| json_output(&mut crate::clients::library(name, &[reads, url]));
+        let straight = ask(&node);
         let before = hits();
-        let through = reads(&public);
+        let through = ask(&public);
         assert_eq!(
             through, straight,
-            "{name}: through the gateway, then straight"
+            "{name} {reads}: through the gateway, then straight"
         );
         let first = &straight["rounds"][0];
         assert_eq!(straight["rounds"].as_array().unwrap().len(), 6, "{name}");
-        assert_eq!(first[4], 31337, "{name}: {first}");
+        let (chain_id, hash) = match reads {
+            "final" => (&first[4], &first[0]),
+            _ => (&json!(31337), &first[1]),
+        };
+        assert_eq!(chain_id, 31337, "{name}: {first}");
         assert!(
-            first[0].as_str().is_some_and(|hash| hash.len() == 66),
-            "{name}: {first}"
+            hash.as_str().is_some_and(|hash| hash.len() == 66),
+            "{name} {reads}: {first}"
         );
         // The counts reach Envoy at the gate's heartbeat.
         assert!(
             eventually(Duration::from_secs(5), || hits() > before),
-            "{name}: no answer came from the cache: {}",
+            "{name} {reads}: no answer came from the cache: {}",
             stats(&envoy)
         );
     }

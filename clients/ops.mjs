@@ -226,6 +226,18 @@ async function subscribeMany(url, n) {
   return { opened: opened.length, notified: heads.filter(Boolean).length };
 }
 
+// Asks each question in turn, six rounds over: the answers, by round.
+async function askRounds(ask, close) {
+  const rounds = [];
+  for (let round = 0; round < 6; round++) {
+    const answers = [];
+    for (const question of ask) answers.push(await question());
+    rounds.push(answers);
+  }
+  close();
+  return { rounds };
+}
+
 // Final reads (`node ops.mjs viem|ethers final HTTP_URL`): what a block
 // explorer or an indexer asks about a final block (the block, a balance and
 // a call at it, the logs up to it, the chain id), one after another, six
@@ -258,14 +270,7 @@ async function finalReads(url) {
     ];
     close = () => provider.destroy();
   }
-  const rounds = [];
-  for (let round = 0; round < 6; round++) {
-    const answers = [];
-    for (const question of ask) answers.push(await question());
-    rounds.push(answers);
-  }
-  close();
-  return { rounds };
+  return askRounds(ask, close);
 }
 
 // Head reads (`node ops.mjs viem|ethers head HTTP_URL`): what a wallet asks
@@ -295,14 +300,7 @@ async function headReads(url) {
     ];
     close = () => provider.destroy();
   }
-  const rounds = [];
-  for (let round = 0; round < 6; round++) {
-    const answers = [];
-    for (const question of ask) answers.push(await question());
-    rounds.push(answers);
-  }
-  close();
-  return { rounds };
+  return askRounds(ask, close);
 }
 
 const run =

@@ -47,8 +47,8 @@ pub enum AtHead {
     State(Range<usize>),
 }
 
-/// Reads of state whose block may be an EIP-1898 block object, and the
-/// position of the block in their params.
+/// Reads of state at a block, which may be an EIP-1898 block object, and
+/// the position of the block in their params.
 const STATE_AT: &[(&str, usize)] = &[
     ("eth_getBalance", 1),
     ("eth_getCode", 1),
@@ -101,7 +101,8 @@ const BY_HASH: &[&str] = &[
     "trace_transaction",
 ];
 
-/// Reads at a block, and the position of the block in their params.
+/// Reads at a block, and the position of the block in their params (and
+/// the reads of state, `STATE_AT`).
 const AT_BLOCK: &[(&str, usize)] = &[
     ("eth_getBlockByNumber", 0),
     ("eth_getBlockTransactionCountByNumber", 0),
@@ -112,12 +113,6 @@ const AT_BLOCK: &[(&str, usize)] = &[
     ("trace_block", 0),
     ("trace_replayBlockTransactions", 0),
     ("debug_traceBlockByNumber", 0),
-    ("eth_getBalance", 1),
-    ("eth_getCode", 1),
-    ("eth_getTransactionCount", 1),
-    ("eth_call", 1),
-    ("eth_getStorageAt", 2),
-    ("eth_getProof", 2),
     ("eth_feeHistory", 1),
 ];
 
@@ -159,7 +154,7 @@ pub fn keeps(method: &str) -> bool {
         || BY_HASH.contains(&method)
         || FINALIZED_REUSE.contains(&method)
         || method == "eth_getLogs"
-        || AT_BLOCK.iter().any(|(m, _)| *m == method)
+        || AT_BLOCK.iter().chain(STATE_AT).any(|(m, _)| *m == method)
 }
 
 /// Why the answer to `body`, one call of `method`, may be kept, if it may.
@@ -178,7 +173,10 @@ pub fn lifetime(method: &str, body: &[u8]) -> Option<Lifetime> {
     if method == "eth_getLogs" {
         return logs_block(param(0)?).map(Lifetime::AtBlock);
     }
-    let (_, at) = AT_BLOCK.iter().find(|(m, _)| *m == method)?;
+    let (_, at) = AT_BLOCK
+        .iter()
+        .chain(STATE_AT)
+        .find(|(m, _)| *m == method)?;
     block_number(param(*at)?).map(Lifetime::AtBlock)
 }
 
@@ -320,7 +318,7 @@ mod tests {
             .iter()
             .chain(BY_HASH)
             .chain(FINALIZED_REUSE)
-            .chain(AT_BLOCK.iter().map(|(m, _)| m))
+            .chain(AT_BLOCK.iter().chain(STATE_AT).map(|(m, _)| m))
             .chain(&["eth_getLogs"]);
         for method in kept {
             assert!(keeps(method));

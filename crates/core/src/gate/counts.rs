@@ -64,6 +64,8 @@ pub struct CacheCounts {
     /// on as they came).
     pub head_polls: u64,
     pub head_failed: u64,
+    /// Reads at `latest` let on at once: holding stood by, not paying.
+    pub head_passed: u64,
     /// Passed without a lookup: the cache stood by, no key repeating.
     pub standing_by: u64,
     /// Answers kept.
@@ -239,6 +241,7 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "cache.at_head", kind: Kind::Counter, read: |s, _| add(s.counts.cache.at_head) },
     Metric { name: "cache.head_polls", kind: Kind::Counter, read: |s, _| add(s.counts.cache.head_polls) },
     Metric { name: "cache.head_failed", kind: Kind::Counter, read: |s, _| add(s.counts.cache.head_failed) },
+    Metric { name: "cache.head_passed", kind: Kind::Counter, read: |s, _| add(s.counts.cache.head_passed) },
     Metric { name: "cache.standing_by", kind: Kind::Counter, read: |s, _| add(s.counts.cache.standing_by) },
     Metric { name: "cache.kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.kept) },
     Metric { name: "cache.not_kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.not_kept) },

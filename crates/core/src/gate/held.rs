@@ -135,10 +135,7 @@ impl Place {
             Checked::Answer(reply.no_node_time(w.gate.policy()))
         };
         let at = match (head, &read.at) {
-            (None, _) => {
-                w.counts.cache.head_failed += 1;
-                return self.admitted(w, store, now, &read.body);
-            }
+            (None, _) => return self.admitted(w, store, now, &read.body),
             (Some(head), AtHead::Number) => {
                 w.cache_answered_by_head();
                 return answered(w, &head.number_answer());
@@ -165,6 +162,18 @@ impl Place {
             }
             checked => checked,
         }
+    }
+
+    /// A read at `latest` not held after all (holding stands by): it goes
+    /// on as it came, with a gate slot (`Continue`), or is refused.
+    pub(super) fn pass_head(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+        now: &mut Now,
+    ) -> Checked {
+        let body = self.head.take().map(|read| read.body).unwrap_or_default();
+        self.admitted(w, store, now, &body)
     }
 
     /// Takes a gate slot for it if it holds none (`Continue`), or the

@@ -15,7 +15,7 @@
 //! glue to `Poke` this VM's own queue, and the root context then sends what
 //! `next_callout` gives it and reports each with `sent`.
 
-use super::at_head::{Heads, HEAD_POLL};
+use super::at_head::{Heads, Hold, HEAD_POLL};
 use super::coalesce::{Acts, Coalescer, Held, Response};
 use super::counts::{Snapshot, Ticked};
 use super::held::Checked;
@@ -217,12 +217,21 @@ impl<S: SharedStore> Registry<S> {
                 Then::Answer(reply)
             }
             OnBody::Refuse(refusal) => Then::Refuse(refusal),
-            OnBody::AtHead => {
-                if self.heads.hold(id) {
+            OnBody::AtHead => match self.heads.hold(id) {
+                Hold::Poll => {
                     self.todo.push(Do::Poke);
+                    Then::Pause
                 }
-                Then::Pause
-            }
+                Hold::Wait => Then::Pause,
+                Hold::Pass => {
+                    w.counts.cache.head_passed += 1;
+                    let passed = stream.place().map(|p| p.pass_head(w, &self.store, now));
+                    match passed {
+                        Some(Checked::Refuse(refusal)) => Then::Refuse(refusal),
+                        _ => Then::Continue,
+                    }
+                }
+            },
         }
     }
 
@@ -385,8 +394,12 @@ impl<S: SharedStore> Registry<S> {
     /// (`Err`, its status as the host said it).
     pub fn sent(&mut self, id: u32, sent: Result<u32, String>) {
         if id == HEAD_POLL {
-            let settled = self.heads.sent(sent.ok());
-            return self.settle_heads(settled, None);
+            // Refused: the reads it would have answered go on.
+            let refused = self.heads.sent(sent.ok());
+            if !refused.is_empty() {
+                self.settle_heads(refused, None, false);
+            }
+            return;
         }
         match sent {
             Ok(token) => {
@@ -422,7 +435,7 @@ impl<S: SharedStore> Registry<S> {
                 body: r.body,
             });
             let (settled, head) = self.heads.ended(answer);
-            return self.settle_heads(settled, head.as_ref());
+            return self.settle_heads(settled, head.as_ref(), true);
         }
         let body = response.as_ref().map(|r| r.body.as_slice());
         let now_ms = self.now_ms();
@@ -484,10 +497,16 @@ impl<S: SharedStore> Registry<S> {
         ticked
     }
 
-    /// The head poll these reads waited for ended (`head`: what it found):
-    /// each is answered, held for its pinned key's answer, or goes on.
-    fn settle_heads(&mut self, settled: Vec<u32>, head: Option<&ChainHead>) {
+    /// The head poll these reads waited for ended (`head`: what it found;
+    /// `polled`: it reached the node): each is answered, held for its
+    /// pinned key's answer, or goes on; the calls they made at the node are
+    /// counted (`Heads::judge`).
+    fn settle_heads(&mut self, settled: Vec<u32>, head: Option<&ChainHead>, polled: bool) {
         let now = &mut Now::lazy_us(self.clock);
+        let (reads, mut calls) = (settled.len() as u64, u64::from(polled));
+        if head.is_none() {
+            self.worker.counts.cache.head_failed += 1;
+        }
         for id in settled {
             let Some(stream) = self.streams.get_mut(&id) else {
                 continue;
@@ -495,7 +514,9 @@ impl<S: SharedStore> Registry<S> {
             let Some(place) = stream.place() else {
                 continue;
             };
-            match place.at_head(&mut self.worker, &self.store, now, head) {
+            let checked = place.at_head(&mut self.worker, &self.store, now, head);
+            calls += u64::from(matches!(checked, Checked::Continue | Checked::Lead(_)));
+            match checked {
                 Checked::Continue => self.todo.push(Do::Resume(id, None)),
                 Checked::Hold => self.coalesced.push(id),
                 Checked::Lead(callout) => {
@@ -510,6 +531,7 @@ impl<S: SharedStore> Registry<S> {
                 Checked::Refuse(refusal) => self.todo.push(Do::Answer(id, Reply::refusal(refusal))),
             }
         }
+        self.heads.judge(reads, calls);
     }
 
     /// Runs a coalescing step over the streams held for an answer, oldest

@@ -19,8 +19,7 @@ use super::at_head::{Heads, Hold, HEAD_POLL};
 use super::coalesce::{Acts, Coalescer, Held, Response};
 use super::counts::{Snapshot, Ticked};
 use super::held::Checked;
-use super::node_time::Full;
-use super::node_time::{Waiters, SLOT_WAKE, WAITERS_KEY, WAIT_TICK_MS};
+use super::node_time::{Full, Waiters, SLOT_WAKE, WAITERS_KEY, WAIT_TICK_MS};
 use super::policy::GatePolicy;
 use super::reply::{Act, Callout, Reply};
 use super::stream::{GateStream, Head, OnBody, OnHeaders, OnResponse, Settled};
@@ -157,7 +156,7 @@ impl<S: SharedStore> Registry<S> {
     /// What to hand Envoy now: the counts since the last snapshot (taken),
     /// the change in requests held here, and what the heartbeat found.
     pub fn snapshot(&mut self, ticked: Option<Ticked>) -> Snapshot {
-        let waiting = self.coalesced.len() as i64;
+        let waiting = (self.coalesced.len() + self.heads.held()) as i64;
         let change = waiting - std::mem::replace(&mut self.waiting_reported, waiting);
         Snapshot {
             counts: std::mem::take(&mut self.worker.counts),

@@ -75,6 +75,7 @@ fn stats(envoy: &Envoy) -> String {
         "cache.head_polls",
         "cache.head_failed",
         "cache.head_passed",
+        "cache.head_unpinned",
         "dedup.finalized",
         "dedup.finality_known",
         "dedup.led",
@@ -380,8 +381,9 @@ fn readers_through_reorgs_are_never_given_a_stale_answer() {
 /// With `cache.latest`, reads at `latest` through the gateway, while the
 /// chain grows and reorganises: each answer is the node's at that moment
 /// (the head's number and block from the gate's head poll, state asked at
-/// the head's hash and kept under it), many come from the gate, and
-/// reads that come together share a poll.
+/// the head's hash and kept under it), many come from the gate, reads
+/// that come together share a poll, and a call the node refuses at the
+/// head's hash is asked again at `latest`.
 #[test]
 fn reads_at_latest_are_answered_at_a_head_seen_after_they_came_through_blocks_and_reorgs() {
     let anvil = Anvil::start().unwrap();
@@ -458,6 +460,16 @@ fn reads_at_latest_are_answered_at_a_head_seen_after_they_came_through_blocks_an
     eprintln!("{together} reads at once: {shared} head polls");
     assert!((1..=together).contains(&shared), "{shared} polls");
     assert_eq!(stat("head_failed"), 0);
+    // A call the node refuses (more value than the sender has): at the
+    // head's hash it is an error, never given; it goes on at `latest`,
+    // and the client gets the node's own error.
+    let refused = json!({"jsonrpc": "2.0", "id": "c", "method": "eth_call",
+        "params": [{"from": SENDER, "to": SENDER, "value": format!("0x{}", "f".repeat(40))}, "latest"]});
+    let ask = |url: &str| http::post(url, &[], &refused.to_string()).unwrap().json().unwrap();
+    let (got, truth) = (ask(&url), ask(&format!("http://{}", anvil.addr())));
+    assert!(truth["error"].is_object(), "{truth}");
+    assert_eq!((&got["id"], &got["error"]), (&"c".into(), &truth["error"]));
+    assert!(eventually(Duration::from_secs(5), || stat("head_unpinned") >= 1));
 }
 
 /// Solana through `stakegate init`'s gateway (two workers) in front of

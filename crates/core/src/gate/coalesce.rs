@@ -245,6 +245,11 @@ struct Step<'s, 'p, S: SharedStore> {
     /// With `nodeTime`, the node's time on the callout whose answer is
     /// being handed out, for its leader here (`Place::answer`).
     led_us: Option<u64>,
+    /// The node answered a read pinned to the head's hash with an error or
+    /// `null`: every request on its key, the leader too, goes on at
+    /// `latest` as it came (a node behind the head does not know the hash
+    /// yet; an error at `latest` is the client's to see from the node).
+    unpin: bool,
 }
 
 impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
@@ -261,6 +266,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
             held,
             acts: Acts::default(),
             led_us: None,
+            unpin: false,
         }
     }
 
@@ -296,6 +302,10 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
         if answer.as_ref().is_none_or(|a| a.status >= 500) {
             self.w.counts.dedup.callouts_failed += 1;
         }
+        self.unpin = led.pinned
+            && answer
+                .as_ref()
+                .is_some_and(|a| a.status < 500 && !a.found());
         self.finish_lead(led.pending, answer, led.reuse, None);
     }
 
@@ -351,7 +361,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
             return;
         };
         let key = pending.key;
-        let shared = answer.as_ref().is_some_and(Answer::shareable);
+        let shared = !self.unpin && answer.as_ref().is_some_and(Answer::shareable);
         let (outcome, settled, can_lead) = match &answer {
             Some(a) if a.status < 500 && !shared => self.unshared(a),
             Some(a) if a.status < 500 => {
@@ -400,14 +410,24 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
     }
 
     /// An answer only its own client can read with its ids: the leader
-    /// here gets it, the others go to the node themselves.
+    /// here gets it, the others go to the node themselves. (An answer to a
+    /// read unpinned: the leader goes too, `unpin`.)
     fn unshared(&mut self, a: &Answer) -> (Outcome, u32, u32) {
-        self.w.counts.dedup.unshared += 1;
+        match self.unpin {
+            true => self.w.counts.cache.head_unpinned += 1,
+            false => self.w.counts.dedup.unshared += 1,
+        }
         let n = self.waiting_on(&a.key, None);
         for (id, place) in self.held.iter_mut() {
             if place.held_for().is_some_and(|w| w.leads && w.key == a.key) {
-                let reply = place.answer(self.w, self.store, self.now.ms(), a, self.led_us);
-                self.acts.acts.push((*id, Act::Answer(reply)));
+                let act = match self.unpin {
+                    true => place.pass(self.w, self.store, self.now),
+                    false => {
+                        let now_ms = self.now.ms();
+                        Act::Answer(place.answer(self.w, self.store, now_ms, a, self.led_us))
+                    }
+                };
+                self.acts.acts.push((*id, act));
             }
         }
         self.pass_all(&a.key);

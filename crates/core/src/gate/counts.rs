@@ -66,6 +66,9 @@ pub struct CacheCounts {
     pub head_failed: u64,
     /// Reads at `latest` let on at once: holding stood by, not paying.
     pub head_passed: u64,
+    /// Reads at the head's hash the node answered with an error or `null`:
+    /// they went on at `latest`, with every request waiting on them here.
+    pub head_unpinned: u64,
     /// Passed without a lookup: the cache stood by, no key repeating.
     pub standing_by: u64,
     /// Answers kept.
@@ -242,6 +245,7 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "cache.head_polls", kind: Kind::Counter, read: |s, _| add(s.counts.cache.head_polls) },
     Metric { name: "cache.head_failed", kind: Kind::Counter, read: |s, _| add(s.counts.cache.head_failed) },
     Metric { name: "cache.head_passed", kind: Kind::Counter, read: |s, _| add(s.counts.cache.head_passed) },
+    Metric { name: "cache.head_unpinned", kind: Kind::Counter, read: |s, _| add(s.counts.cache.head_unpinned) },
     Metric { name: "cache.standing_by", kind: Kind::Counter, read: |s, _| add(s.counts.cache.standing_by) },
     Metric { name: "cache.kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.kept) },
     Metric { name: "cache.not_kept", kind: Kind::Counter, read: |s, _| add(s.counts.cache.not_kept) },

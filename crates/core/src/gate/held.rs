@@ -34,6 +34,11 @@ pub struct Waiting {
     /// Whether its found answer is reused (`Keyed::reuse`).
     pub(super) reuse: Reuse,
     pub(super) checked_ms: u64,
+    /// A read at `latest` asked at the head's hash (`at_head`): only the
+    /// answer to that may be kept (under `keep`), never one through the
+    /// route, which asks at `latest`.
+    pub(super) pinned: bool,
+    pub(super) keep: Option<Miss>,
 }
 
 /// A callout at the node: what its end completes.
@@ -46,6 +51,8 @@ pub struct Led {
     pub(super) started_us: u64,
     pub(super) timeout_ms: u64,
     pub(super) reuse: Reuse,
+    /// Its body is a read at `latest` pinned to the head's hash.
+    pub(super) pinned: bool,
 }
 
 /// A read at `latest` held for the head (`cache::head`).
@@ -146,22 +153,20 @@ impl Place {
             }
             (Some(head), AtHead::State(at)) => pinned(&read.body, at, &head.hash),
         };
-        match w.cache_lookup_pinned(&at) {
+        let keep = match w.cache_lookup_pinned(&at) {
             Some(Lookup::Hit(answer, _)) => return answered(w, &answer),
-            Some(Lookup::Miss(miss)) => self.cache = Some(miss),
-            _ => {}
-        }
+            Some(Lookup::Miss(miss)) => Some(miss),
+            _ => None,
+        };
         if let refused @ Checked::Refuse(_) = self.admitted(w, store, now, &read.body) {
             return refused;
         }
-        match self.check(w, store, now, "pinned", at, Some(read.target)) {
-            Checked::Continue => {
-                // It goes on at `latest`: nothing to keep under the pin.
-                self.cache = None;
-                Checked::Continue
-            }
-            checked => checked,
+        let checked = self.check(w, store, now, "pinned", at, Some(read.target));
+        if let Some(waiting) = self.waiting.as_mut() {
+            waiting.pinned = true;
+            waiting.keep = keep;
         }
+        checked
     }
 
     /// A read at `latest` not held after all (holding stands by): it goes
@@ -246,6 +251,8 @@ impl Place {
             pending: None,
             reuse: keyed.reuse,
             checked_ms: now_ms,
+            pinned: false,
+            keep: None,
         };
         match checked.verdict {
             Verdict::Lead(pending) => {
@@ -301,6 +308,7 @@ impl Place {
             started_us: now_us,
             timeout_ms,
             reuse: waiting.reuse,
+            pinned: waiting.pinned,
         })
     }
 
@@ -355,7 +363,7 @@ impl Place {
         let Some(waiting) = self.waiting.take() else {
             return Reply::none(&[], "the request is gone");
         };
-        if let Some(miss) = self.cache.take() {
+        if let Some(miss) = waiting.keep.or_else(|| self.cache.take()) {
             w.cache_keep(store, now_ms, miss, answer);
         }
         let reply = Reply::answer(answer, &waiting.ids);

@@ -641,6 +641,34 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
     // Another branch's head, at the same height: asked again.
     ask(&mut r, 7, &b, 80);
     assert_eq!(r.worker.counts.cache.misses, misses + 1);
+    // The node does not know the head's hash (a node behind the head):
+    // the leader and the read waiting on it go on at `latest`.
+    let c = format!("0x{}", "cc".repeat(32));
+    for id in [10, 11] {
+        assert_eq!(send(&mut r, id, balance(id).as_bytes()), Then::Pause);
+    }
+    let (poll, _) = r.next_callout().unwrap();
+    r.sent(poll, Ok(85));
+    r.callout_ended(85, Some(head_answer("0x11", &c)));
+    let (leader, _) = r.next_callout().unwrap();
+    r.sent(leader, Ok(86));
+    let unknown =
+        br#"{"jsonrpc":"2.0","id":10,"error":{"code":-32000,"message":"header not found"}}"#;
+    r.callout_ended(86, Some(answered(unknown)));
+    let resumed: Vec<Do> = r.take().0.into_iter().filter(|d| *d != Do::Poke).collect();
+    assert_eq!(resumed, [Do::Resume(10, None), Do::Resume(11, None)]);
+    assert_eq!(r.worker.counts.cache.head_unpinned, 1);
+    // Their answers through the route are at `latest`, never kept under
+    // the head's hash.
+    let kept = r.worker.counts.cache.kept;
+    for id in [10, 11] {
+        let node = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":"0x2b"}}"#).into_bytes();
+        r.response_headers(id, false, json_headers(node.len()));
+        let on = r.response_body(id, node.len(), true, &mut Bytes(node));
+        assert!(!on.hold);
+        r.done(id);
+    }
+    assert_eq!(r.worker.counts.cache.kept, kept);
     // A poll with no answer: the read goes on as it came.
     assert_eq!(send(&mut r, 8, balance(8).as_bytes()), Then::Pause);
     let (poll, _) = r.next_callout().unwrap();
@@ -655,6 +683,6 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
             counts.head_failed,
             counts.hits
         ),
-        (8, 6, 1, 4)
+        (10, 7, 1, 4)
     );
 }

@@ -465,7 +465,12 @@ fn reads_at_latest_are_answered_at_a_head_seen_after_they_came_through_blocks_an
     // and the client gets the node's own error.
     let refused = json!({"jsonrpc": "2.0", "id": "c", "method": "eth_call",
         "params": [{"from": SENDER, "to": SENDER, "value": format!("0x{}", "f".repeat(40))}, "latest"]});
-    let ask = |url: &str| http::post(url, &[], &refused.to_string()).unwrap().json().unwrap();
+    let ask = |url: &str| {
+        http::post(url, &[], &refused.to_string())
+            .unwrap()
+            .json()
+            .unwrap()
+    };
     let (got, truth) = (ask(&url), ask(&format!("http://{}", anvil.addr())));
     assert!(truth["error"].is_object(), "{truth}");
     assert_eq!((&got["id"], &got["error"]), (&"c".into(), &truth["error"]));

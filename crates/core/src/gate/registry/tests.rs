@@ -554,6 +554,34 @@ fn answers(dos: &[Do]) -> Vec<(u32, serde_json::Value)> {
         .collect()
 }
 
+fn latest_rig() -> Rig {
+    registry(r#"{"maxInflight": 8, "dedup": {}, "cache": {"latest": true}}"#)
+}
+
+fn hash(byte: &str) -> String {
+    format!("0x{}", byte.repeat(32))
+}
+
+fn number_call(id: u32) -> Vec<u8> {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_blockNumber"}}"#).into_bytes()
+}
+
+fn balance_call(id: u32) -> Vec<u8> {
+    format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_getBalance","params":["0x01","latest"]}}"#)
+        .into_bytes()
+}
+
+/// Stream `id`'s read at `latest`, then the head poll for it, answered
+/// with `head` (`None`: no answer); what was done.
+fn read_at(r: &mut Rig, id: u32, body: &[u8], head: Option<&str>, token: u32) -> Vec<Do> {
+    assert_eq!(send(r, id, body), Then::Pause);
+    let (poll, _) = r.next_callout().unwrap();
+    assert_eq!(poll, HEAD_POLL);
+    r.sent(poll, Ok(token));
+    r.callout_ended(token, head.map(|h| head_answer("0x10", h)));
+    r.take().0
+}
+
 /// With `cache.latest`, a read at `latest` is held until a head poll
 /// that went out after it came answers: `eth_blockNumber` and the head
 /// block come from the poll, a read of state is asked at the head's hash
@@ -561,24 +589,16 @@ fn answers(dos: &[Do]) -> Vec<(u32, serde_json::Value)> {
 #[test]
 fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
     use crate::cache::head::REQUEST as POLL;
-    let mut r = registry(r#"{"maxInflight": 8, "dedup": {}, "cache": {"latest": true}}"#);
-    let (a, b) = (
-        format!("0x{}", "aa".repeat(32)),
-        format!("0x{}", "bb".repeat(32)),
-    );
-    let number = |id: u32| format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_blockNumber"}}"#);
-    let balance = |id: u32| {
-        format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_getBalance","params":["0x01","latest"]}}"#
-        )
-    };
+    let mut r = latest_rig();
+    let (a, b) = (hash("aa"), hash("bb"));
+    let (number, balance) = (number_call, balance_call);
     let block = |id: u32| {
         format!(
             r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_getBlockByNumber","params":["latest",false]}}"#
         )
     };
-    assert_eq!(send(&mut r, 1, number(1).as_bytes()), Then::Pause);
-    assert_eq!(send(&mut r, 2, balance(2).as_bytes()), Then::Pause);
+    assert_eq!(send(&mut r, 1, &number(1)), Then::Pause);
+    assert_eq!(send(&mut r, 2, &balance(2)), Then::Pause);
     assert_eq!(send(&mut r, 3, block(3).as_bytes()), Then::Pause);
     assert!(r.take().0.contains(&Do::Poke));
     let (id, poll) = r.next_callout().unwrap();
@@ -586,7 +606,7 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
     assert_eq!(r.next_callout(), None, "one poll at a time");
     r.sent(HEAD_POLL, Ok(50));
     // This one came after the poll went out: the next poll's.
-    assert_eq!(send(&mut r, 4, number(4).as_bytes()), Then::Pause);
+    assert_eq!(send(&mut r, 4, &number(4)), Then::Pause);
     r.callout_ended(50, Some(head_answer("0x10", &a)));
     let got = answers(&r.take().0);
     assert_eq!(got.len(), 2, "{got:?}");
@@ -620,7 +640,7 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
     // The pinned key's second miss is kept; its third is a hit, with no
     // callout but the poll.
     let ask = |r: &mut Rig, id: u32, head: &str, token: u32| {
-        assert_eq!(send(r, id, balance(id).as_bytes()), Then::Pause);
+        assert_eq!(send(r, id, &balance(id)), Then::Pause);
         let (poll, _) = r.next_callout().unwrap();
         r.sent(poll, Ok(token));
         r.callout_ended(token, Some(head_answer("0x10", head)));
@@ -641,15 +661,21 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
     // Another branch's head, at the same height: asked again.
     ask(&mut r, 7, &b, 80);
     assert_eq!(r.worker.counts.cache.misses, misses + 1);
-    // The node does not know the head's hash (a node behind the head):
-    // the leader and the read waiting on it go on at `latest`.
-    let c = format!("0x{}", "cc".repeat(32));
+    assert_eq!(r.worker.counts.cache.at_head, 7);
+}
+
+/// The node does not know the head's hash (a node behind the head): the
+/// pinned read's leader and the read waiting on it go on at `latest`, and
+/// their answers through the route are never kept under the hash.
+#[test]
+fn a_read_the_node_will_not_answer_at_the_head_s_hash_goes_on_at_latest() {
+    let mut r = latest_rig();
     for id in [10, 11] {
-        assert_eq!(send(&mut r, id, balance(id).as_bytes()), Then::Pause);
+        assert_eq!(send(&mut r, id, &balance_call(id)), Then::Pause);
     }
     let (poll, _) = r.next_callout().unwrap();
     r.sent(poll, Ok(85));
-    r.callout_ended(85, Some(head_answer("0x11", &c)));
+    r.callout_ended(85, Some(head_answer("0x11", &hash("cc"))));
     let (leader, _) = r.next_callout().unwrap();
     r.sent(leader, Ok(86));
     let unknown =
@@ -658,9 +684,6 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
     let resumed: Vec<Do> = r.take().0.into_iter().filter(|d| *d != Do::Poke).collect();
     assert_eq!(resumed, [Do::Resume(10, None), Do::Resume(11, None)]);
     assert_eq!(r.worker.counts.cache.head_unpinned, 1);
-    // Their answers through the route are at `latest`, never kept under
-    // the head's hash.
-    let kept = r.worker.counts.cache.kept;
     for id in [10, 11] {
         let node = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":"0x2b"}}"#).into_bytes();
         r.response_headers(id, false, json_headers(node.len()));
@@ -668,21 +691,25 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
         assert!(!on.hold);
         r.done(id);
     }
-    assert_eq!(r.worker.counts.cache.kept, kept);
-    // A poll with no answer: the read goes on as it came.
-    assert_eq!(send(&mut r, 8, balance(8).as_bytes()), Then::Pause);
-    let (poll, _) = r.next_callout().unwrap();
-    r.sent(poll, Ok(90));
-    r.callout_ended(90, None);
-    assert_eq!(r.take().0, [Do::Poke, Do::Resume(8, None)]);
-    let counts = &r.worker.counts.cache;
-    assert_eq!(
-        (
-            counts.at_head,
-            counts.head_polls,
-            counts.head_failed,
-            counts.hits
-        ),
-        (10, 7, 1, 4)
-    );
+    assert_eq!(r.worker.counts.cache.kept, 0);
+}
+
+/// A poll with no answer lets its read on as it came; one read per poll
+/// (a call at the node for each, as without holding) stands holding by.
+#[test]
+fn a_failed_poll_lets_its_read_on_and_reads_that_share_no_poll_stop_being_held() {
+    let mut r = latest_rig();
+    let dos = read_at(&mut r, 8, &balance_call(8), None, 90);
+    assert_eq!(dos, [Do::Poke, Do::Resume(8, None)]);
+    assert_eq!(r.worker.counts.cache.head_failed, 1);
+    let mut id = 100;
+    while !r.heads.standing_by() {
+        id += 1;
+        let dos = read_at(&mut r, id, &number_call(id), Some(&hash("aa")), id);
+        assert_eq!(answers(&dos)[0].1["result"], "0x10");
+        assert!(id < 100 + 2 * crate::gate::at_head::JUDGE_EVERY as u32);
+    }
+    assert_eq!(send(&mut r, 1, &number_call(1)), Then::Continue);
+    assert_eq!(r.next_callout(), None);
+    assert_eq!(r.worker.counts.cache.head_passed, 1);
 }

@@ -260,10 +260,10 @@ impl Cache {
         let jsonrpc::Id::Plain(id) = &call.id else {
             return Lookup::Uncacheable;
         };
-        let ids = vec![Some(body[id.clone()].to_vec())];
         if !rules::keeps(call.method) {
-            return self.at_head(call.method, body, ids);
+            return self.at_head(call.method, body, id);
         }
+        let ids = vec![Some(body[id.clone()].to_vec())];
         let key = self.key(body, id, pinned);
         if let Some(kept) = self.entries.get_mut(&key) {
             self.order.remove(&(kept.rank, key));
@@ -277,7 +277,7 @@ impl Cache {
             false => rules::lifetime(call.method, body),
         };
         let Some(lifetime) = lifetime else {
-            return self.at_head(call.method, body, ids);
+            return self.at_head(call.method, body, id);
         };
         if !self.seen.contains(&digest(&key)) {
             if self.seen.len() as u64 >= self.policy.max_entries {
@@ -296,9 +296,10 @@ impl Cache {
 
     /// A request that cannot be kept under its own key: read at the head,
     /// if `cache.latest` and the rules say so.
-    fn at_head(&self, method: &str, body: &[u8], ids: Vec<Id>) -> Lookup {
-        match rules::at_head(method, body).filter(|_| self.policy.latest) {
-            Some(at) => Lookup::AtHead(at, ids),
+    fn at_head(&self, method: &str, body: &[u8], id: &Range<usize>) -> Lookup {
+        let at = self.policy.latest.then(|| rules::at_head(method, body));
+        match at.flatten() {
+            Some(at) => Lookup::AtHead(at, vec![Some(body[id.clone()].to_vec())]),
             None => Lookup::Uncacheable,
         }
     }

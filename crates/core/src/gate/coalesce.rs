@@ -15,7 +15,7 @@ use super::held::{Led, Place};
 use super::reply::Act;
 use super::worker::GateWorker;
 use crate::clock::Now;
-use crate::dedup::answer::Answer;
+use crate::dedup::answer::{Answer, Id};
 use crate::dedup::key::{Key, KEY_LEN};
 use crate::dedup::{Completed, Outcome, Pending, Reuse, Verdict};
 use crate::shared::SharedStore;
@@ -60,6 +60,20 @@ impl Response {
                 .filter(|e| !e.eq_ignore_ascii_case("identity")),
             body,
             said_us: said_in.and_then(|name| header(name)?.trim().parse().ok()),
+        }
+    }
+}
+
+impl Response {
+    /// The answer, to the calls with these `ids`, for requests on `key`.
+    pub fn answer(self, key: Key, ids: Vec<Id>) -> Answer {
+        Answer {
+            key,
+            status: self.status,
+            content_type: self.content_type,
+            content_encoding: self.content_encoding,
+            ids,
+            body: self.body,
         }
     }
 }
@@ -291,14 +305,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
                     .unwrap_or_else(|| self.now.us().saturating_sub(led.started_us))
             });
         }
-        let answer = response.map(|r| Answer {
-            key: led.pending.key,
-            status: r.status,
-            content_type: r.content_type,
-            content_encoding: r.content_encoding,
-            ids: led.ids,
-            body: r.body,
-        });
+        let answer = response.map(|r| r.answer(led.pending.key, led.ids));
         if answer.as_ref().is_none_or(|a| a.status >= 500) {
             self.w.counts.dedup.callouts_failed += 1;
         }

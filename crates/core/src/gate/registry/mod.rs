@@ -27,7 +27,6 @@ use super::worker::GateWorker;
 use super::InflightGate;
 use crate::cache::head::Head as ChainHead;
 use crate::clock::Now;
-use crate::dedup::answer::Answer;
 use crate::dedup::key::KEY_LEN;
 use crate::rejection::Rejection;
 use crate::request::{Body, RequestFacts};
@@ -425,14 +424,7 @@ impl<S: SharedStore> Registry<S> {
     /// every request waiting for it.
     pub fn callout_ended(&mut self, token: u32, response: Option<Response>) {
         if self.heads.is_poll(token) {
-            let answer = response.map(|r| Answer {
-                key: [0; KEY_LEN],
-                status: r.status,
-                content_type: r.content_type,
-                content_encoding: r.content_encoding,
-                ids: Vec::new(),
-                body: r.body,
-            });
+            let answer = response.map(|r| r.answer([0; KEY_LEN], Vec::new()));
             let (settled, head) = self.heads.ended(answer);
             return self.settle_heads(settled, head.as_ref(), true);
         }

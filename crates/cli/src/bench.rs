@@ -438,6 +438,7 @@ fn host_call_chains() -> anyhow::Result<Vec<Chain>> {
         },
         chain(NOOP, "a proxy-wasm filter that does nothing", "")?,
         chain("address", "the source.address property", "address")?,
+        chain("connection id", "the connection.id property", "connection")?,
         chain("clock x3", "three reads of the host clock", "clock")?,
         chain("headers x2", "two request header reads", "headers")?,
         chain("body 64 B", "the body's first 64 bytes", "body")?,
@@ -445,6 +446,16 @@ fn host_call_chains() -> anyhow::Result<Vec<Chain>> {
             "shared x2",
             "a shared-data read and CAS write, twice",
             "shared",
+        )?,
+        chain(
+            "pages 6.5 KB",
+            "a read of one of 800 shared values of a QoS page's size, in turn",
+            "pages",
+        )?,
+        chain(
+            "callout",
+            "the request sent by callout and answered as a local reply",
+            "callout",
         )?,
         chain(
             "QoS's calls",

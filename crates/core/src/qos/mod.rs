@@ -261,6 +261,17 @@ pub struct Tick {
     pub reported: usize,
 }
 
+/// What a lease took from a shared bucket, and what the bucket says of
+/// its identity.
+struct Leased {
+    got: i64,
+    grant: u64,
+    demand: f32,
+    retries: u32,
+    /// An identity was evicted to make room for this one.
+    evicted: bool,
+}
+
 /// One VM's side of stake QoS: the policy, the state as of its last tick,
 /// and its identities' local counts and leases.
 #[derive(Debug)]
@@ -383,8 +394,9 @@ impl StakeQos {
     /// This worker's record of `identity`, made if it has none (making room
     /// by dropping an idle one when the table is full).
     fn local(&mut self, identity: &Identity, now_ms: u64) -> &mut Local {
-        if !self.locals.contains_key(&identity.key)
-            && self.locals.len() >= self.policy.max_identities as usize
+        // The size first: a lookup in a table of 100,000 misses the cache.
+        if self.locals.len() >= self.policy.max_identities as usize
+            && !self.locals.contains_key(&identity.key)
         {
             let idle = self
                 .locals
@@ -503,25 +515,45 @@ impl StakeQos {
             ));
             return admission;
         }
-        if local.lease < need && local.dry_round != Some(round) {
-            let leased = self.lease(store, now_ms, identity, need);
-            admission.leased = true;
-            match leased {
-                Ok((retries, evicted)) => {
-                    admission.cas_retries = retries;
-                    admission.evicted = evicted;
-                }
-                Err((e, retries)) => {
-                    // Fail open: the admission gate protects the node.
-                    admission.cas_retries = retries;
-                    admission.store_error = Some(e);
-                    let local = self.local(identity, now_ms);
-                    admission.verdict = admitted(local);
-                    return admission;
+        // At least `need`, and a quarter of a round's grant.
+        let want = (local.lease < need && local.dry_round != Some(round)).then(|| {
+            let want = (local.grant / LEASE_DIVISOR).max(need as u64) as i64;
+            (local.page, want + (-local.lease).max(0))
+        });
+        let leased = match want {
+            None => None,
+            Some((page, want)) => {
+                admission.leased = true;
+                match self.lease(store, now_ms, identity, page, want) {
+                    Ok(leased) => {
+                        admission.cas_retries = leased.retries;
+                        admission.evicted = leased.evicted;
+                        Some((leased, want))
+                    }
+                    Err((e, retries)) => {
+                        // Fail open: the admission gate protects the node.
+                        admission.cas_retries = retries;
+                        admission.store_error = Some(e);
+                        let local = self.local(identity, now_ms);
+                        admission.verdict = admitted(local);
+                        return admission;
+                    }
                 }
             }
+        };
+        // Made above, and nothing since takes it out.
+        let Some(local) = self.locals.get_mut(&identity.key) else {
+            return admission;
+        };
+        if let Some((leased, want)) = leased {
+            local.lease += leased.got;
+            local.grant = leased.grant;
+            local.demand = leased.demand;
+            if leased.got < want {
+                // The bucket is empty now: no use looking again this round.
+                local.dry_round = Some(round);
+            }
         }
-        let local = self.local(identity, now_ms);
         if local.lease >= need {
             local.lease -= need;
             admission.verdict = admitted(local);
@@ -533,19 +565,18 @@ impl StakeQos {
         admission
     }
 
-    /// Takes a lease from the identity's shared bucket (creating its entry
-    /// with the new-identity gift if the table has none), at least `need`.
-    /// Returns the CAS retries and whether an identity was evicted.
+    /// Takes up to `want` from the identity's shared bucket in page `page`
+    /// (creating its entry with the new-identity gift if the table has
+    /// none).
     fn lease(
-        &mut self,
+        &self,
         store: &impl SharedStore,
         now_ms: u64,
         identity: &Identity,
-        need: i64,
-    ) -> Result<(u32, bool), (StoreError, u32)> {
+        page: u32,
+        want: i64,
+    ) -> Result<Leased, (StoreError, u32)> {
         let initial = i64::from(self.policy.initial_tokens) * self.default_cost();
-        let local = self.local(identity, now_ms);
-        let want = (local.grant / LEASE_DIVISOR).max(need as u64) as i64 + (-local.lease).max(0);
         let fresh = Entry {
             key: identity.key,
             stake: identity.stake,
@@ -555,7 +586,7 @@ impl StakeQos {
             last_seen_ms: now_ms,
             ..Entry::default()
         };
-        let key = page_key(local.page);
+        let key = page_key(page);
         let updated = update(store, &key, |p: &mut Page| {
             let before = p.len();
             let (i, evicted) = p.entry(&fresh);
@@ -571,16 +602,13 @@ impl StakeQos {
             }
         })?;
         let (got, grant, demand, evicted) = updated.value;
-        let round = self.state.round;
-        let local = self.local(identity, now_ms);
-        local.lease += got;
-        local.grant = grant;
-        local.demand = demand;
-        if got < want {
-            // The bucket is empty now: no use looking again this round.
-            local.dry_round = Some(round);
-        }
-        Ok((updated.retries, evicted))
+        Ok(Leased {
+            got,
+            grant,
+            demand,
+            retries: updated.retries,
+            evicted,
+        })
     }
 
     /// Every refill interval: reports this worker's counts, refreshes its

@@ -34,11 +34,11 @@ impl StakeQos {
             Reason::Concurrency => Rule::Concurrency,
             Reason::Websockets => Rule::Websockets,
         };
-        if let Some(local) = self.locals.get_mut(&key) {
+        let local = self.locals.get_mut(&key).map(|local| {
             local.usage.refused_by(rule);
             local.refused = true;
-        }
-        let local = self.locals.get(&key);
+            &*local
+        });
         let tokens = local.map_or(0, |l| l.lease);
         let rate = local.map_or(0.0, |l| f64::from(l.demand) / interval_s);
         let name = local.and_then(|l| l.name.as_deref()).unwrap_or("unstaked");

@@ -1310,7 +1310,8 @@ impl ScaleRun {
 /// table for the largest count, refilled as often as the page budget
 /// allows. wrk cycles through the addresses (x-forwarded-for behind a
 /// trusted 127.0.0.1); each Envoy is warmed up until its identity gauge
-/// holds the addresses, then the Envoys take turns, round after round.
+/// holds the addresses, then the Envoys take turns, round after round, the
+/// others stopped while one is measured (`Turns`).
 pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
     require_wrk()?;
     let largest = args
@@ -1345,12 +1346,15 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
         machine(),
         sizing.describe()
     );
+    let turns = Turns::of(&runs.iter().map(|r| r.envoy.pid()).collect::<Vec<_>>());
     for run in &mut runs {
+        turns.only(run.envoy.pid())?;
         run.warm_up(args.connections, &sizing)?;
     }
     let mut rps = vec![Vec::new(); runs.len()];
     for round in 1..=args.rounds {
         for (i, run) in runs.iter_mut().enumerate() {
+            turns.only(run.envoy.pid())?;
             rps[i].push(run.send(args.connections, args.duration)?.rps);
             run.identities()?;
         }
@@ -1406,6 +1410,48 @@ pub fn qos_scale(args: &QosScaleArgs) -> anyhow::Result<()> {
             results,
         },
     )
+}
+
+/// Envoys taking turns on one core: all but the one measured are stopped
+/// (`SIGSTOP`), so that an idle Envoy's refill rounds (at 100,000
+/// identities, milliseconds every interval while its table decays) take
+/// none of the measured one's time, and its table waits for its next turn
+/// as it was. All go on again when this is dropped.
+struct Turns {
+    pids: Vec<u32>,
+}
+
+impl Turns {
+    fn of(pids: &[u32]) -> Self {
+        Self {
+            pids: pids.to_vec(),
+        }
+    }
+
+    /// Lets `pid` run and stops the others.
+    fn only(&self, pid: u32) -> anyhow::Result<()> {
+        for &other in &self.pids {
+            signal(other, if other == pid { "CONT" } else { "STOP" })?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Turns {
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            let _ = signal(pid, "CONT");
+        }
+    }
+}
+
+fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .context("running kill")?;
+    anyhow::ensure!(status.success(), "kill -{name} {pid} failed");
+    Ok(())
 }
 
 /// A process's resident memory, from /proc.

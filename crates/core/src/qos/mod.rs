@@ -515,7 +515,8 @@ impl StakeQos {
             ));
             return admission;
         }
-        // At least `need`, and a quarter of a round's grant.
+        // A lease asks for a quarter of a round's grant (a call at least),
+        // and the debt a batch left.
         let want = (local.lease < need && local.dry_round != Some(round)).then(|| {
             let want = (local.grant / LEASE_DIVISOR).max(need as u64) as i64;
             (local.page, want + (-local.lease).max(0))

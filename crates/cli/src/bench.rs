@@ -449,8 +449,8 @@ fn host_call_chains() -> anyhow::Result<Vec<Chain>> {
         )?,
         chain(
             "pages 6.5 KB",
-            "a read of one of 800 shared values of a QoS page's size, in turn",
-            "pages",
+            "a read of one of 800 shared values of a full QoS page's size, in turn",
+            &format!("pages={QOS_PAGE_BYTES}"),
         )?,
         chain(
             "callout",
@@ -464,6 +464,10 @@ fn host_call_chains() -> anyhow::Result<Vec<Chain>> {
         )?,
     ])
 }
+
+/// A full page of stake QoS's identity table, in bytes.
+const QOS_PAGE_BYTES: usize = stakegate_core::shared::PageLayout::HEADER_LEN
+    + stakegate_core::qos::page::ENTRIES_PER_PAGE * stakegate_core::qos::page::ENTRY_LEN;
 
 /// `stakegate bench host-calls`: what each kind of host call adds to the
 /// no-op filter, as `filters` measures chains (summary in `out/host-calls`).

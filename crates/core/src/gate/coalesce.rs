@@ -62,9 +62,7 @@ impl Response {
             said_us: said_in.and_then(|name| header(name)?.trim().parse().ok()),
         }
     }
-}
 
-impl Response {
     /// The answer, to the calls with these `ids`, for requests on `key`.
     pub fn answer(self, key: Key, ids: Vec<Id>) -> Answer {
         Answer {

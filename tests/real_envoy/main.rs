@@ -11,6 +11,7 @@ mod fleet;
 mod foundation;
 mod gateway;
 mod hostile;
+mod ids;
 mod loadgen;
 mod quickstart;
 mod retry_storm;

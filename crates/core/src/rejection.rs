@@ -383,6 +383,21 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// A refusal quotes each call's id back as the client wrote it.
+        #[test]
+        fn a_refusal_quotes_every_id_as_written(
+            id in crate::jsonrpc::testing::id_spelling(),
+        ) {
+            let request = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_call"}}"#);
+            let refused = Rejection::new(Rule::GateInflight, 503, 1, LIMIT_EXCEEDED, "full")
+                .answering(request.as_bytes());
+            let summary = crate::jsonrpc::Summary::of(refused.body.as_bytes());
+            let quoted = summary.entries[0].last(crate::jsonrpc::Name::Id).unwrap().value.clone();
+            proptest::prop_assert_eq!(&refused.body[quoted], id.as_str());
+        }
+    }
+
     #[test]
     fn a_rejection_says_its_rule_and_facts_in_data_and_headers() {
         let refused = Rejection::explained(

@@ -99,7 +99,8 @@ impl Answer {
 
     /// Whether every request identical to the leader can be given this
     /// answer with its own ids: it is not encoded, and each of its ids
-    /// (but `null`) names exactly one of the leader's calls.
+    /// names exactly one of the leader's calls (a `null` the leader did
+    /// not write names none, and stays).
     pub fn shareable(&self) -> bool {
         self.content_encoding.is_none()
             && self
@@ -126,11 +127,13 @@ impl Answer {
         out
     }
 
-    /// Each id in the answer (`null` ones left out): where it is, and the
-    /// leader's call it answers (`None`: no single one). A single call's
-    /// answer answers the leader's one call whatever its id says; a
-    /// batch's entries are matched by id value. `None` when the body is
-    /// not JSON.
+    /// Each id in the answer: where it is, and the leader's call it
+    /// answers (`None`: no single one). A single call's answer answers the
+    /// leader's one call whatever its id says, but for `null`; a batch's
+    /// entries are matched by id value. A `null` answers a call only if
+    /// the leader wrote `null` itself: otherwise it is a node's error about
+    /// something it could not read, the same for every identical request,
+    /// and is left out. `None` when the body is not JSON.
     fn matches(&self) -> Option<Vec<(Range<usize>, Option<usize>)>> {
         let summary = Summary::of(&self.body);
         if !summary.valid {
@@ -142,27 +145,30 @@ impl Answer {
             .enumerate()
             .filter_map(|(i, id)| Some((i, id.as_deref()?)))
             .collect();
+        let by_value = |value: &[u8]| {
+            let mut same = leader.iter().filter(|(_, id)| same_id(id, value));
+            match (same.next(), same.next()) {
+                (Some((i, _)), None) => Some(*i),
+                _ => None,
+            }
+        };
         let ids = summary
             .entries
             .iter()
             .filter_map(|e| e.last(Name::Id))
-            .map(|m| m.value.clone())
-            .filter(|v| &self.body[v.clone()] != b"null");
+            .map(|m| m.value.clone());
         Some(
-            ids.map(|span| {
+            ids.filter_map(|span| {
+                let value = &self.body[span.clone()];
+                let null = value == b"null";
+                if null && !leader.iter().any(|(_, id)| same_id(id, value)) {
+                    return None;
+                }
                 let call = match (summary.shape, leader.as_slice()) {
-                    (Shape::Object, [(only, _)]) => Some(*only),
-                    _ => {
-                        let mut same = leader
-                            .iter()
-                            .filter(|(_, id)| same_id(id, &self.body[span.clone()]));
-                        match (same.next(), same.next()) {
-                            (Some((i, _)), None) => Some(*i),
-                            _ => None,
-                        }
-                    }
+                    (Shape::Object, [(only, _)]) if !null => Some(*only),
+                    _ => by_value(value),
                 };
-                (span, call)
+                Some((span, call))
             })
             .collect(),
         )
@@ -202,6 +208,7 @@ impl<'a> Cursor<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::jsonrpc::testing::id_spelling;
 
     fn ids(raw: &[Option<&str>]) -> Vec<Id> {
         raw.iter()
@@ -300,8 +307,8 @@ mod tests {
         /// node re-serialises them, each gets exactly its own ids back.
         #[test]
         fn every_request_gets_exactly_its_own_ids(
-            leader in proptest::collection::vec(id(), 1..5),
-            waiter in proptest::collection::vec(id(), 5),
+            leader in proptest::collection::vec(id_spelling(), 1..5),
+            waiter in proptest::collection::vec(id_spelling(), 5),
             reversed in proptest::bool::ANY,
         ) {
             let leader: Vec<String> = leader;
@@ -338,18 +345,41 @@ mod tests {
         }
     }
 
-    /// An id as a client could write it: numbers in several spellings,
-    /// strings with escapes.
-    fn id() -> impl proptest::strategy::Strategy<Value = String> {
-        use proptest::prelude::*;
-        prop_oneof![
-            (0u32..1000).prop_map(|n| n.to_string()),
-            (0u32..1000).prop_map(|n| format!("{n}e0")),
-            (0u32..1000).prop_map(|n| format!("{n}.0")),
-            "[a-z]{0,4}".prop_map(|s| format!("\"{s}\"")),
-            "[a-z]{1,3}".prop_map(|s| format!("\"\\u0041{s}\"")),
-            Just("123456789012345678901234567890".to_string()),
-        ]
+    #[test]
+    fn a_null_the_leader_wrote_is_the_leaders_id_and_each_waiter_gets_its_own() {
+        let a = answer(
+            r#"{"jsonrpc":"2.0","id":null,"result":"0x1"}"#,
+            &[Some("null")],
+        );
+        assert!(a.shareable());
+        assert_eq!(
+            rewritten(&a, &[Some("42")]),
+            r#"{"jsonrpc":"2.0","id":42,"result":"0x1"}"#
+        );
+        assert_eq!(
+            rewritten(&a, &[Some(r#""victim""#)]),
+            r#"{"jsonrpc":"2.0","id":"victim","result":"0x1"}"#
+        );
+        assert_eq!(
+            rewritten(&a, &[Some("null")]),
+            r#"{"jsonrpc":"2.0","id":null,"result":"0x1"}"#
+        );
+        // In a batch, by value: the one call the leader wrote `null` for.
+        let a = answer(
+            r#"[{"id":1,"result":"a"},{"id":null,"result":"b"}]"#,
+            &[Some("null"), Some("1")],
+        );
+        assert!(a.shareable());
+        assert_eq!(
+            rewritten(&a, &[Some("7"), Some("8")]),
+            r#"[{"id":8,"result":"a"},{"id":7,"result":"b"}]"#
+        );
+        // Two nulls cannot be told apart.
+        let a = answer(
+            r#"[{"id":null,"result":"a"},{"id":null,"result":"b"}]"#,
+            &[Some("null"), Some("null")],
+        );
+        assert!(!a.shareable());
     }
 
     #[test]

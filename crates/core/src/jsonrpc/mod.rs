@@ -147,6 +147,29 @@ impl<'a> Request<'a> {
     }
 }
 
+/// Whether every node writes this id (raw JSON) back byte for byte: an
+/// integer of at most 15 digits (`-0` aside), or a string of printable
+/// ASCII with no escape and none of `<`, `>`, `&` (which Go's encoder
+/// escapes). A node that re-serialises ids turns `1e0` into `1.0`, a
+/// 30-digit number into a float, `"\u0041"` into `"A"`; `null` is
+/// echoed, but two calls with it cannot be told apart.
+pub fn echoed_as_written(raw: &[u8]) -> bool {
+    match raw {
+        [b'"', inner @ .., b'"'] => inner
+            .iter()
+            .all(|&b| (0x20..0x7f).contains(&b) && !b"\\\"<>&".contains(&b)),
+        [b'-', digits @ ..] => integer(digits) && digits != b"0",
+        digits => integer(digits),
+    }
+}
+
+/// Digits without a leading zero (but `0`), at most 15 of them.
+fn integer(digits: &[u8]) -> bool {
+    (1..=15).contains(&digits.len())
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits[0] != b'0' || digits.len() == 1)
+}
+
 /// Whether two ids, as raw JSON, are the same value: numbers compare as
 /// numbers (`1`, `1.0` and `1e0` are one id, as a node that re-serialises
 /// ids writes them), strings after their escapes are decoded. Ids no JSON
@@ -158,6 +181,27 @@ pub fn same_id(a: &[u8], b: &[u8]) -> bool {
         (Some(Value::Number(x)), Some(Value::Number(y))) => x.as_f64() == y.as_f64(),
         (Some(x), Some(y)) => x == y,
         _ => a == b,
+    }
+}
+
+#[cfg(test)]
+pub mod testing {
+    use proptest::prelude::*;
+
+    /// An id as a client could write it: `null`, numbers in several
+    /// spellings, strings with escapes.
+    pub fn id_spelling() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("null".to_string()),
+            (0u32..1000).prop_map(|n| n.to_string()),
+            (0u32..1000).prop_map(|n| format!("{n}e0")),
+            (0u32..1000).prop_map(|n| format!("{n}.0")),
+            (0u32..1000).prop_map(|n| format!("-{n}.5E-1")),
+            Just("-0".to_string()),
+            "[a-z]{0,4}".prop_map(|s| format!("\"{s}\"")),
+            "[a-z]{1,3}".prop_map(|s| format!("\"\\u0041{s}\\\"\\n\"")),
+            Just("123456789012345678901234567890".to_string()),
+        ]
     }
 }
 

@@ -9,8 +9,11 @@
 //! - a notification (no id: executed, never answered) gets one, so that
 //!   its answer shows when the node is done with it; the answer is dropped;
 //! - a call whose id key some node reads and another may not (`"ID"`,
-//!   `"\u0069d"`, two of them) has its id members replaced by one gateway
-//!   id; the answer gets the client's id back, as the client wrote it;
+//!   `"\u0069d"`, two of them), or whose id a node may write back spelled
+//!   otherwise (`null`, `1e0`, `-0`, a 30-digit number, a string with
+//!   escapes: `jsonrpc::echoed_as_written`), has its id members replaced
+//!   by one gateway id; the answer gets the client's id back, as the
+//!   client wrote it;
 //! - calls packed into one batch by the gate (more calls than slots) each
 //!   get one, so that the batch's answer can be split back into one
 //!   answer per call;
@@ -18,7 +21,7 @@
 //!   never call their clients) is not sent at all: a Go node ignores one,
 //!   so its slot would never come back.
 
-use crate::jsonrpc::{Entry, Id, Kind, Name, Shape, Summary};
+use crate::jsonrpc::{echoed_as_written, Entry, Id, Kind, Name, Shape, Summary};
 use std::ops::Range;
 
 /// What a gateway id's answer becomes.
@@ -95,7 +98,7 @@ pub fn prepare(payload: Vec<u8>, summary: &Summary) -> Prepared {
     let skipped = entries.len() < summary.entries.len();
     if entries.iter().all(|e| e.kind() == Kind::Call) {
         let calls: Vec<Call> = entries.iter().map(|e| call(&payload, e)).collect();
-        let alone = !skipped && entries.iter().all(|e| matches!(e.id(), Id::Plain(_)));
+        let alone = !skipped && entries.iter().all(|e| echoed(&payload, e));
         let mergeable = !entries.iter().any(|e| {
             e.method
                 .as_deref()
@@ -112,7 +115,7 @@ pub fn prepare(payload: Vec<u8>, summary: &Summary) -> Prepared {
     if !batch || entries.iter().all(|e| e.kind() == Kind::Invalid) {
         return Prepared::Send(Outgoing::Plain(payload));
     }
-    let untouched = |e: &&Entry| e.kind() == Kind::Invalid || matches!(e.id(), Id::Plain(_));
+    let untouched = |e: &&Entry| e.kind() == Kind::Invalid || echoed(&payload, e);
     if !skipped && entries.iter().all(untouched) {
         return Prepared::Send(Outgoing::Plain(payload));
     }
@@ -125,6 +128,12 @@ pub fn prepare(payload: Vec<u8>, summary: &Summary) -> Prepared {
             })
             .collect(),
     ))
+}
+
+/// Whether every node answers `entry` with its id as the client wrote it:
+/// one plain id member, of a value no node re-spells.
+fn echoed(payload: &[u8], entry: &Entry) -> bool {
+    matches!(entry.id(), Id::Plain(value) if echoed_as_written(&payload[value.clone()]))
 }
 
 fn call(payload: &[u8], entry: &Entry) -> Call {
@@ -276,7 +285,7 @@ mod tests {
             );
         }
         for text in [
-            r#"{"jsonrpc":"2.0","id":1e0,"method":"eth_call"}"#,
+            r#"{"jsonrpc":"2.0","id":7,"method":"eth_call"}"#,
             r#"[{"jsonrpc":"2.0","id":1,"method":"a"},{"id":"x","method":"b"}]"#,
         ] {
             let Prepared::Send(Outgoing::Calls {
@@ -290,6 +299,30 @@ mod tests {
             };
             assert!(alone && mergeable, "{text}");
             assert_eq!(original, text.as_bytes());
+        }
+    }
+
+    #[test]
+    fn an_id_a_node_may_spell_otherwise_goes_with_a_gateway_id() {
+        for id in [
+            "null",
+            "1e0",
+            "-0",
+            "1.5",
+            "0123",
+            "123456789012345678901234567890",
+            r#""\u0041""#,
+            r#""a<b""#,
+        ] {
+            let text = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_call"}}"#);
+            let Prepared::Send(Outgoing::Calls { alone, calls, .. }) = prepared(&text) else {
+                panic!("{text}")
+            };
+            assert!(!alone, "{text}");
+            assert_eq!(calls[0].restore, Restore::Id(id.as_bytes().to_vec()));
+        }
+        for id in ["0", "-7", "123456789012345", r#""sub-1 x""#] {
+            assert!(crate::jsonrpc::echoed_as_written(id.as_bytes()), "{id}");
         }
     }
 

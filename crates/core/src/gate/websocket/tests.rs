@@ -401,6 +401,8 @@ fn message_text() -> impl Strategy<Value = String> {
         Just(r#"{"jsonrpc":"2.0","method":"eth_getLogs","params":[{}]}"#.to_string()),
         (0u32..1000).prop_map(|i| format!(r#"{{"\u0069d":{i}.0,"method":"m"}}"#)),
         (0u32..1000).prop_map(|i| format!(r#"{{"ID":{i},"method":"m"}}"#)),
+        crate::jsonrpc::testing::id_spelling()
+            .prop_map(|id| format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_call"}}"#)),
         (0u32..1000).prop_map(|i| format!(
             r#"[{{"id":{i},"method":"a"}},{{"method":"b"}},{{"id":"b{i}","method":"c"}}]"#
         )),

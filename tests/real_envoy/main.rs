@@ -8,6 +8,7 @@ mod clients;
 mod deploy;
 mod failure_mode;
 mod fleet;
+mod floods;
 mod foundation;
 mod gateway;
 mod hostile;

@@ -175,6 +175,7 @@ impl Context for GateRoot {
         _: usize,
     ) {
         let Some(vm) = &self.vm else { return };
+        vm.borrow_mut().registry.new_turn();
         // No headers: the callout failed (reset, timeout, no upstream).
         with(vm, self.context_id, true, |r| {
             let response = (num_headers > 0).then(|| {
@@ -195,6 +196,7 @@ impl RootContext for GateRoot {
     fn on_tick(&mut self) {
         let Some(vm) = &self.vm else { return };
         let now = now_ms();
+        vm.borrow_mut().registry.new_turn();
         let engaged = vm.borrow_mut().registry.engage(now);
         if let Some((engaged, poll)) = engaged {
             let snapshot = Snapshot {
@@ -228,11 +230,16 @@ impl RootContext for GateRoot {
         with(vm, self.context_id, false, Registry::retry_waiting);
     }
 
-    /// Wake messages: callouts to send, answers, failed leaders.
+    /// Wake messages: callouts to send, answers, failed leaders; and the
+    /// answers and resumes a past turn left (`registry::TURN_ACTIONS`).
     fn on_queue_ready(&mut self, queue_id: u32) {
         let Some(vm) = &self.vm else { return };
-        vm.borrow_mut().queues.read();
-        dispatch(vm, self.context_id);
+        {
+            let mut vm = vm.borrow_mut();
+            vm.queues.read();
+            vm.registry.new_turn();
+        }
+        with(vm, self.context_id, true, |_| ());
         while let Ok(Some(message)) = host::dequeue(queue_id) {
             with(vm, self.context_id, true, |r| r.woken(&message));
         }

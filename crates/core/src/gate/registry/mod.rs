@@ -10,6 +10,15 @@
 //! the others it queues as `Do`s, which the glue takes (`take`) and carries
 //! out with host calls, in order.
 //!
+//! **Turns.** Envoy does what a VM asks for another stream (a local reply,
+//! a resume) after the VM call returns, one after another, and each local
+//! reply runs that stream's response through the VMs at once, where the
+//! next one waiting is done, nested: the host's stack grows with the number
+//! asked for in one go, and V8 stops the VMs past a few hundred. So a turn
+//! (from one root-context callback to the next) carries out at most
+//! `TURN_ACTIONS` answers and resumes; the rest stay queued, and a `Poke`
+//! brings the root context back, in a turn of its own, to do the next.
+//!
 //! Callouts are sent from the root context (so that a stream's end cannot
 //! cancel them): a stream that comes to lead in its own callback asks the
 //! glue to `Poke` this VM's own queue, and the root context then sends what
@@ -32,6 +41,11 @@ use crate::rejection::Rejection;
 use crate::request::{Body, RequestFacts};
 use crate::shared::{read, update, Change, SharedStore};
 use std::collections::{HashMap, VecDeque};
+
+/// Answers and resumes of other streams carried out in one turn at most
+/// (module docs): far below the depth at which V8 stops a VM (some 500
+/// local replies nested in one, through the whole chain).
+pub const TURN_ACTIONS: u32 = 64;
 
 /// What the glue does for a stream other than the one it was called for
 /// (or from a root-context callback).
@@ -82,6 +96,8 @@ pub struct Registry<S: SharedStore> {
     /// Reads at `latest` held for the head, and its poll.
     heads: Heads,
     todo: Vec<Do>,
+    /// Answers and resumes this turn may still carry out (`TURN_ACTIONS`).
+    turn_left: u32,
     /// When the heartbeat's work last ran.
     last_heartbeat_ms: u64,
     /// When dedup's engagement tick last ran.
@@ -114,6 +130,7 @@ impl<S: SharedStore> Registry<S> {
             to_dispatch: VecDeque::new(),
             heads: Heads::default(),
             todo: Vec::new(),
+            turn_left: TURN_ACTIONS,
             last_heartbeat_ms: now_ms,
             last_engage_ms: 0,
             announced: None,
@@ -122,10 +139,34 @@ impl<S: SharedStore> Registry<S> {
         }
     }
 
-    /// What to do for the other streams, in order, and the lines for
-    /// Envoy's log; both are taken.
+    /// What to do for the other streams now, in order, and the lines for
+    /// Envoy's log; both are taken. Past this turn's answers and resumes
+    /// (`TURN_ACTIONS`), the rest stay for the next turn, and a `Poke`
+    /// asks for one.
     pub fn take(&mut self) -> (Vec<Do>, Vec<String>) {
-        (std::mem::take(&mut self.todo), self.worker.take_log())
+        let mut now = Vec::with_capacity(self.todo.len());
+        let mut later = Vec::new();
+        for todo in std::mem::take(&mut self.todo) {
+            match todo {
+                Do::Answer(..) | Do::Resume(..) if self.turn_left == 0 => later.push(todo),
+                Do::Answer(..) | Do::Resume(..) => {
+                    self.turn_left -= 1;
+                    now.push(todo);
+                }
+                Do::Wake(..) | Do::Poke => now.push(todo),
+            }
+        }
+        if !later.is_empty() {
+            now.push(Do::Poke);
+        }
+        self.todo = later;
+        (now, self.worker.take_log())
+    }
+
+    /// A root-context callback begins a turn: Envoy calls it from its
+    /// event loop, never from inside a VM call.
+    pub fn new_turn(&mut self) {
+        self.turn_left = TURN_ACTIONS;
     }
 
     fn now_ms(&self) -> u64 {

@@ -578,6 +578,7 @@ fn read_at(r: &mut Rig, id: u32, body: &[u8], head: Option<&str>, token: u32) ->
     let (poll, _) = r.next_callout().unwrap();
     assert_eq!(poll, HEAD_POLL);
     r.sent(poll, Ok(token));
+    r.new_turn();
     r.callout_ended(token, head.map(|h| head_answer("0x10", h)));
     r.take().0
 }
@@ -662,6 +663,40 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
     ask(&mut r, 7, &b, 80);
     assert_eq!(r.worker.counts.cache.misses, misses + 1);
     assert_eq!(r.worker.counts.cache.at_head, 7);
+}
+
+/// A head poll that answers hundreds of held reads answers them over
+/// several turns, `TURN_ACTIONS` each, every read once: Envoy nests the
+/// local replies asked for in one go, and V8 stops a VM past a few hundred.
+#[test]
+fn many_reads_answered_at_once_are_answered_a_turn_at_a_time() {
+    let mut r = latest_rig();
+    let held = 3 * TURN_ACTIONS + 5;
+    for id in 1..=held {
+        assert_eq!(send(&mut r, id, &number_call(id)), Then::Pause);
+    }
+    let (poll, _) = r.next_callout().unwrap();
+    r.sent(poll, Ok(9));
+    r.take();
+    r.new_turn();
+    r.callout_ended(9, Some(head_answer("0x10", &hash("aa"))));
+    let mut answered = Vec::new();
+    for turn in 0..4 {
+        let dos = r.take().0;
+        let got = answers(&dos);
+        assert_eq!(
+            got.len() as u32,
+            TURN_ACTIONS.min(held - answered.len() as u32)
+        );
+        assert_eq!(dos.contains(&Do::Poke), turn < 3, "turn {turn}");
+        // Within the turn, nothing more.
+        assert!(answers(&r.take().0).is_empty());
+        answered.extend(got.iter().map(|(id, _)| *id));
+        r.new_turn();
+    }
+    answered.sort_unstable();
+    assert_eq!(answered, (1..=held).collect::<Vec<_>>());
+    assert_eq!(r.take().0, []);
 }
 
 /// The node does not know the head's hash (a node behind the head): the

@@ -3,6 +3,7 @@
 //! they run one at a time so timing-sensitive tests do not share the cores.
 
 mod admission_gate;
+mod answers;
 mod cache;
 mod clients;
 mod deploy;
@@ -12,7 +13,6 @@ mod floods;
 mod foundation;
 mod gateway;
 mod hostile;
-mod ids;
 mod loadgen;
 mod quickstart;
 mod retry_storm;

@@ -22,6 +22,10 @@ pub trait RequestFacts {
         None
     }
     fn header(&mut self, name: &str) -> Option<String>;
+    /// The upstream cluster the route chose, for hosts that can tell.
+    fn route_cluster(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// Reads the body piece (or upgraded stream data) Envoy is handing over.

@@ -47,6 +47,9 @@ struct Args {
     /// PubSub).
     #[arg(long, value_enum, default_value_t = Flavour::Ethereum)]
     chain: Flavour,
+    /// The chain id `eth_chainId` and `net_version` answer (Ethereum).
+    #[arg(long, default_value_t = 1)]
+    chain_id: u64,
     /// Worker threads for the node's runtime (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -88,6 +91,7 @@ impl Args {
             tip_lost_after_blocks: self.tip_lost_after,
             gzip: self.gzip,
             flavour: self.chain,
+            chain_id: self.chain_id,
         })
     }
 }

@@ -39,6 +39,8 @@ pub struct NodeConfig {
     pub gzip: bool,
     /// Ethereum's JSON-RPC or Solana's.
     pub flavour: Flavour,
+    /// What `eth_chainId` and `net_version` answer.
+    pub chain_id: u64,
 }
 
 #[derive(Debug)]
@@ -269,7 +271,12 @@ impl Node {
                     return (None, service);
                 };
                 let answer = match self.config.flavour {
-                    Flavour::Ethereum => Ok(rpc::canned_result(&method, &params, head)),
+                    Flavour::Ethereum => Ok(rpc::canned_result(
+                        &method,
+                        &params,
+                        head,
+                        self.config.chain_id,
+                    )),
                     Flavour::Solana if pubsub::is_pubsub(&method) => match subs {
                         Some(subs) => lock(subs).call(&method, &params, head),
                         None => Err((
@@ -458,6 +465,7 @@ mod tests {
             tip_lost_after_blocks: 3.0,
             gzip: false,
             flavour,
+            chain_id: 1,
         })
     }
 

@@ -120,13 +120,14 @@ fn block(n: u64) -> Value {
     })
 }
 
-/// A plausible result for a known method, given the executed head.
-pub fn canned_result(method: &str, params: &Value, head: u64) -> Value {
+/// A plausible result for a known method, given the executed head, on
+/// chain `chain_id`.
+pub fn canned_result(method: &str, params: &Value, head: u64, chain_id: u64) -> Value {
     let hex = |n: u64| Value::String(format!("{n:#x}"));
     match method {
         "eth_blockNumber" => hex(head),
-        "eth_chainId" => hex(1),
-        "net_version" => Value::String("1".into()),
+        "eth_chainId" => hex(chain_id),
+        "net_version" => Value::String(chain_id.to_string()),
         "web3_clientVersion" => {
             Value::String(concat!("stakegate-rpc-node/", env!("CARGO_PKG_VERSION")).into())
         }
@@ -234,7 +235,7 @@ mod tests {
     #[test]
     fn blocks_are_named_by_tag_number_or_hash() {
         let number = |method: &str, param: &str| {
-            canned_result(method, &json!([param, false]), 100)["number"].clone()
+            canned_result(method, &json!([param, false]), 100, 1)["number"].clone()
         };
         assert_eq!(number("eth_getBlockByNumber", "latest"), json!("0x64"));
         assert_eq!(number("eth_getBlockByNumber", "finalized"), json!("0x24"));
@@ -249,7 +250,7 @@ mod tests {
     #[test]
     fn block_number_reports_the_head() {
         assert_eq!(
-            canned_result("eth_blockNumber", &json!([]), 255),
+            canned_result("eth_blockNumber", &json!([]), 255, 1),
             json!("0xff")
         );
     }

@@ -32,4 +32,8 @@ impl RequestFacts for StreamFacts {
     fn header(&mut self, name: &str) -> Option<String> {
         host::request_header(name)
     }
+
+    fn route_cluster(&mut self) -> Option<String> {
+        property_string(&["xds", "cluster_name"]).filter(|s| !s.is_empty())
+    }
 }

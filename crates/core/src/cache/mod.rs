@@ -18,8 +18,10 @@
 //! delete). So `maxBytes` and `maxEntries` bound each worker, and a key is
 //! asked of the node once per worker.
 //!
-//! **Keys.** A request's key is its body but its id, byte for byte, and
-//! where the id was, hashed twice with SipHash under this worker's random
+//! **Keys.** A request's key is its route (the cluster Envoy's route chose,
+//! the `:authority` and the `:path`: another route may be another node,
+//! another chain), its body but its id, byte for byte, and where the id
+//! was, hashed twice with SipHash under this worker's random
 //! keys (128 bits no client can aim a collision at). Checking that a body
 //! is one call with a plain id, and the cheap method test, come first;
 //! the rules parse the params only on a miss. So a client gets the answer
@@ -226,8 +228,8 @@ impl Cache {
     /// saves).
     /// A read at the head is not judged yet: its lookup at the head is
     /// (`lookup_pinned`, `saw_head`).
-    pub fn lookup(&mut self, body: &[u8], worth: impl FnOnce(&str) -> u64) -> Lookup {
-        let lookup = self.find(body, worth, false);
+    pub fn lookup(&mut self, body: &[u8], route: &str, worth: impl FnOnce(&str) -> u64) -> Lookup {
+        let lookup = self.find(body, route, worth, false);
         if !matches!(lookup, Lookup::AtHead(..)) {
             self.standby
                 .saw(matches!(lookup, Lookup::Hit(..) | Lookup::Miss(_)));
@@ -238,8 +240,13 @@ impl Cache {
     /// Looks up a read at `latest` pinned to the head's hash
     /// (`rules::pinned`). Its key is apart from every request's own: a
     /// client that asks at that hash itself is never given it.
-    pub fn lookup_pinned(&mut self, body: &[u8], worth: impl FnOnce(&str) -> u64) -> Lookup {
-        let lookup = self.find(body, worth, true);
+    pub fn lookup_pinned(
+        &mut self,
+        body: &[u8],
+        route: &str,
+        worth: impl FnOnce(&str) -> u64,
+    ) -> Lookup {
+        let lookup = self.find(body, route, worth, true);
         self.standby
             .saw(matches!(lookup, Lookup::Hit(..) | Lookup::Miss(_)));
         lookup
@@ -251,7 +258,13 @@ impl Cache {
         self.standby.saw(true);
     }
 
-    fn find(&mut self, body: &[u8], worth: impl FnOnce(&str) -> u64, pinned: bool) -> Lookup {
+    fn find(
+        &mut self,
+        body: &[u8],
+        route: &str,
+        worth: impl FnOnce(&str) -> u64,
+        pinned: bool,
+    ) -> Lookup {
         let Some(request) = Request::read(body).filter(|r| !r.batch) else {
             return Lookup::Uncacheable;
         };
@@ -264,7 +277,7 @@ impl Cache {
             return self.at_head(call.method, body, id);
         }
         let ids = vec![Some(body[id.clone()].to_vec())];
-        let key = self.key(body, id, pinned);
+        let key = self.key(body, id, route, pinned);
         if let Some(kept) = self.entries.get_mut(&key) {
             self.order.remove(&(kept.rank, key));
             self.seq += 1;
@@ -370,13 +383,15 @@ impl Cache {
         Ok(evicted)
     }
 
-    /// A request's key: the body but its id, byte for byte, and where the
-    /// id was, as two SipHash digests with this worker's random keys; a
-    /// pinned read's apart.
-    fn key(&self, body: &[u8], id: &Range<usize>, pinned: bool) -> Key {
+    /// A request's key: its route, the body but its id, byte for byte,
+    /// and where the id was, as two SipHash digests with this worker's
+    /// random keys; a pinned read's apart.
+    fn key(&self, body: &[u8], id: &Range<usize>, route: &str, pinned: bool) -> Key {
         let half = |state: &RandomState| {
             let mut hasher = state.build_hasher();
             hasher.write_u8(u8::from(pinned));
+            hasher.write(route.as_bytes());
+            hasher.write_u8(0xff);
             hasher.write_usize(id.start);
             hasher.write(&body[..id.start]);
             hasher.write(&body[id.end..]);

@@ -35,8 +35,8 @@ fn miss(cache: &mut Cache, body: &[u8]) -> Miss {
 }
 
 fn miss_worth(cache: &mut Cache, body: &[u8], worth: u64) -> Miss {
-    assert_eq!(cache.lookup(body, |_| worth), Lookup::First);
-    match cache.lookup(body, |_| worth) {
+    assert_eq!(cache.lookup(body, "", |_| worth), Lookup::First);
+    match cache.lookup(body, "", |_| worth) {
         Lookup::Miss(miss) => miss,
         other => panic!("expected a miss, got {other:?}"),
     }
@@ -54,7 +54,7 @@ fn a_final_answer_is_served_again_with_each_request_s_own_id() {
         .unwrap();
     // The same call with another id (the bytes around it the same).
     let again = request(json!("x7"), "eth_getBlockByNumber", json!(["0x10", false]));
-    let Lookup::Hit(kept, ids) = cache.lookup(&again, |_| 1) else {
+    let Lookup::Hit(kept, ids) = cache.lookup(&again, "", |_| 1) else {
         panic!("a hit");
     };
     let served: Value = serde_json::from_slice(&kept.body_for(&ids)).unwrap();
@@ -63,7 +63,7 @@ fn a_final_answer_is_served_again_with_each_request_s_own_id() {
     assert_eq!(cache.size().0, 1);
     // Spelled otherwise (spacing, member order), it is another key.
     let spelled = br#"{ "params":["0x10",false], "method":"eth_getBlockByNumber", "id":"x7", "jsonrpc":"2.0" }"#;
-    assert_eq!(cache.lookup(spelled, |_| 1), Lookup::First);
+    assert_eq!(cache.lookup(spelled, "", |_| 1), Lookup::First);
 }
 
 #[test]
@@ -119,7 +119,7 @@ fn answers_that_could_change_are_never_kept() {
         br#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}]"#.to_vec(),
         br#"{"jsonrpc":"2.0","method":"eth_chainId"}"#.to_vec(),
     ] {
-        assert_eq!(cache.lookup(&body, |_| 1), Lookup::Uncacheable);
+        assert_eq!(cache.lookup(&body, "", |_| 1), Lookup::Uncacheable);
     }
     let too_large = answer("1", json!("x".repeat(5000)));
     let m = miss(&mut cache, &request(json!(1), "eth_chainId", json!([])));
@@ -147,12 +147,24 @@ fn a_full_cache_drops_the_answer_worth_least_and_stays_within_its_bounds() {
     assert_eq!(keep(&mut cache, 3, 100), 0);
     // A fourth drops the cheap one, though it is not the oldest.
     assert_eq!(keep(&mut cache, 4, 100), 1);
-    assert!(!matches!(cache.lookup(&block(2), |_| 1), Lookup::Hit(..)));
-    assert!(matches!(cache.lookup(&block(1), |_| 1), Lookup::Hit(..)));
+    assert!(!matches!(
+        cache.lookup(&block(2), "", |_| 1),
+        Lookup::Hit(..)
+    ));
+    assert!(matches!(
+        cache.lookup(&block(1), "", |_| 1),
+        Lookup::Hit(..)
+    ));
     // Among equals, the least recently served goes: 1 was just served.
     assert_eq!(keep(&mut cache, 5, 100), 1);
-    assert!(!matches!(cache.lookup(&block(3), |_| 1), Lookup::Hit(..)));
-    assert!(matches!(cache.lookup(&block(1), |_| 1), Lookup::Hit(..)));
+    assert!(!matches!(
+        cache.lookup(&block(3), "", |_| 1),
+        Lookup::Hit(..)
+    ));
+    assert!(matches!(
+        cache.lookup(&block(1), "", |_| 1),
+        Lookup::Hit(..)
+    ));
     // Many distinct keys: never past the bounds.
     let mut cache = Cache::new(policy(64 * 1024, 200));
     for n in 0..100_000 {
@@ -175,7 +187,7 @@ fn pass(cache: &mut Cache, bodies: impl Iterator<Item = Vec<u8>>) -> u32 {
     for body in bodies {
         if cache.looks_up() {
             looked += 1;
-            cache.lookup(&body, |_| 1);
+            cache.lookup(&body, "", |_| 1);
         }
     }
     looked
@@ -254,26 +266,26 @@ fn with_latest_a_read_at_latest_is_read_at_the_head_and_its_pinned_key_is_its_ow
         ..policy(1 << 20, 100)
     });
     let at_latest = request(json!(1), "eth_getBalance", json!(["0xaa", "latest"]));
-    let Lookup::AtHead(rules::AtHead::State(at), ids) = cache.lookup(&at_latest, |_| 1) else {
+    let Lookup::AtHead(rules::AtHead::State(at), ids) = cache.lookup(&at_latest, "", |_| 1) else {
         panic!("read at the head");
     };
     assert_eq!(ids, [Some(b"1".to_vec())]);
     let hash = format!("0x{}", "ab".repeat(32));
     let pinned = rules::pinned(&at_latest, &at, &hash);
-    assert_eq!(cache.lookup_pinned(&pinned, |_| 1), Lookup::First);
-    let Lookup::Miss(miss) = cache.lookup_pinned(&pinned, |_| 1) else {
+    assert_eq!(cache.lookup_pinned(&pinned, "", |_| 1), Lookup::First);
+    let Lookup::Miss(miss) = cache.lookup_pinned(&pinned, "", |_| 1) else {
         panic!("its second miss");
     };
     assert_eq!(miss.lifetime, Lifetime::Pinned);
     cache.keep(miss, &answer("1", json!("0x2a")), None).unwrap();
     assert!(matches!(
-        cache.lookup_pinned(&pinned, |_| 1),
+        cache.lookup_pinned(&pinned, "", |_| 1),
         Lookup::Hit(..)
     ));
     // A client asking at that hash itself is not given it: the node says
     // whether it still knows the block.
-    assert_eq!(cache.lookup(&pinned, |_| 1), Lookup::Uncacheable);
+    assert_eq!(cache.lookup(&pinned, "", |_| 1), Lookup::Uncacheable);
     // Without `latest`, a read at `latest` is not looked at.
     let mut off = Cache::new(policy(1 << 20, 100));
-    assert_eq!(off.lookup(&at_latest, |_| 1), Lookup::Uncacheable);
+    assert_eq!(off.lookup(&at_latest, "", |_| 1), Lookup::Uncacheable);
 }

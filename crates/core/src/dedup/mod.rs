@@ -328,10 +328,12 @@ impl Dedup {
         content_length <= self.policy.max_body_bytes
     }
 
-    /// The key of a request body, or why it has none. `client` is the
-    /// sender's name for `client` scope (`client_name`, read with the
-    /// headers: Envoy serves no headers during the body phase).
-    pub fn key(&self, body: &[u8], client: &str) -> Result<Keyed, Skip> {
+    /// The key of a request body, or why it has none. `route` names where
+    /// it goes (the gate's `Target::route`: identical calls to another
+    /// node, maybe another chain, share nothing); `client` is the sender's
+    /// name for `client` scope (`client_name`, read with the headers:
+    /// Envoy serves no headers during the body phase).
+    pub fn key(&self, body: &[u8], route: &str, client: &str) -> Result<Keyed, Skip> {
         let request = Request::read(body).ok_or(Skip::Body(Unkeyed::NotJsonRpc))?;
         let calls = &request.calls;
         let policy = &self.policy;
@@ -369,7 +371,7 @@ impl Dedup {
             true => Reuse::OnceFinal,
         };
         Ok(Keyed {
-            key: key::key(body, scope).map_err(Skip::Body)?,
+            key: key::key(body, &format!("{route}\n{scope}")).map_err(Skip::Body)?,
             ids,
             reuse,
         })

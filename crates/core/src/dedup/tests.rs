@@ -46,7 +46,9 @@ fn name(dedup: &Dedup, mut client: Client) -> String {
 }
 
 fn keyed(dedup: &Dedup, body: &str, client: Client) -> Keyed {
-    dedup.key(body.as_bytes(), &name(dedup, client)).unwrap()
+    dedup
+        .key(body.as_bytes(), "", &name(dedup, client))
+        .unwrap()
 }
 
 fn verdict(d: &Dedup, store: &MemoryStore, keyed: &Keyed, vm: u32, now: u64) -> Verdict {
@@ -458,9 +460,9 @@ fn a_full_page_lets_requests_pass_and_sweeps_empty_it() {
 fn repeated_ids_in_a_batch_are_not_coalesced() {
     let d = dedup("{}");
     let batch = format!("[{},{}]", call("1"), call("2"));
-    assert_eq!(d.key(batch.as_bytes(), "c"), Err(Skip::RepeatedIds));
+    assert_eq!(d.key(batch.as_bytes(), "", "c"), Err(Skip::RepeatedIds));
     let batch = batch.replacen(r#""id":7"#, r#""id":8"#, 1);
-    let keyed = d.key(batch.as_bytes(), "c").unwrap();
+    let keyed = d.key(batch.as_bytes(), "", "c").unwrap();
     assert_eq!(keyed.ids, vec![Some(b"8".to_vec()), Some(b"7".to_vec())]);
 }
 
@@ -475,7 +477,7 @@ fn methods_and_scopes() {
     // Not deduplicated by default: polled methods.
     let poll = r#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber","params":[]}"#;
     assert_eq!(
-        d.key(poll.as_bytes(), &name(&d, other_ip("192.0.2.1"))),
+        d.key(poll.as_bytes(), "", &name(&d, other_ip("192.0.2.1"))),
         Err(Skip::Method)
     );
     // Client scope: by key when sent, else by address.
@@ -514,7 +516,8 @@ fn methods_and_scopes() {
     assert_ne!(k.key, keyed(&d, &batch, other_ip("192.0.2.2")).key);
     assert_eq!(
         d.key(
-            format!("[{body},{poll}]").as_bytes(),
+            format!("[{body}, {poll}]").as_bytes(),
+            "",
             &name(&d, other_ip("192.0.2.1"))
         ),
         Err(Skip::Method)
@@ -522,7 +525,7 @@ fn methods_and_scopes() {
     // Lists: exclude, and global scope for everything.
     let d = dedup(r#"{"exclude": ["eth_call"], "scope": "global"}"#);
     assert_eq!(
-        d.key(body.as_bytes(), &name(&d, other_ip("192.0.2.1"))),
+        d.key(body.as_bytes(), "", &name(&d, other_ip("192.0.2.1"))),
         Err(Skip::Method)
     );
     let logs = r#"{"method":"eth_getLogs","params":[{}]}"#;

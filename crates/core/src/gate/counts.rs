@@ -47,6 +47,9 @@ pub struct DedupCounts {
     /// Passed unchecked: coalescing stood by, the node being quick
     /// (`dedup::engage`).
     pub standing_by: u64,
+    /// Passed by the cache and coalescing: routed to a cluster other than
+    /// `dedup.upstream.cluster`.
+    pub other_cluster: u64,
 }
 
 /// The answer cache's counts (all zero while it is off).
@@ -228,6 +231,7 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "dedup.table_full", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.table_full) },
     Metric { name: "dedup.purged", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.purged) },
     Metric { name: "dedup.standing_by", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.standing_by) },
+    Metric { name: "dedup.other_cluster", kind: Kind::Counter, read: |s, _| add(s.counts.dedup.other_cluster) },
     Metric { name: "dedup.engaged", kind: Kind::Gauge, read: |s, _| set(s.engaged.map(u64::from)) },
     Metric { name: "dedup.entries", kind: Kind::Gauge, read: |s, _| set(s.ticked.as_ref().and_then(|t| t.dedup_entries)) },
     Metric { name: "dedup.waiting", kind: Kind::Gauge, read: |s, _| match s.waiting { Some(0) | None => Reading::Skip, Some(change) => Reading::Change(change) } },

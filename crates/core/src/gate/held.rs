@@ -153,7 +153,7 @@ impl Place {
             }
             (Some(head), AtHead::State(at)) => pinned(&read.body, at, &head.hash),
         };
-        let keep = match w.cache_lookup_pinned(&at) {
+        let keep = match w.cache_lookup_pinned(&at, &read.target.route()) {
             Some(Lookup::Hit(answer, _)) => return answered(w, &answer),
             Some(Lookup::Miss(miss)) => Some(miss),
             _ => None,
@@ -224,7 +224,8 @@ impl Place {
         let Some(dedup) = w.dedup.clone() else {
             return Checked::Continue;
         };
-        let (keyed, vm) = match (dedup.key(&request, client), w.gate.vm()) {
+        let target = target.unwrap_or_default();
+        let (keyed, vm) = match (dedup.key(&request, &target.route(), client), w.gate.vm()) {
             (Ok(keyed), Some(vm)) => (keyed, vm),
             _ => {
                 w.counts.dedup.skipped += 1;
@@ -245,7 +246,7 @@ impl Place {
             key: keyed.key,
             ids: keyed.ids,
             body: request,
-            target: target.unwrap_or_default(),
+            target,
             deadline_ms: now_ms.saturating_add(dedup.policy().max_wait_ms),
             leads: false,
             pending: None,

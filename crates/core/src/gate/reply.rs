@@ -6,12 +6,35 @@
 use super::policy::GatePolicy;
 use crate::dedup::answer::{Answer, Id};
 use crate::rejection::{json_rpc_error_body, Rejection};
+use crate::request::RequestFacts;
 
-/// Where a callout goes: the client's `:path` and `:authority`.
+/// Where a request goes: the cluster Envoy's route chose for it (empty if
+/// the host cannot say), and the client's `:path` and `:authority`, where
+/// a callout for it goes too. Together they say which node, and which
+/// chain, answers it: answers are shared only within one (`route`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Target {
+    pub cluster: String,
     pub path: String,
     pub authority: String,
+}
+
+impl Target {
+    /// The request's target: `cluster` as the route chose it, the path
+    /// and authority from its headers.
+    pub fn read(cluster: Option<String>, facts: &mut impl RequestFacts) -> Self {
+        Self {
+            cluster: cluster.unwrap_or_default(),
+            path: facts.header(":path").unwrap_or_else(|| "/".into()),
+            authority: facts.header(":authority").unwrap_or_default(),
+        }
+    }
+
+    /// What names its route in a key: two requests share an answer only
+    /// if this is the same for both.
+    pub fn route(&self) -> String {
+        format!("{}\n{}\n{}", self.cluster, self.authority, self.path)
+    }
 }
 
 /// An HTTP callout to make from the root context.
@@ -167,6 +190,7 @@ mod tests {
         let target = Target {
             path: "/rpc".into(),
             authority: "node.example".into(),
+            ..Target::default()
         };
         let callout = Callout::post("node", &target, b"{}".to_vec(), 100);
         assert!(callout.headers.contains(&(":path", "/rpc".into())));

@@ -113,6 +113,27 @@ impl GateWorker {
         }
     }
 
+    /// Whether the cache and coalescing look at a request the route sends
+    /// to `cluster` (`None`: the host cannot say): only if it is
+    /// `dedup.upstream.cluster`, the node they poll and send callouts to.
+    /// Another cluster is another node, maybe another chain: its requests
+    /// pass them by (`dedup.other_cluster`), and the log says so once.
+    pub(super) fn fronts(&mut self, cluster: Option<&str>) -> bool {
+        let (Some(dedup), Some(cluster)) = (&self.dedup, cluster) else {
+            return true;
+        };
+        let upstream = &dedup.policy().upstream.cluster;
+        if cluster == upstream {
+            return true;
+        }
+        self.counts.dedup.other_cluster += 1;
+        let line = format!(
+            "requests routed to cluster {cluster:?} pass the cache and coalescing by: they front dedup.upstream.cluster {upstream:?} only (give each node or chain a gate of its own, see policies/admission-gate.md)"
+        );
+        self.note_once(&line);
+        false
+    }
+
     /// Whether the cache looks a request up (it has a cache, and keys
     /// repeat or this request is a sample), counted.
     pub(super) fn cache_looks_up(&mut self) -> bool {
@@ -133,14 +154,14 @@ impl GateWorker {
         store: &impl SharedStore,
         now_ms: u64,
         body: &[u8],
+        route: &str,
     ) -> Option<Lookup> {
         let meter = &self.meter;
         // What an answer saves: its method's learned node time, else the
         // same for every answer.
-        let lookup = self
-            .cache
-            .as_mut()?
-            .lookup(body, |method| meter.estimate_us(method).unwrap_or(1000));
+        let lookup = self.cache.as_mut()?.lookup(body, route, |method| {
+            meter.estimate_us(method).unwrap_or(1000)
+        });
         let lookup = match lookup {
             Lookup::Miss(Miss {
                 lifetime: Lifetime::AtBlock(n),
@@ -163,12 +184,11 @@ impl GateWorker {
 
     /// A read at `latest` pinned to the head's hash, looked up
     /// (`Place::at_head`), counted as a lookup.
-    pub(super) fn cache_lookup_pinned(&mut self, body: &[u8]) -> Option<Lookup> {
+    pub(super) fn cache_lookup_pinned(&mut self, body: &[u8], route: &str) -> Option<Lookup> {
         let meter = &self.meter;
-        let lookup = self
-            .cache
-            .as_mut()?
-            .lookup_pinned(body, |method| meter.estimate_us(method).unwrap_or(1000));
+        let lookup = self.cache.as_mut()?.lookup_pinned(body, route, |method| {
+            meter.estimate_us(method).unwrap_or(1000)
+        });
         let counts = &mut self.counts.cache;
         match &lookup {
             Lookup::Hit(..) => counts.hits += 1,

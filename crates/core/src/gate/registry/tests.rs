@@ -18,7 +18,6 @@ fn post() -> Head {
         end_of_stream: false,
         upgrade: Upgrade::None,
         content_length: None,
-        target: Some(Default::default()),
     }
 }
 
@@ -285,7 +284,6 @@ fn open(r: &mut Rig, id: u32) {
         end_of_stream: false,
         upgrade: Upgrade::Websocket,
         content_length: None,
-        target: None,
     };
     assert_eq!(
         r.headers(id, &mut Public, head),
@@ -747,4 +745,66 @@ fn a_failed_poll_lets_its_read_on_and_reads_that_share_no_poll_stop_being_held()
     assert_eq!(send(&mut r, 1, &number_call(1)), Then::Continue);
     assert_eq!(r.next_callout(), None);
     assert_eq!(r.worker.counts.cache.head_passed, 1);
+}
+
+/// A public client whose request the route sends to `cluster`, at `path`.
+struct Routed {
+    cluster: &'static str,
+    path: &'static str,
+}
+
+impl crate::request::RequestFacts for Routed {
+    fn metadata_class(&mut self, _: crate::request::MetadataScope) -> Option<String> {
+        None
+    }
+    fn source_ip(&mut self) -> Option<std::net::IpAddr> {
+        "192.0.2.1".parse().ok()
+    }
+    fn peer_uri_san(&mut self) -> Option<String> {
+        None
+    }
+    fn header(&mut self, name: &str) -> Option<String> {
+        (name == ":path").then(|| self.path.to_string())
+    }
+    fn route_cluster(&mut self) -> Option<String> {
+        Some(self.cluster.to_string())
+    }
+}
+
+/// Answers are shared within a route only: a request routed to another
+/// cluster passes the cache and coalescing by, and identical calls to
+/// another path of the same cluster share nothing.
+#[test]
+fn answers_are_shared_within_one_route_only() {
+    let mut r = registry(r#"{"maxInflight": 8, "dedup": {}, "cache": {}}"#);
+    let chain_id = br#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#;
+    let mut ask = |r: &mut Rig, id: u32, facts: &mut Routed, body: &[u8]| {
+        assert_eq!(r.headers(id, facts, post()), OnHeaders::Continue);
+        r.request_body(id, body.len(), true, &mut Bytes(body.to_vec()))
+    };
+    let other = || Routed {
+        cluster: "base_node",
+        path: "/",
+    };
+    assert_eq!(ask(&mut r, 1, &mut other(), chain_id), Then::Continue);
+    assert_eq!(
+        (
+            r.worker.counts.dedup.other_cluster,
+            r.worker.counts.cache.misses
+        ),
+        (1, 0),
+        "not looked up"
+    );
+    r.done(1);
+    // Coalescing (engaged from the start): one leader per route.
+    let eth = |path| Routed {
+        cluster: "rpc_node",
+        path,
+    };
+    assert!(matches!(ask(&mut r, 2, &mut eth("/a"), CALL), Then::Pause));
+    assert!(matches!(ask(&mut r, 3, &mut eth("/b"), CALL), Then::Pause));
+    assert!(matches!(ask(&mut r, 4, &mut eth("/a"), CALL), Then::Pause));
+    let leaders: Vec<u32> = std::iter::from_fn(|| r.next_callout().map(|(id, _)| id)).collect();
+    assert_eq!(leaders, [2, 3], "4 waits for 2");
+    assert_eq!(r.worker.counts.dedup.other_cluster, 1);
 }

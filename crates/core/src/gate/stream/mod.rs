@@ -46,8 +46,6 @@ pub struct Head {
     pub end_of_stream: bool,
     pub upgrade: Upgrade,
     pub content_length: Option<u64>,
-    /// With dedup, where a leader's callout goes.
-    pub target: Option<Target>,
 }
 
 impl Head {
@@ -56,8 +54,9 @@ impl Head {
     /// on a plain request, which is cheap) always; `:method` only for an
     /// upgrade, or, with dedup on, for a body of unknown length (a CONNECT
     /// tunnel must not be held as a body); `content-length` only with
-    /// dedup, which skips a body too large to check before holding it, and
-    /// with it `:path` and `:authority`, where a leader's callout goes.
+    /// dedup, which skips a body too large to check before holding it.
+    /// (Where the request goes, `Target`, is read by the stream, only if
+    /// the cache or coalescing looks at it.)
     pub fn read(
         end_of_stream: bool,
         dedup: bool,
@@ -74,11 +73,6 @@ impl Head {
         } else {
             None
         };
-        let tunnel = method.as_deref() == Some("CONNECT");
-        let target = (dedup && upgrade.is_none() && !end_of_stream && !tunnel).then(|| Target {
-            path: header(":path").unwrap_or_else(|| "/".into()),
-            authority: header(":authority").unwrap_or_default(),
-        });
         let upgrade = match (upgrade, method.as_deref()) {
             (_, Some("CONNECT")) => Upgrade::Tunnel,
             (Some(_), m) if m != Some("GET") => Upgrade::NotGet,
@@ -90,7 +84,6 @@ impl Head {
             end_of_stream,
             upgrade,
             content_length,
-            target,
         }
     }
 }
@@ -258,7 +251,13 @@ impl GateStream {
         // with the cache (unless it stands by), so that a request the cache
         // answers never waits for a slot nor is refused one.
         let checked = !head.end_of_stream && class != RequestClass::Internal;
-        let cache = checked
+        // The cache and coalescing front one cluster (`dedup.upstream`):
+        // a request the route sends elsewhere passes them by.
+        let cluster = (checked && w.dedup.is_some())
+            .then(|| facts.route_cluster())
+            .flatten();
+        let routed = checked && w.fronts(cluster.as_deref());
+        let cache = routed
             && w.dedup
                 .as_ref()
                 .is_some_and(|d| head.content_length.is_none_or(|n| d.fits(n)))
@@ -272,14 +271,11 @@ impl GateStream {
                 Err(refusal) => return OnHeaders::Refuse(refusal),
             }
         };
-        if checked && w.dedup.is_some() && !w.dedup_engaged() {
+        if routed && w.dedup.is_some() && !w.dedup_engaged() {
             w.counts.dedup.standing_by += 1;
         }
-        if let Some(target) = &head.target {
-            w.saw_target(target);
-        }
         let dedup_client = match &w.dedup {
-            Some(dedup) if checked && w.dedup_engaged() => {
+            Some(dedup) if routed && w.dedup_engaged() => {
                 if head.content_length.is_some_and(|n| !dedup.fits(n)) {
                     w.counts.dedup.too_large += 1;
                     None
@@ -289,12 +285,16 @@ impl GateStream {
             }
             _ => None,
         };
+        let target = (cache || dedup_client.is_some()).then(|| Target::read(cluster, facts));
+        if let Some(target) = &target {
+            w.saw_target(target);
+        }
         self.state = State::Http(HttpRequest {
             place: Place::new(ticket, class),
             body_follows: !head.end_of_stream,
             body_pieces: 0,
             dedup_client,
-            target: head.target,
+            target,
             metered: None,
             cache,
             capture: None,
@@ -537,7 +537,8 @@ impl HttpRequest {
             let fits = w.dedup.as_ref().is_some_and(|d| d.fits(size as u64));
             if self.cache && fits {
                 let bytes = body.read(0, size);
-                match w.cache_lookup(store, now.ms(), &bytes) {
+                let route = self.target.as_ref().map(Target::route).unwrap_or_default();
+                match w.cache_lookup(store, now.ms(), &bytes, &route) {
                     Some(Lookup::Hit(answer, ids)) => {
                         let reply = Reply::answer(&answer, &ids).from_cache();
                         return OnBody::Answer(reply.no_node_time(w.gate.policy()));

@@ -109,7 +109,7 @@ fn every_client_gets_its_own_id_back_byte_for_byte() {
             let got = raw_ids(&answer.body);
             if answer.header("x-stakegate-cache") == Some("hit") {
                 hits += 1;
-                assert_eq!(got, [id.clone()], "{method}: {}", answer.body);
+                assert_eq!(got, std::slice::from_ref(&id), "{method}: {}", answer.body);
             } else {
                 assert!(
                     same_id(got[0].as_bytes(), id.as_bytes()),
@@ -156,7 +156,7 @@ fn every_client_gets_its_own_id_back_byte_for_byte() {
     for id in &ids {
         socket.send(call(id, "eth_chainId", "[]").into()).unwrap();
         let answer = socket.read().unwrap().into_text().unwrap();
-        assert_eq!(raw_ids(&answer), [id.clone()], "{answer}");
+        assert_eq!(raw_ids(&answer), std::slice::from_ref(id), "{answer}");
     }
     for id in &ids {
         let text = call(id, "eth_getLogs", "[{}]");

@@ -778,7 +778,7 @@ impl crate::request::RequestFacts for Routed {
 fn answers_are_shared_within_one_route_only() {
     let mut r = registry(r#"{"maxInflight": 8, "dedup": {}, "cache": {}}"#);
     let chain_id = br#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#;
-    let mut ask = |r: &mut Rig, id: u32, facts: &mut Routed, body: &[u8]| {
+    let ask = |r: &mut Rig, id: u32, facts: &mut Routed, body: &[u8]| {
         assert_eq!(r.headers(id, facts, post()), OnHeaders::Continue);
         r.request_body(id, body.len(), true, &mut Bytes(body.to_vec()))
     };

@@ -8,7 +8,7 @@
 use serde_json::json;
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{loadgen, Envoy, RpcNode};
-use stakegate_tests::{client, eventually, load_h2};
+use stakegate_tests::{client, eventually, load_h2, websocket};
 use std::time::Duration;
 
 const STAT: &str = "wasmcustom.stakegate.gate.";
@@ -104,4 +104,52 @@ fn two_thousand_reads_held_for_a_head_poll_stop_no_vm_and_leave_nothing_held() {
         "held {}",
         envoy.stat(&format!("{STAT}dedup.waiting")).unwrap()
     );
+}
+
+/// One socket: 50 heavy calls, then, 100 ms later, a close (`cut`: the
+/// connection dropped with no close frame).
+fn fill_and_close(addr: std::net::SocketAddr, cut: bool) {
+    let mut socket = websocket(addr);
+    for i in 0..50 {
+        let call = format!(
+            r#"{{"jsonrpc":"2.0","id":{i},"method":"eth_getLogs","params":[{{"fromBlock":"0x{i:x}"}}]}}"#
+        );
+        socket.send(call.into()).unwrap();
+    }
+    socket.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    if cut {
+        return;
+    }
+    socket.close(None).unwrap();
+    // The node's answers, then its close.
+    while socket.read().is_ok() {}
+}
+
+/// Open, flood, close, again: a node runs a socket's calls to the end
+/// after the socket closes, so their slots must stay taken until then. A
+/// close now waits for the node's answers; a cut socket's slots are held
+/// for the node's expected work. Before, 8 such sockets put 49 (closed)
+/// and 70 (cut) calls at once on a node behind 6 public slots.
+#[test]
+fn sockets_closed_or_cut_with_calls_at_the_node_never_put_more_there_than_the_gate_allows() {
+    let node = RpcNode::start(&["--read-slots", "4", "--cost", "eth_getLogs=100ms"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let envoy = gateway(&node, dir.path(), json!({}), json!({}));
+    let public = envoy.listener("public").unwrap();
+    for round in 0..8 {
+        fill_and_close(public, round % 2 == 1);
+    }
+    let metrics = node.metrics().unwrap();
+    eprintln!(
+        "node: in flight at most {}, queue at most {}, served {}; units held for cut sockets: {}",
+        metrics["inflight_max"],
+        metrics["queue_max"],
+        metrics["served"],
+        envoy
+            .stat(&format!("{STAT}websocket.lingered"))
+            .unwrap_or(-1)
+    );
+    assert!(metrics["inflight_max"].as_u64().unwrap() <= 6, "{metrics}");
+    assert!(metrics["served"]["eth_getLogs"].as_u64().unwrap() >= 50);
 }

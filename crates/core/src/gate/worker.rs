@@ -13,6 +13,7 @@ use crate::dedup::engage::Engagement;
 use crate::dedup::{finality, Dedup};
 use crate::gate::class::RequestClass;
 use crate::gate::node_time::{Busy, Meter};
+use crate::gate::websocket::linger::Linger;
 use crate::rejection::Rejection;
 use crate::shared::{SharedStore, StoreError};
 
@@ -44,6 +45,8 @@ pub struct GateWorker {
     target: Option<Target>,
     /// The methods' learned costs (with `nodeTime`).
     pub meter: Meter,
+    /// Slots held for cut sockets' units (`websocket::linger`).
+    pub linger: Linger,
     /// Requests waiting for a slot (`nodeTime.waitMs`).
     waiting_for_slot: u32,
     /// Whether the gate is busy (with `nodeTime`), and from how many in
@@ -84,6 +87,7 @@ impl GateWorker {
             finalized_read: None,
             target: None,
             meter: Meter::default(),
+            linger: Linger::default(),
             waiting_for_slot: 0,
             busy: Busy::default(),
             busy_threshold,
@@ -424,6 +428,17 @@ impl GateWorker {
     pub(super) fn refused(&mut self, class: RequestClass, upgrade: bool) {
         self.counts.rejected[class.index()] += 1;
         self.counts.websocket.rejected += u64::from(upgrade);
+    }
+
+    /// Gives back the slots held for cut sockets whose time has come
+    /// (no clock read while none is held).
+    pub(super) fn give_lingering(&mut self, now: &mut Now) {
+        if self.linger.held() == 0 {
+            return;
+        }
+        for kind in self.linger.due(now.ms()) {
+            self.gate.give(kind);
+        }
     }
 
     pub(super) fn release(&mut self, mut ticket: Ticket) {

@@ -342,7 +342,8 @@ impl<S: SharedStore> Registry<S> {
     /// call more than once.
     pub fn done(&mut self, id: u32) {
         if let Some(mut stream) = self.streams.remove(&id) {
-            stream.done(&mut self.worker, &self.store);
+            let now = &mut Now::lazy_us(self.clock);
+            stream.done(&mut self.worker, &self.store, now);
             self.retry(false);
         }
     }
@@ -367,6 +368,7 @@ impl<S: SharedStore> Registry<S> {
     /// workers' waiters.
     fn retry(&mut self, expire: bool) {
         let now = &mut Now::lazy_us(self.clock);
+        self.worker.give_lingering(now);
         let mut full = Full::expiring(expire);
         if self.slots_wait() && self.defer_to_older(now, expire) {
             // Another VM's requests waited longer: its turn for heavy slots.
@@ -400,7 +402,7 @@ impl<S: SharedStore> Registry<S> {
     /// some wait here, and whenever requests may wait for a slot, so that
     /// an idle VM hands its spare slots to VMs whose requests wait.
     pub fn retries_on_tick(&self) -> bool {
-        !self.waiting.is_empty() || self.slots_wait()
+        !self.waiting.is_empty() || self.slots_wait() || self.worker.linger.held() > 0
     }
 
     /// The next callout to send from the root context: the head poll (as

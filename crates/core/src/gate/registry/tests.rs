@@ -298,7 +298,9 @@ fn frame(text: &str, mask: Option<[u8; 4]>) -> Vec<u8> {
 
 #[test]
 fn sockets_waiting_for_a_slot_go_on_oldest_first_as_answers_free_slots() {
-    let mut r = registry(r#"{"maxInflight": 1, "heartbeatMs": 100}"#);
+    let policy = GatePolicy::parse(br#"{"maxInflight": 1, "heartbeatMs": 100}"#).unwrap();
+    let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
+    at_ms(1000);
     let data = |r: &mut Rig, id: u32| {
         let call = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_call"}}"#);
         let bytes = frame(&call, Some([1, 2, 3, 4]));
@@ -310,13 +312,24 @@ fn sockets_waiting_for_a_slot_go_on_oldest_first_as_answers_free_slots() {
     assert_eq!(data(&mut r, 1), Then::Continue, "the one slot");
     assert_eq!(data(&mut r, 2), Then::Pause);
     assert_eq!(data(&mut r, 3), Then::Pause);
-    // The node answers socket 1: its slot goes to socket 2, not 3.
+    // The node answers socket 1 after 100 ms: its slot goes to socket 2,
+    // not 3.
+    at_ms(1100);
     let answer = frame(r#"{"jsonrpc":"2.0","id":1,"result":"0x1"}"#, None);
     let replaced = r.response_body(1, answer.len(), false, &mut Bytes(answer));
     assert_eq!(replaced.replace, None);
     assert_eq!(r.take().0, [Do::Resume(2, None)]);
-    // Socket 2 closes with its call at the node: socket 3 goes on.
+    // Socket 2 is cut with its call at the node: its slot is held while
+    // the node runs it (a call took 100 ms lately), then socket 3 goes on.
+    at_ms(1150);
     r.done(2);
+    assert_eq!(r.take().0, []);
+    assert_eq!(r.worker.counts.websocket.lingered, 1);
+    at_ms(1199);
+    r.retry_waiting();
+    assert_eq!(r.take().0, []);
+    at_ms(1200);
+    r.retry_waiting();
     assert_eq!(r.take().0, [Do::Resume(3, None)]);
 }
 

@@ -426,7 +426,9 @@ impl GateStream {
     ) -> OnResponse {
         match &mut self.state {
             State::Websocket(ws) => {
-                let (released, replace) = ws.answer(&body.read(0, size), &mut w.counts.websocket);
+                let piece = body.read(0, size);
+                let (released, replace) =
+                    ws.answer(&piece, now.ms(), &mut w.linger, &mut w.counts.websocket);
                 for _ in 0..released {
                     w.gate.give(ws.kind());
                 }
@@ -475,33 +477,29 @@ impl GateStream {
 
     /// The node's response has ended: an HTTP request's slot goes back.
     fn response_ended(&mut self, w: &mut GateWorker, store: &impl SharedStore) -> bool {
-        if let State::Http(_) = &self.state {
-            self.done(w, store);
-            return true;
+        if !matches!(self.state, State::Http(_)) {
+            return false;
         }
-        false
+        if let State::Http(request) = std::mem::take(&mut self.state) {
+            request.end(w, store);
+        }
+        true
     }
 
     /// The stream is over (done, reset, or deleted): everything it holds
-    /// goes back. Safe to call more than once.
-    pub fn done(&mut self, w: &mut GateWorker, store: &impl SharedStore) {
+    /// goes back (a cut socket's units at the node, when the node is
+    /// expected to be done with them: `websocket::linger`). Safe to call
+    /// more than once.
+    pub fn done(&mut self, w: &mut GateWorker, store: &impl SharedStore, now: &mut Now) {
         match std::mem::take(&mut self.state) {
             State::Idle => {}
-            State::Http(request) => {
-                if let Some(metered) = &request.metered {
-                    if metered.waits() {
-                        w.stop_waiting();
-                    }
-                    if let Some(priced) = metered.priced {
-                        w.meter.ended(priced);
-                    }
-                }
-                request.place.leave(w, store)
-            }
+            State::Http(request) => request.end(w, store),
             State::Websocket(ws) => {
-                for _ in 0..ws.at_node() {
+                let held = w.linger.held();
+                for _ in 0..ws.cut(&mut w.linger, now.ms()) {
                     w.gate.give(ws.kind());
                 }
+                w.counts.websocket.lingered += (w.linger.held() - held) as u64;
                 w.release(ws.connection);
             }
             State::Tunnel(ticket) => w.release(ticket),
@@ -510,6 +508,19 @@ impl GateStream {
 }
 
 impl HttpRequest {
+    /// It is over: its slot, its wait, its place in coalescing go back.
+    fn end(self, w: &mut GateWorker, store: &impl SharedStore) {
+        if let Some(metered) = &self.metered {
+            if metered.waits() {
+                w.stop_waiting();
+            }
+            if let Some(priced) = metered.priced {
+                w.meter.ended(priced);
+            }
+        }
+        self.place.leave(w, store)
+    }
+
     fn body(
         &mut self,
         w: &mut GateWorker,

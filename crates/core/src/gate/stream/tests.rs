@@ -91,7 +91,7 @@ fn an_http_slot_goes_back_when_the_response_ends() {
         GateStream::default().headers(&mut w, &store, &mut Now::fixed(0), &mut Public, GET),
         OnHeaders::Continue
     );
-    first.done(&mut w, &store);
+    first.done(&mut w, &store, &mut Now::fixed(0));
     assert_eq!(w.counts.admitted[RequestClass::Default.index()], 2);
 }
 
@@ -117,7 +117,7 @@ fn streamed_bodies(policy: &str) -> (u64, usize) {
         // Admitted already, it goes on; deciding on the body, it waits.
         let step = stream.request_body(&mut w, &store, &mut Now::fixed(0), 6, false, &mut piece);
         assert!(matches!(step, OnBody::Continue | OnBody::Hold), "{step:?}");
-        stream.done(&mut w, &store);
+        stream.done(&mut w, &store, &mut Now::fixed(0));
     }
     (w.counts.bodies_streamed, w.take_log().len())
 }
@@ -187,8 +187,8 @@ fn deciding_on_the_body_answers_each_call_of_a_refused_batch() {
     let ids: Vec<_> = answers.iter().map(|a| a["id"].clone()).collect();
     assert_eq!(ids, [serde_json::json!(1), serde_json::json!("b")]);
     assert!(answers.iter().all(|a| a["error"]["code"] == -32005));
-    second.done(&mut w, &store);
-    first.done(&mut w, &store);
+    second.done(&mut w, &store, &mut Now::fixed(0));
+    first.done(&mut w, &store, &mut Now::fixed(0));
     assert_eq!(inflight(&mut w, &store), 0);
 
     // A request that ends with trailers is admitted there.
@@ -216,7 +216,7 @@ fn deciding_on_the_body_answers_each_call_of_a_refused_batch() {
     assert!(late
         .request_trailers(&mut w, &store, &mut Now::fixed(0))
         .is_err());
-    trailed.done(&mut w, &store);
+    trailed.done(&mut w, &store, &mut Now::fixed(0));
     assert_eq!(inflight(&mut w, &store), 0);
 }
 

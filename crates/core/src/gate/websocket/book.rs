@@ -2,6 +2,7 @@
 //! and the node's side: its answers read, their gateway ids put back, and
 //! the slots they give back counted (`mod.rs` has the rules).
 
+use super::linger::Linger;
 use super::rewrite::{self, Call, Restore};
 use crate::jsonrpc::{Name, Shape};
 use crate::websocket::{self as ws, Message, Sink};
@@ -20,6 +21,9 @@ pub(super) struct Unit {
     pub(super) ids: Vec<(u64, Restore, usize)>,
     /// The client's messages in it: whether each was a batch.
     pub(super) members: Vec<bool>,
+    /// When it was sent (ms), and the calls in it.
+    pub(super) sent_ms: u64,
+    pub(super) calls: u32,
 }
 
 /// The units at the node and the ids they carry.
@@ -87,6 +91,18 @@ pub(super) struct ServerSink<'a> {
     pub(super) released: u32,
     pub(super) messages: u64,
     pub(super) overflow: bool,
+    /// Now (ms), and where the time each answered unit took goes.
+    pub(super) now_ms: u64,
+    pub(super) linger: &'a mut Linger,
+}
+
+impl ServerSink<'_> {
+    /// `unit` was answered: its slot goes back.
+    fn released(&mut self, unit: &Unit) {
+        self.released += 1;
+        self.linger
+            .answered(self.now_ms.saturating_sub(unit.sent_ms), unit.calls);
+    }
 }
 
 impl Sink for ServerSink<'_> {
@@ -119,8 +135,8 @@ impl Sink for ServerSink<'_> {
         let Some(payload) = message.payload.as_deref().filter(|_| kept) else {
             // Passed as it came: an answer to a unit sent as it came.
             if let Some(at) = self.book.units.iter().position(|u| u.ids.is_empty()) {
-                if self.book.answered(at).is_some() {
-                    self.released += 1;
+                if let Some(unit) = self.book.answered(at) {
+                    self.released(&unit);
                 }
             }
             return;
@@ -144,7 +160,7 @@ impl ServerSink<'_> {
             // Names a call of no unit at the node: passed as it came.
             return vec![payload.to_vec()];
         };
-        self.released += 1;
+        self.released(&unit);
         if unit.ids.is_empty() {
             return vec![payload.to_vec()];
         }

@@ -33,6 +33,11 @@
 //! retry oldest first. So a client that sends a hundred calls at once gets
 //! a hundred answers, and the node never more than the gate's limit.
 //!
+//! **Closing.** A client's close goes to the node only once the node has
+//! answered every unit the socket has there (messages not sent yet are
+//! dropped): a node runs a socket's calls to the end after it closes, so
+//! their slots stay taken until their answers pass.
+//!
 //! **Limits.** A message longer than `maxWebsocketMessageBytes` (either
 //! way, while the gate reads it whole), or more held data than that, or a
 //! piece that needs more units than the socket may ever have (more client
@@ -48,6 +53,7 @@
 //! then answered with the node's error.
 
 mod book;
+pub mod linger;
 pub mod rewrite;
 
 use super::shards::SlotKind;
@@ -57,6 +63,7 @@ use crate::request::Body;
 use crate::shared::SharedStore;
 use crate::websocket::{self as ws, FrameReader, Message, Side, Sink};
 use book::{Book, ServerSink, Unit};
+use linger::Linger;
 use rewrite::{BatchEntry, Outgoing, Prepared};
 
 /// Calls the gate puts in one batch at most: below every node's batch
@@ -80,6 +87,8 @@ pub struct Counts {
     pub rewritten: u64,
     /// Client responses not sent to the node.
     pub skipped: u64,
+    /// Units of cut sockets whose slots were held for the node's work.
+    pub lingered: u64,
 }
 
 /// What to do with the client's held data.
@@ -171,11 +180,10 @@ impl Websocket {
         self.book.units.len() as u32
     }
 
-    /// Whether data is held waiting for slots.
+    /// Whether data is held waiting for slots, or a close for the node's
+    /// answers.
     pub fn waiting(&self) -> bool {
-        self.pending
-            .iter()
-            .any(|i| matches!(i, Item::Message { .. }))
+        !self.pending.is_empty()
     }
 
     /// The client's data held at the gateway grew to `size` bytes (Envoy's
@@ -264,9 +272,18 @@ impl Websocket {
             })
             .collect();
         let closes = self.pending.iter().any(|i| matches!(i, Item::Control(f) if f.first().is_some_and(|b| b & 0x0f == ws::OPCODE_CLOSE)));
+        if closes && !self.book.units.is_empty() {
+            // A client that closes takes back what it has not sent yet,
+            // and its close waits for the node's answers to what it did
+            // send: a node runs a socket's calls to the end after it
+            // closes, and their slots are held until then.
+            self.drop_messages();
+            self.note_wait(counts);
+            return (Flow::ConnectionFull, None);
+        }
         if messages.is_empty() || closes {
-            // Controls go at once; a client that closes takes back what it
-            // has not sent yet.
+            // Controls go at once.
+            self.drop_messages();
             return (self.flush_controls(), None);
         }
         // Units of their own: the client's batches and the odd message,
@@ -305,7 +322,7 @@ impl Websocket {
             return (Flow::GateFull, Some(taken));
         }
         let units = taken.count as usize;
-        let flow = self.send(units - alone, counts);
+        let flow = self.send(units - alone, now.ms(), counts);
         (flow, Some(taken))
     }
 
@@ -317,7 +334,7 @@ impl Websocket {
     }
 
     /// Sends every pending item, the mergeable calls in `groups` units.
-    fn send(&mut self, groups: usize, counts: &mut Counts) -> Flow {
+    fn send(&mut self, groups: usize, now_ms: u64, counts: &mut Counts) -> Flow {
         let pending = std::mem::take(&mut self.pending);
         let together = pending
             .iter()
@@ -346,25 +363,25 @@ impl Websocket {
                         }
                         subscriptions += 1;
                         if subscriptions == MERGE_MAX as u32 {
-                            self.subscriptions_sent(std::mem::take(&mut subscriptions));
+                            self.subscriptions_sent(std::mem::take(&mut subscriptions), now_ms);
                         }
                         continue;
                     }
                     if !mergeable(&message) {
-                        let bytes = self.unit(vec![(message, opcode, mask)], counts);
+                        let bytes = self.unit(vec![(message, opcode, mask)], now_ms, counts);
                         out.extend(bytes);
                         continue;
                     }
                     group.push((message, opcode, mask));
                     if group.len() == want {
-                        let bytes = self.unit(std::mem::take(&mut group), counts);
+                        let bytes = self.unit(std::mem::take(&mut group), now_ms, counts);
                         out.extend(bytes);
                         want = sizes.next().unwrap_or(0);
                     }
                 }
             }
         }
-        self.subscriptions_sent(subscriptions);
+        self.subscriptions_sent(subscriptions, now_ms);
         self.sent();
         self.waited = false;
         if verbatim {
@@ -374,11 +391,13 @@ impl Websocket {
         }
     }
 
-    /// `n` subscriptions went as they came, as one unit.
-    fn subscriptions_sent(&mut self, n: u32) {
+    /// `n` subscriptions went as they came at `now_ms`, as one unit.
+    fn subscriptions_sent(&mut self, n: u32, now_ms: u64) {
         if n > 0 {
             self.book.units.push_back(Unit {
                 due: n,
+                sent_ms: now_ms,
+                calls: n,
                 ..Unit::default()
             });
         }
@@ -389,6 +408,7 @@ impl Websocket {
     fn unit(
         &mut self,
         messages: Vec<(Outgoing, u8, Option<[u8; 4]>)>,
+        now_ms: u64,
         counts: &mut Counts,
     ) -> Vec<u8> {
         let Some(&(_, opcode, mask)) = messages.first() else {
@@ -396,6 +416,8 @@ impl Websocket {
         };
         let mut unit = Unit {
             due: 1,
+            sent_ms: now_ms,
+            calls: messages.iter().map(|(out, ..)| calls(out)).sum(),
             ..Unit::default()
         };
         if messages.len() > 1 {
@@ -457,8 +479,15 @@ impl Websocket {
         ws::encode(opcode, &payload, mask)
     }
 
-    /// The control frames pending, and no message: a client that closes
-    /// takes back what it had not sent.
+    /// Forgets the messages pending (a client that closes takes them
+    /// back): what Envoy holds is no longer what goes.
+    fn drop_messages(&mut self) {
+        let before = self.pending.len();
+        self.pending.retain(|i| matches!(i, Item::Control(_)));
+        self.verbatim &= self.pending.len() == before;
+    }
+
+    /// The control frames pending, and no message.
     fn flush_controls(&mut self) -> Flow {
         let verbatim = self.verbatim && !self.client.in_progress();
         let mut out = Vec::new();
@@ -497,10 +526,25 @@ impl Websocket {
         ))
     }
 
-    /// A piece of the node's data. Returns the slots its answers gave back,
-    /// and what to send the client instead of the piece, if anything
-    /// changed.
-    pub fn answer(&mut self, piece: &[u8], counts: &mut Counts) -> (u32, Option<Vec<u8>>) {
+    /// The socket is over: its units still at the node, each its slot's
+    /// to hold (`linger`) or give back now. Returns how many go back now.
+    pub fn cut(&self, linger: &mut Linger, now_ms: u64) -> u32 {
+        let units = self.book.units.iter();
+        units
+            .filter(|u| !linger.hold(self.kind, now_ms, u.sent_ms, u.calls))
+            .count() as u32
+    }
+
+    /// A piece of the node's data, at `now_ms` (the time its answers took
+    /// goes to `linger`). Returns the slots its answers gave back, and what
+    /// to send the client instead of the piece, if anything changed.
+    pub fn answer(
+        &mut self,
+        piece: &[u8],
+        now_ms: u64,
+        linger: &mut Linger,
+        counts: &mut Counts,
+    ) -> (u32, Option<Vec<u8>>) {
         if self.cut {
             return (0, Some(Vec::new()));
         }
@@ -514,6 +558,8 @@ impl Websocket {
             released: 0,
             messages: 0,
             overflow: false,
+            now_ms,
+            linger,
         };
         self.server.feed(piece, &mut sink);
         let ServerSink {
@@ -538,6 +584,16 @@ impl Websocket {
         }
         (released, changed.then_some(out))
     }
+}
+
+/// Calls an outgoing message holds (what is not a call counts as one).
+fn calls(out: &Outgoing) -> u32 {
+    let n = match out {
+        Outgoing::Plain(_) => 1,
+        Outgoing::Calls { calls, .. } => calls.len(),
+        Outgoing::Batch(entries) => entries.len(),
+    };
+    n.max(1) as u32
 }
 
 /// Bytes an outgoing message holds.

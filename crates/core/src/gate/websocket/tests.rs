@@ -15,6 +15,7 @@ struct Rig {
     store: MemoryStore,
     gate: InflightGate,
     counts: Counts,
+    linger: linger::Linger,
 }
 
 impl Rig {
@@ -24,6 +25,7 @@ impl Rig {
             store: MemoryStore::default(),
             gate,
             counts: Counts::default(),
+            linger: linger::Linger::default(),
         }
     }
 
@@ -65,7 +67,7 @@ impl Rig {
 
     /// The node's bytes reach the socket; slots given back go back.
     fn answer(&mut self, ws: &mut Websocket, bytes: &[u8]) -> Vec<u8> {
-        let (released, replace) = ws.answer(bytes, &mut self.counts);
+        let (released, replace) = ws.answer(bytes, 0, &mut self.linger, &mut self.counts);
         for _ in 0..released {
             self.gate.give(ws.kind());
         }
@@ -210,6 +212,29 @@ fn an_id_some_node_would_not_read_is_made_plain_and_given_back_as_written() {
         assert_eq!(raw_ids(&back), [id]);
     }
     assert_eq!(rig.counts.rewritten, 2);
+}
+
+/// A client that closes with calls at the node: what it had not sent is
+/// dropped, and its close reaches the node only once the node has answered
+/// the rest, whose slots stay taken until then.
+#[test]
+fn a_close_waits_for_the_nodes_answers_to_what_was_sent() {
+    let mut rig = Rig::new(r#"{"maxInflight": 2}"#);
+    let mut ws = rig.socket();
+    let to_node = sent(rig.send(&mut ws, &calls(0..2)), &calls(0..2));
+    assert_eq!(rig.inflight(), 2);
+    let mut held = calls(2..5);
+    held.extend(ws::close_frame(1000, "bye", Some(MASK)));
+    assert_eq!(rig.send(&mut ws, &held), Flow::ConnectionFull);
+    assert!(ws.waiting());
+    assert_eq!(rig.inflight(), 2, "still at the node");
+    rig.answer(&mut ws, &node(&to_node));
+    assert_eq!(rig.inflight(), 0);
+    let Flow::Replace(out) = rig.settle(&mut ws) else {
+        panic!("the close goes, alone")
+    };
+    assert_eq!(out, ws::close_frame(1000, "bye", Some(MASK)));
+    assert!(!ws.waiting());
 }
 
 #[test]

@@ -32,6 +32,34 @@ pub const ESTIMATES_KEY: &str = "stakegate.stake_qos.v3.costs";
 /// (`wasm.stakegate_node_us`), which no client sees: no header to add,
 /// and none for stake QoS to take off again.
 pub const NODE_US_PROPERTY: &str = "stakegate_node_us";
+/// The property in which the admission gate tells the filters before it
+/// what the node has answered on a WebSocket so far: its calls, and the
+/// time their units took at the node (sent to answered), in µs, as two
+/// decimal numbers (`SocketAnswered`). Totals, so that a reader that
+/// missed a piece loses nothing.
+pub const SOCKET_ANSWERED_PROPERTY: &str = "stakegate_socket_answered";
+
+/// What `SOCKET_ANSWERED_PROPERTY` holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SocketAnswered {
+    pub calls: u64,
+    pub node_us: u64,
+}
+
+impl SocketAnswered {
+    pub fn text(&self) -> String {
+        format!("{} {}", self.calls, self.node_us)
+    }
+
+    pub fn read(text: &[u8]) -> Option<Self> {
+        let text = std::str::from_utf8(text).ok()?;
+        let (calls, node_us) = text.split_once(' ')?;
+        Some(Self {
+            calls: calls.parse().ok()?,
+            node_us: node_us.parse().ok()?,
+        })
+    }
+}
 const VERSION: u8 = 1;
 const ENTRY_LEN: usize = 16;
 /// Methods learned at most; a method past it keeps `defaultCost` (a client

@@ -55,6 +55,7 @@ pub struct Node {
     inflight_max: AtomicU64,
     /// What the HTTP answers' `x-node-service-us` headers said, summed.
     service_us_said: AtomicU64,
+    service_us_websocket: AtomicU64,
     websockets: AtomicU64,
     started: Instant,
     /// When the first request came (what `cost_changes` count from).
@@ -83,6 +84,9 @@ pub struct Metrics {
     /// headers said it, summed, in µs: what a gateway reading the header
     /// was told in all.
     pub service_us_said: u64,
+    /// The node's time on the calls it answered on WebSockets (which carry
+    /// no header to say it), summed, in µs; slot waits are not in it.
+    pub service_us_websocket: u64,
     pub errors: BTreeMap<i64, u64>,
     /// HTTP request bodies received that parsed as JSON-RPC.
     pub requests: u64,
@@ -167,6 +171,7 @@ impl Node {
             inflight: AtomicU64::new(0),
             inflight_max: AtomicU64::new(0),
             service_us_said: AtomicU64::new(0),
+            service_us_websocket: AtomicU64::new(0),
             websockets: AtomicU64::new(0),
             started: Instant::now(),
             first_request: std::sync::OnceLock::new(),
@@ -376,6 +381,12 @@ impl Node {
         self.service_us_said.fetch_add(us, Ordering::Relaxed);
     }
 
+    /// The node spent `service` on a message that came on a WebSocket.
+    pub fn served_websocket(&self, service: Duration) {
+        let us = u64::try_from(service.as_micros()).unwrap_or(u64::MAX);
+        self.service_us_websocket.fetch_add(us, Ordering::Relaxed);
+    }
+
     pub fn metrics(&self) -> Metrics {
         let now = Instant::now();
         let mut chain = lock(&self.chain);
@@ -395,6 +406,7 @@ impl Node {
             read_slots_in_use: self.slots.in_use(),
             served: lock(&self.served).clone(),
             service_us_said: self.service_us_said.load(Ordering::Relaxed),
+            service_us_websocket: self.service_us_websocket.load(Ordering::Relaxed),
             errors: lock(&self.errors).clone(),
             requests: self.requests.total.load(Ordering::Relaxed),
             unique_requests: lock(&self.requests.seen).len() as u64,
@@ -412,6 +424,7 @@ impl Node {
             .store(self.inflight.load(Ordering::Relaxed), Ordering::Relaxed);
         lock(&self.served).clear();
         self.service_us_said.store(0, Ordering::Relaxed);
+        self.service_us_websocket.store(0, Ordering::Relaxed);
         lock(&self.errors).clear();
         self.requests.total.store(0, Ordering::Relaxed);
         lock(&self.requests.seen).clear();

@@ -150,7 +150,9 @@ async fn serve_websocket(node: Arc<Node>, socket: WebSocket) {
         };
         let (node, answers, subs) = (node.clone(), answers.clone(), subs.clone());
         tokio::spawn(async move {
-            if let Some(response) = node.handle_on(&body, Some(&subs)).await.body {
+            let answer = node.handle_on(&body, Some(&subs)).await;
+            node.served_websocket(answer.service);
+            if let Some(response) = answer.body {
                 let _ = answers.send(Message::Text(response.to_string().into()));
             }
         });

@@ -268,7 +268,10 @@ impl GateHttp {
     }
 }
 
+/// Refuses the current request: the node did no work for it, so stake
+/// QoS charges it no node time.
 fn refuse(rejection: &stakegate_core::rejection::Rejection) -> Action {
+    host::set_node_us(0);
     stakegate_glue::reject(rejection);
     Action::Pause
 }
@@ -340,6 +343,9 @@ impl HttpContext for GateHttp {
         let on = self.with(|r| r.response_body(self.id, body_size, end_of_stream, &mut body));
         if on.hold {
             return Action::Pause;
+        }
+        if let Some(answered) = &on.socket_answered {
+            host::set_socket_answered(answered);
         }
         if let Some(bytes) = on.replace {
             host::replace_body(BodyOf::Response, &bytes);

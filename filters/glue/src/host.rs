@@ -321,6 +321,22 @@ pub fn set_node_us(us: u64) -> bool {
     )
 }
 
+/// Tells the filters before the gate what the node has answered on the
+/// current WebSocket so far (`cost::SOCKET_ANSWERED_PROPERTY`).
+pub fn set_socket_answered(answered: &stakegate_core::cost::SocketAnswered) -> bool {
+    set_property(
+        stakegate_core::cost::SOCKET_ANSWERED_PROPERTY,
+        answered.text().as_bytes(),
+    )
+}
+
+/// What the node has answered on the current WebSocket as the gate told
+/// it, if it did.
+pub fn socket_answered() -> Option<stakegate_core::cost::SocketAnswered> {
+    let told = property(&[stakegate_core::cost::SOCKET_ANSWERED_PROPERTY])?;
+    stakegate_core::cost::SocketAnswered::read(&told)
+}
+
 /// The node's time on the current request as the gate told it, if it did.
 pub fn node_us() -> Option<u64> {
     let told = property(&[stakegate_core::cost::NODE_US_PROPERTY])?;

@@ -34,6 +34,7 @@ use stakegate_core::clock::Now;
 use stakegate_core::qos::counts::{Counts, Snapshot, METRICS};
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;
+use stakegate_core::qos::socket::Sent;
 use stakegate_core::qos::stream::{Decided, QosStream};
 use stakegate_core::qos::StakeQos;
 use stakegate_core::rejection::RULE_HEADER;
@@ -42,6 +43,7 @@ use stakegate_glue::host::{self, BodyOf, HostBody};
 use stakegate_glue::metrics::{Stats, UsageStats};
 use stakegate_glue::{now_us, EnvoyQueue, EnvoyStore};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -63,6 +65,8 @@ struct Worker {
     queue: EnvoyQueue,
     /// The usage ledger's stats, defined as labels come.
     usage: UsageStats,
+    /// WebSockets whose calls wait for their identity's share, by context.
+    held: HashMap<u32, Rc<RefCell<QosStream>>>,
 }
 
 impl Worker {
@@ -99,6 +103,7 @@ impl QosRoot {
             stats,
             queue,
             usage: UsageStats::new(policy_prefix),
+            held: HashMap::new(),
         })));
         self.fleet = fleet;
         Ok(())
@@ -174,6 +179,27 @@ impl RootContext for QosRoot {
         if let Some(fleet) = &mut self.fleet {
             fleet.tick(qos, fleet_round, counts);
         }
+        // Held sockets try again with this tick's state.
+        let Worker {
+            qos, counts, held, ..
+        } = &mut *worker;
+        held.retain(|id, stream| {
+            let Ok(mut stream) = stream.try_borrow_mut() else {
+                return true;
+            };
+            if !host::act_on(*id) {
+                return false;
+            }
+            let now = &mut Now::lazy_us(now_us);
+            let body = &mut HostBody(BodyOf::Request);
+            let sent = stream.retry_socket(qos, &EnvoyStore, now, true, body);
+            let through = sent.is_none_or(|sent| socket_sent(counts, sent));
+            if through {
+                host::resume_request();
+            }
+            !through
+        });
+        host::act_on(self.context_id);
         match qos.usage(&EnvoyStore, now_us() / 1000) {
             Ok(Some(by_label)) => worker.usage.flush(&by_label),
             Ok(None) => {}
@@ -186,27 +212,50 @@ impl RootContext for QosRoot {
         Some(ContextType::HttpContext)
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let worker = self.worker.clone()?;
         Some(Box::new(QosHttp {
+            id: context_id,
             worker,
-            stream: QosStream::default(),
+            stream: Rc::default(),
         }))
     }
 }
 
-/// A stream: the worker it runs on, and its state in core.
+/// A stream: the worker it runs on, and its state in core (shared with
+/// the worker's held sockets, which its root context resumes).
 struct QosHttp {
+    id: u32,
     worker: Rc<RefCell<Worker>>,
-    stream: QosStream,
+    stream: Rc<RefCell<QosStream>>,
 }
 
 impl QosHttp {
     fn done(&mut self) {
         if let Ok(mut worker) = self.worker.try_borrow_mut() {
-            self.stream.done(&mut worker.qos, &mut Now::lazy_us(now_us));
+            worker.held.remove(&self.id);
+            if let Ok(mut stream) = self.stream.try_borrow_mut() {
+                stream.done(&mut worker.qos, &mut Now::lazy_us(now_us));
+            }
         }
     }
+}
+
+/// Counts what letting a socket's calls on did; whether they went on.
+fn socket_sent(counts: &mut Counts, sent: Sent) -> bool {
+    counts.leases += u64::from(sent.leased);
+    counts.store.retried(sent.cas_retries);
+    counts.evicted += u64::from(sent.evicted);
+    if let Some(e) = &sent.store_error {
+        let line = counts
+            .store
+            .failed("socket calls let on without a token", e);
+        log(LogLevel::Warn, &line);
+    }
+    if let Some(reason) = sent.held_by {
+        counts.socket_held(reason);
+    }
+    sent.through
 }
 
 impl Context for QosHttp {
@@ -244,9 +293,13 @@ fn decided(counts: &mut Counts, decided: Decided, shadow: bool) -> Action {
 
 impl HttpContext for QosHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let mut worker = self.worker.borrow_mut();
+        let (Ok(mut worker), Ok(mut stream)) =
+            (self.worker.try_borrow_mut(), self.stream.try_borrow_mut())
+        else {
+            return Action::Continue;
+        };
         let Worker { qos, counts, .. } = &mut *worker;
-        match self.stream.headers(
+        match stream.headers(
             qos,
             &EnvoyStore,
             &mut Now::lazy_us(now_us),
@@ -262,8 +315,13 @@ impl HttpContext for QosHttp {
         let Ok(mut worker) = self.worker.try_borrow_mut() else {
             return Action::Continue;
         };
-        let Worker { qos, counts, .. } = &mut *worker;
-        let step = self.stream.body(
+        let Worker {
+            qos, counts, held, ..
+        } = &mut *worker;
+        let Ok(mut stream) = self.stream.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        let step = stream.body(
             qos,
             &EnvoyStore,
             &mut Now::lazy_us(now_us),
@@ -272,6 +330,14 @@ impl HttpContext for QosHttp {
             &mut HostBody(BodyOf::Request),
         );
         counts.websocket_calls += u64::from(step.websocket_calls);
+        if let Some(sent) = step.socket {
+            if socket_sent(counts, sent) {
+                held.remove(&self.id);
+                return Action::Continue;
+            }
+            held.insert(self.id, self.stream.clone());
+            return Action::Pause;
+        }
         match step.decided {
             Some(admission) => decided(counts, admission, qos.policy().shadow),
             None if step.hold => Action::Pause,
@@ -284,24 +350,54 @@ impl HttpContext for QosHttp {
             return Action::Continue;
         };
         let Worker { qos, counts, .. } = &mut *worker;
-        match self
-            .stream
-            .trailers(qos, &EnvoyStore, &mut Now::lazy_us(now_us))
-        {
+        let Ok(mut stream) = self.stream.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        match stream.trailers(qos, &EnvoyStore, &mut Now::lazy_us(now_us)) {
             Some(admission) => decided(counts, admission, qos.policy().shadow),
             None => Action::Continue,
         }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let Ok(worker) = self.worker.try_borrow() {
-            self.stream.response_headers(
+        if let (Ok(worker), Ok(mut stream)) =
+            (self.worker.try_borrow(), self.stream.try_borrow_mut())
+        {
+            stream.response_headers(
                 &worker.qos,
                 &mut Now::lazy_us(now_us),
                 || host::response_header(":status").and_then(|s| s.parse().ok()),
                 host::node_us,
                 || host::response_header(RULE_HEADER),
             );
+        }
+        Action::Continue
+    }
+
+    /// On a WebSocket, what the gate says the node has answered: settled,
+    /// and calls held for the identity's share may go on now.
+    fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
+        let (Ok(mut worker), Ok(mut stream)) =
+            (self.worker.try_borrow_mut(), self.stream.try_borrow_mut())
+        else {
+            return Action::Continue;
+        };
+        if !stream.is_socket() {
+            return Action::Continue;
+        }
+        let Worker {
+            qos, counts, held, ..
+        } = &mut *worker;
+        let now = &mut Now::lazy_us(now_us);
+        if let Some(total) = host::socket_answered() {
+            stream.socket_answered(qos, now, total);
+        }
+        let body = &mut HostBody(BodyOf::Request);
+        if let Some(sent) = stream.retry_socket(qos, &EnvoyStore, now, false, body) {
+            if socket_sent(counts, sent) {
+                held.remove(&self.id);
+                host::resume_request();
+            }
         }
         Action::Continue
     }

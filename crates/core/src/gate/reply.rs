@@ -89,13 +89,15 @@ pub struct Reply {
 }
 
 impl Reply {
-    /// A JSON body.
+    /// A JSON body of the gate's own (a refusal, an error): the node did
+    /// no work for it, so stake QoS charges it no node time (a refusal
+    /// after a wait for a slot would be charged the wait).
     pub fn json(status: u32, body: Vec<u8>) -> Self {
         Self {
             status,
             headers: vec![("content-type", "application/json".into())],
             body,
-            node_us: None,
+            node_us: Some(0),
         }
     }
 

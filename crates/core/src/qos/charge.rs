@@ -55,7 +55,7 @@ impl StakeQos {
 
     /// While throttling is on, `units` more (or fewer) are charged to the
     /// identity's lease.
-    fn settle(&mut self, key: u64, units: i64) {
+    pub(super) fn settle(&mut self, key: u64, units: i64) {
         if self.state.throttling {
             if let Some(local) = self.locals.get_mut(&key) {
                 local.lease = local.lease.saturating_sub(units);
@@ -98,14 +98,6 @@ impl StakeQos {
         }
     }
 
-    /// `calls` JSON-RPC calls sent on an upgraded connection: demand, and
-    /// while throttling is on a charge to the identity's lease (a debt if it
-    /// has too little), which its next requests pay. A message cannot be
-    /// refused on the socket; the debt is what limits its sender.
-    pub fn charge_calls(&mut self, connection: &Connection, calls: u32) {
-        self.add_calls(connection.key, calls);
-    }
-
     /// `calls` more calls of the identity `key`: demand, and while
     /// throttling is on a charge to its lease at its cost per call.
     fn add_calls(&mut self, key: u64, calls: u32) {
@@ -116,6 +108,12 @@ impl StakeQos {
     /// `calls` more calls of the identity `key`, as demand only, at its cost
     /// per call; returns what they cost.
     fn count_calls(&mut self, key: u64, calls: u32) -> i64 {
+        self.count_priced(key, calls, None)
+    }
+
+    /// `calls` more calls of the identity `key`, as demand only, costing
+    /// `units` (`None`: its cost per call each); returns what they cost.
+    pub(super) fn count_priced(&mut self, key: u64, calls: u32, units: Option<i64>) -> i64 {
         let Some(local) = self.locals.get_mut(&key) else {
             return 0;
         };
@@ -124,8 +122,8 @@ impl StakeQos {
         }
         local.delta.arrivals = local.delta.arrivals.saturating_add(calls);
         local.usage.calls += u64::from(calls);
-        let units = i64::from(calls).saturating_mul(local.cost);
-        local.delta.units = local.delta.units.saturating_add(units as u64);
+        let units = units.unwrap_or_else(|| i64::from(calls).saturating_mul(local.cost));
+        local.delta.units = local.delta.units.saturating_add(units.max(0) as u64);
         units
     }
 

@@ -19,6 +19,9 @@ pub struct Counts {
     pub evicted: u64,
     pub leases: u64,
     pub websocket_calls: u64,
+    /// Times a WebSocket's calls were held for its identity's share (the
+    /// concurrency allowance among them).
+    pub websocket_held: u64,
     pub fleet_exchanges: u64,
     pub fleet_failures: u64,
     /// The refill rounds this VM ran, in microseconds.
@@ -51,6 +54,14 @@ impl Counts {
             Reason::Rate => {}
             Reason::Concurrency => self.throttled_concurrency += 1,
             Reason::Websockets => self.websockets_refused += 1,
+        }
+    }
+
+    /// A WebSocket's calls were held for `reason`.
+    pub fn socket_held(&mut self, reason: Reason) {
+        self.websocket_held += 1;
+        if reason == Reason::Concurrency {
+            self.throttled_concurrency += 1;
         }
     }
 
@@ -124,6 +135,7 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "evicted", kind: Kind::Counter, read: |s, _| add(s.counts.evicted) },
     Metric { name: "leases", kind: Kind::Counter, read: |s, _| add(s.counts.leases) },
     Metric { name: "websocket.calls", kind: Kind::Counter, read: |s, _| add(s.counts.websocket_calls) },
+    Metric { name: "websocket.held", kind: Kind::Counter, read: |s, _| add(s.counts.websocket_held) },
     Metric { name: "fleet.exchanges", kind: Kind::Counter, read: |s, _| add(s.counts.fleet_exchanges) },
     Metric { name: "fleet.exchange_failures", kind: Kind::Counter, read: |s, _| add(s.counts.fleet_failures) },
     Metric { name: "counted", kind: Kind::Counter, read: |s, _| add(s.counted) },

@@ -95,6 +95,7 @@ pub mod counts;
 pub mod fair;
 pub mod fleet;
 pub mod identity;
+mod lease;
 pub mod ledger;
 pub mod light;
 pub mod page;
@@ -102,6 +103,7 @@ pub mod policy;
 pub mod reactive;
 pub mod report;
 mod round;
+pub mod socket;
 pub mod state;
 pub mod stream;
 mod throttle;
@@ -109,12 +111,13 @@ mod usage;
 
 use crate::cost::{Estimates, Samples, Unit, ESTIMATES_KEY};
 use crate::rejection::{Jitter, Rejection};
-use crate::shared::{read, update, SharedStore, StoreError, Write};
+use crate::shared::{read, SharedStore, StoreError, Write};
 use fleet::{FleetShare, FleetView, FLEET_KEY};
 use identity::Identity;
+use lease::lease_want;
 use ledger::{Ledger, Usage, Who};
 use light::{LightState, LIGHT_KEY};
-use page::{Entry, Page, ENTRIES_PER_PAGE, MILLI, STAKED};
+use page::{ENTRIES_PER_PAGE, MILLI, STAKED};
 use policy::QosPolicy;
 use report::{Delta, ReportQueue, WorkerReport};
 use state::QosState;
@@ -259,17 +262,6 @@ pub struct Tick {
     pub round: Option<RoundReport>,
     /// Identities in this worker's report.
     pub reported: usize,
-}
-
-/// What a lease took from a shared bucket, and what the bucket says of
-/// its identity.
-struct Leased {
-    got: i64,
-    grant: u64,
-    demand: f32,
-    retries: u32,
-    /// An identity was evicted to make room for this one.
-    evicted: bool,
 }
 
 /// One VM's side of stake QoS: the policy, the state as of its last tick,
@@ -515,12 +507,7 @@ impl StakeQos {
             ));
             return admission;
         }
-        // A lease asks for a quarter of a round's grant (a call at least),
-        // and the debt a batch left.
-        let want = (local.lease < need && local.dry_round != Some(round)).then(|| {
-            let want = (local.grant / LEASE_DIVISOR).max(need as u64) as i64;
-            (local.page, want + (-local.lease).max(0))
-        });
+        let want = lease_want(local, need, round);
         let leased = match want {
             None => None,
             Some((page, want)) => {
@@ -547,13 +534,7 @@ impl StakeQos {
             return admission;
         };
         if let Some((leased, want)) = leased {
-            local.lease += leased.got;
-            local.grant = leased.grant;
-            local.demand = leased.demand;
-            if leased.got < want {
-                // The bucket is empty now: no use looking again this round.
-                local.dry_round = Some(round);
-            }
+            local.took_lease(&leased, want, round);
         }
         if local.lease >= need {
             local.lease -= need;
@@ -564,52 +545,6 @@ impl StakeQos {
         admission.verdict =
             Verdict::Throttle(self.throttled(Reason::Rate, identity.key, need, share_rps, 0));
         admission
-    }
-
-    /// Takes up to `want` from the identity's shared bucket in page `page`
-    /// (creating its entry with the new-identity gift if the table has
-    /// none).
-    fn lease(
-        &self,
-        store: &impl SharedStore,
-        now_ms: u64,
-        identity: &Identity,
-        page: u32,
-        want: i64,
-    ) -> Result<Leased, (StoreError, u32)> {
-        let initial = i64::from(self.policy.initial_tokens) * self.default_cost();
-        let fresh = Entry {
-            key: identity.key,
-            stake: identity.stake,
-            tokens: initial,
-            tier: identity.tier as u8,
-            flags: if identity.staked { STAKED } else { 0 },
-            last_seen_ms: now_ms,
-            ..Entry::default()
-        };
-        let key = page_key(page);
-        let updated = update(store, &key, |p: &mut Page| {
-            let before = p.len();
-            let (i, evicted) = p.entry(&fresh);
-            let tokens = p.tokens(i);
-            let got = tokens.clamp(0, want);
-            p.set_tokens(i, tokens - got);
-            p.set_last_seen_ms(i, now_ms);
-            let value = (got, p.grant(i), p.demand(i), evicted);
-            if got > 0 || evicted || p.len() != before {
-                crate::shared::Change::Write(value)
-            } else {
-                crate::shared::Change::Keep(value)
-            }
-        })?;
-        let (got, grant, demand, evicted) = updated.value;
-        Ok(Leased {
-            got,
-            grant,
-            demand,
-            retries: updated.retries,
-            evicted,
-        })
     }
 
     /// Every refill interval: reports this worker's counts, refreshes its

@@ -17,14 +17,15 @@ use super::identity::{anonymous, identify, Identity};
 use super::light::BodyBound;
 use super::page::MILLI;
 use super::policy::Mode;
+use super::socket::{Sent, Socket};
 use super::{Admission, Connection, StakeQos, Throttled, Ticket, Verdict};
 use crate::clock::Now;
+use crate::cost::SocketAnswered;
 use crate::cost::Unit;
 use crate::jsonrpc;
 use crate::rejection::Rule;
 use crate::request::{Body, RequestFacts};
 use crate::shared::{SharedStore, StoreError};
-use crate::websocket::{Count, FrameReader, Side};
 
 /// What an admission decided, and what the glue records of it.
 #[derive(Debug)]
@@ -51,6 +52,19 @@ pub struct OnBody {
     pub hold: bool,
     /// Calls read on a WebSocket.
     pub websocket_calls: u32,
+    /// On a WebSocket, what the try to let its calls on found (`hold`:
+    /// they wait for the identity's share; `retry_socket` tries again).
+    pub socket: Option<Sent>,
+}
+
+/// An admitted upgrade.
+#[derive(Debug)]
+enum Upgraded {
+    /// A WebSocket: its calls are the identity's (`socket`). Boxed: the
+    /// plain request is the hot path.
+    Websocket(Box<Socket>),
+    /// Another protocol: unread.
+    Tunnel(Connection),
 }
 
 /// One stream's state in stake QoS.
@@ -65,7 +79,7 @@ pub struct QosStream {
     upstream_status: Option<u32>,
     /// An admitted upgrade: not in flight; a WebSocket's calls are read
     /// from its client frames.
-    upgraded: Option<(Connection, Option<FrameReader>)>,
+    upgraded: Option<Upgraded>,
     /// Counted without an identity (`light`).
     counted: bool,
     /// The rule that refused it further on, as its answer said.
@@ -104,10 +118,12 @@ impl QosStream {
             match upgrade {
                 Some(upgrade) => match qos.upgraded(ticket) {
                     Ok(connection) => {
-                        let reader = upgrade
-                            .eq_ignore_ascii_case("websocket")
-                            .then(|| FrameReader::new(Side::Client));
-                        self.upgraded = Some((connection, reader));
+                        self.upgraded = Some(match upgrade.eq_ignore_ascii_case("websocket") {
+                            true => {
+                                Upgraded::Websocket(Box::new(Socket::new(connection, identity)))
+                            }
+                            false => Upgraded::Tunnel(connection),
+                        });
                     }
                     Err(throttled) => decided.throttled = Some(throttled),
                 },
@@ -133,20 +149,19 @@ impl QosStream {
         end_of_stream: bool,
         body: &mut impl Body,
     ) -> OnBody {
-        if let Some((connection, reader)) = &mut self.upgraded {
-            let Some(reader) = reader else {
-                return OnBody::default();
-            };
-            let mut count = Count::default();
-            reader.feed(&body.read(0, size), &mut count);
-            let calls = count.calls;
-            if calls > 0 {
-                qos.charge_calls(connection, calls);
+        match &mut self.upgraded {
+            Some(Upgraded::Websocket(socket)) => {
+                let calls = socket.read(qos, body, size);
+                let sent = socket.send(qos, store, now.us(), false);
+                return OnBody {
+                    hold: !sent.through,
+                    websocket_calls: calls,
+                    socket: Some(sent),
+                    ..OnBody::default()
+                };
             }
-            return OnBody {
-                websocket_calls: calls,
-                ..OnBody::default()
-            };
+            Some(Upgraded::Tunnel(_)) => return OnBody::default(),
+            None => {}
         }
         let more = self.bound.grow(size);
         if self.counted {
@@ -254,8 +269,44 @@ impl QosStream {
             }
             qos.finish(now.ms(), ticket, self.upstream_status);
         }
-        if let Some((connection, _)) = self.upgraded.take() {
-            qos.closed(connection);
+        match self.upgraded.take() {
+            Some(Upgraded::Websocket(socket)) => socket.close(qos),
+            Some(Upgraded::Tunnel(connection)) => qos.closed(connection),
+            None => {}
+        }
+    }
+
+    /// A WebSocket whose calls are held for its identity's share tries to
+    /// let them on again, with whatever came while it was held (`body`:
+    /// what Envoy holds of it; `None`: it holds nothing); at a tick
+    /// (`round`) the calls still held are demand again.
+    pub fn retry_socket(
+        &mut self,
+        qos: &mut StakeQos,
+        store: &impl SharedStore,
+        now: &mut Now,
+        round: bool,
+        body: &mut impl Body,
+    ) -> Option<Sent> {
+        match &mut self.upgraded {
+            Some(Upgraded::Websocket(socket)) if socket.holds() => {
+                socket.catch_up(qos, body);
+                Some(socket.send(qos, store, now.us(), round))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether it is a WebSocket (its answers are read: `socket_answered`).
+    pub fn is_socket(&self) -> bool {
+        matches!(self.upgraded, Some(Upgraded::Websocket(_)))
+    }
+
+    /// The admission gate says what the node has answered on this
+    /// WebSocket so far (`socket`).
+    pub fn socket_answered(&mut self, qos: &mut StakeQos, now: &mut Now, total: SocketAnswered) {
+        if let Some(Upgraded::Websocket(socket)) = &mut self.upgraded {
+            socket.answered(qos, now.us(), total);
         }
     }
 }

@@ -203,6 +203,10 @@ pub struct OnResponse {
     pub replace: Option<Vec<u8>>,
     /// Hold the body until it is whole (the cache reads it).
     pub hold: bool,
+    /// On a WebSocket whose answers gave slots back: its calls answered so
+    /// far and their time at the node, to tell the filters before the gate
+    /// (`cost::SOCKET_ANSWERED_PROPERTY`).
+    pub socket_answered: Option<crate::cost::SocketAnswered>,
 }
 
 impl GateStream {
@@ -428,7 +432,7 @@ impl GateStream {
             State::Websocket(ws) => {
                 let piece = body.read(0, size);
                 let (released, replace) =
-                    ws.answer(&piece, now.ms(), &mut w.linger, &mut w.counts.websocket);
+                    ws.answer(&piece, now.us(), &mut w.linger, &mut w.counts.websocket);
                 for _ in 0..released {
                     w.gate.give(ws.kind());
                 }
@@ -436,6 +440,7 @@ impl GateStream {
                     released: released > 0,
                     replace,
                     hold: false,
+                    socket_answered: (released > 0).then(|| ws.answered()),
                 };
             }
             State::Http(request) if request.capture.is_some() => {

@@ -4,6 +4,7 @@
 
 use super::linger::Linger;
 use super::rewrite::{self, Call, Restore};
+use crate::cost::SocketAnswered;
 use crate::jsonrpc::{Name, Shape};
 use crate::websocket::{self as ws, Message, Sink};
 use std::collections::VecDeque;
@@ -21,8 +22,8 @@ pub(super) struct Unit {
     pub(super) ids: Vec<(u64, Restore, usize)>,
     /// The client's messages in it: whether each was a batch.
     pub(super) members: Vec<bool>,
-    /// When it was sent (ms), and the calls in it.
-    pub(super) sent_ms: u64,
+    /// When it was sent (µs), and the calls in it.
+    pub(super) sent_us: u64,
     pub(super) calls: u32,
 }
 
@@ -91,17 +92,21 @@ pub(super) struct ServerSink<'a> {
     pub(super) released: u32,
     pub(super) messages: u64,
     pub(super) overflow: bool,
-    /// Now (ms), and where the time each answered unit took goes.
-    pub(super) now_ms: u64,
+    /// Now (µs), and where the time each answered unit took goes: the
+    /// cut-socket estimate, and the socket's calls and time answered.
+    pub(super) now_us: u64,
     pub(super) linger: &'a mut Linger,
+    pub(super) answered: &'a mut SocketAnswered,
 }
 
 impl ServerSink<'_> {
     /// `unit` was answered: its slot goes back.
     fn released(&mut self, unit: &Unit) {
         self.released += 1;
-        self.linger
-            .answered(self.now_ms.saturating_sub(unit.sent_ms), unit.calls);
+        let took_us = self.now_us.saturating_sub(unit.sent_us);
+        self.linger.answered(took_us / 1000, unit.calls);
+        self.answered.calls += u64::from(unit.calls);
+        self.answered.node_us += took_us;
     }
 }
 

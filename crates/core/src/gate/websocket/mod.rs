@@ -59,6 +59,7 @@ pub mod rewrite;
 use super::shards::SlotKind;
 use super::{InflightGate, Taken, Ticket};
 use crate::clock::Now;
+use crate::cost::SocketAnswered;
 use crate::request::Body;
 use crate::shared::SharedStore;
 use crate::websocket::{self as ws, FrameReader, Message, Side, Sink};
@@ -142,6 +143,10 @@ pub struct Websocket {
     keeping: bool,
     /// A message over the limit came from the client.
     client_overflow: bool,
+    /// Calls the node has answered on it so far, and the time their units
+    /// took at the node (sent to answered): what stake QoS charges the
+    /// socket's identity in node time.
+    answered: SocketAnswered,
 }
 
 impl Websocket {
@@ -167,12 +172,18 @@ impl Websocket {
             cut: false,
             keeping: false,
             client_overflow: false,
+            answered: SocketAnswered::default(),
         }
     }
 
     /// The kind of slot its messages take.
     pub fn kind(&self) -> SlotKind {
         self.kind
+    }
+
+    /// Calls answered so far, and their units' time at the node.
+    pub fn answered(&self) -> SocketAnswered {
+        self.answered
     }
 
     /// Units at the node (slots held).
@@ -322,7 +333,7 @@ impl Websocket {
             return (Flow::GateFull, Some(taken));
         }
         let units = taken.count as usize;
-        let flow = self.send(units - alone, now.ms(), counts);
+        let flow = self.send(units - alone, now.us(), counts);
         (flow, Some(taken))
     }
 
@@ -334,7 +345,7 @@ impl Websocket {
     }
 
     /// Sends every pending item, the mergeable calls in `groups` units.
-    fn send(&mut self, groups: usize, now_ms: u64, counts: &mut Counts) -> Flow {
+    fn send(&mut self, groups: usize, now_us: u64, counts: &mut Counts) -> Flow {
         let pending = std::mem::take(&mut self.pending);
         let together = pending
             .iter()
@@ -363,25 +374,25 @@ impl Websocket {
                         }
                         subscriptions += 1;
                         if subscriptions == MERGE_MAX as u32 {
-                            self.subscriptions_sent(std::mem::take(&mut subscriptions), now_ms);
+                            self.subscriptions_sent(std::mem::take(&mut subscriptions), now_us);
                         }
                         continue;
                     }
                     if !mergeable(&message) {
-                        let bytes = self.unit(vec![(message, opcode, mask)], now_ms, counts);
+                        let bytes = self.unit(vec![(message, opcode, mask)], now_us, counts);
                         out.extend(bytes);
                         continue;
                     }
                     group.push((message, opcode, mask));
                     if group.len() == want {
-                        let bytes = self.unit(std::mem::take(&mut group), now_ms, counts);
+                        let bytes = self.unit(std::mem::take(&mut group), now_us, counts);
                         out.extend(bytes);
                         want = sizes.next().unwrap_or(0);
                     }
                 }
             }
         }
-        self.subscriptions_sent(subscriptions, now_ms);
+        self.subscriptions_sent(subscriptions, now_us);
         self.sent();
         self.waited = false;
         if verbatim {
@@ -391,12 +402,12 @@ impl Websocket {
         }
     }
 
-    /// `n` subscriptions went as they came at `now_ms`, as one unit.
-    fn subscriptions_sent(&mut self, n: u32, now_ms: u64) {
+    /// `n` subscriptions went as they came at `now_us`, as one unit.
+    fn subscriptions_sent(&mut self, n: u32, now_us: u64) {
         if n > 0 {
             self.book.units.push_back(Unit {
                 due: n,
-                sent_ms: now_ms,
+                sent_us: now_us,
                 calls: n,
                 ..Unit::default()
             });
@@ -408,7 +419,7 @@ impl Websocket {
     fn unit(
         &mut self,
         messages: Vec<(Outgoing, u8, Option<[u8; 4]>)>,
-        now_ms: u64,
+        now_us: u64,
         counts: &mut Counts,
     ) -> Vec<u8> {
         let Some(&(_, opcode, mask)) = messages.first() else {
@@ -416,7 +427,7 @@ impl Websocket {
         };
         let mut unit = Unit {
             due: 1,
-            sent_ms: now_ms,
+            sent_us: now_us,
             calls: messages.iter().map(|(out, ..)| calls(out)).sum(),
             ..Unit::default()
         };
@@ -531,17 +542,18 @@ impl Websocket {
     pub fn cut(&self, linger: &mut Linger, now_ms: u64) -> u32 {
         let units = self.book.units.iter();
         units
-            .filter(|u| !linger.hold(self.kind, now_ms, u.sent_ms, u.calls))
+            .filter(|u| !linger.hold(self.kind, now_ms, u.sent_us / 1000, u.calls))
             .count() as u32
     }
 
-    /// A piece of the node's data, at `now_ms` (the time its answers took
-    /// goes to `linger`). Returns the slots its answers gave back, and what
-    /// to send the client instead of the piece, if anything changed.
+    /// A piece of the node's data, at `now_us` (the time its answers took
+    /// goes to `linger`, and to `answered`). Returns the slots its answers
+    /// gave back, and what to send the client instead of the piece, if
+    /// anything changed.
     pub fn answer(
         &mut self,
         piece: &[u8],
-        now_ms: u64,
+        now_us: u64,
         linger: &mut Linger,
         counts: &mut Counts,
     ) -> (u32, Option<Vec<u8>>) {
@@ -558,8 +570,9 @@ impl Websocket {
             released: 0,
             messages: 0,
             overflow: false,
-            now_ms,
+            now_us,
             linger,
+            answered: &mut self.answered,
         };
         self.server.feed(piece, &mut sink);
         let ServerSink {

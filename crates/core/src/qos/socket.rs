@@ -1,0 +1,457 @@
+//! A WebSocket at stake QoS. Its upgrade was admitted as one call of its
+//! identity; after that, the calls its client sends on it are that
+//! identity's as an HTTP request's are:
+//!
+//! - **demand**: each call read counts, at its cost (in node time, its
+//!   method's estimate);
+//! - **admission**: while throttling is on, the calls a piece of the
+//!   client's data completes go on only with tokens from the identity's
+//!   lease (leased from its bucket as an HTTP request's are: like an HTTP
+//!   batch's, they go on the first call's tokens and the rest is a debt
+//!   the next leases pay, so the identity's next calls wait for it), and
+//!   only while the identity's calls in flight, HTTP requests and socket
+//!   calls together, are below its concurrency allowance (a piece's calls
+//!   go on together, as an HTTP batch's do, on room for one). Else
+//!   the socket's data is held at the gateway: a socket has no status to
+//!   refuse a message with, and holding is back-pressure on the client's
+//!   socket. It is tried again at each tick (`refillIntervalMs`), where
+//!   the calls still held count as demand again (as a refused HTTP call
+//!   tried again does), and when its answers come;
+//! - **settling**: as the node's answers pass, the admission gate says how
+//!   many of the socket's calls the node answered and how long their units
+//!   took at the node (`cost::SOCKET_ANSWERED_PROPERTY`). Those calls leave
+//!   the in-flight count, and in node time the identity is charged what
+//!   they took instead of their estimates (the usage ledger's node time
+//!   too), as an HTTP request is settled when it ends; while the calls at
+//!   the node are all of one method, what they took is a sample of its
+//!   cost, as an HTTP request's is. Calls whose answers never come (the
+//!   socket closed first) keep their estimates.
+//!
+//! A shadow holds nothing: it counts what it would hold and lets it go.
+
+use super::identity::Identity;
+use super::lease::lease_want;
+use super::page::MILLI;
+use super::{concurrency_allowance, Connection, Reason, StakeQos};
+use crate::cost::{method_key, SocketAnswered, Unit};
+use crate::request::Body;
+use crate::shared::{SharedStore, StoreError};
+use crate::websocket::{calls, FrameReader, Message, Side, Sink};
+use std::collections::VecDeque;
+
+/// The most of Envoy's held data `catch_up` reads at once (far above any
+/// buffer Envoy holds for a socket).
+const CATCH_UP_MAX: usize = 1 << 30;
+
+/// Calls and what they cost, in thousandths of the unit, and their
+/// method if they are all of one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Calls {
+    calls: u32,
+    units: i64,
+    method: Method,
+}
+
+/// The method of some calls: none yet, one, or several.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Method {
+    #[default]
+    None,
+    One(u64),
+    Many,
+}
+
+impl Method {
+    fn and(self, other: Method) -> Method {
+        match (self, other) {
+            (Method::None, m) | (m, Method::None) => m,
+            (Method::One(a), Method::One(b)) if a == b => Method::One(a),
+            _ => Method::Many,
+        }
+    }
+}
+
+impl Calls {
+    fn add(&mut self, more: Calls) {
+        self.calls = self.calls.saturating_add(more.calls);
+        self.units = self.units.saturating_add(more.units);
+        self.method = self.method.and(more.method);
+    }
+}
+
+/// A client's WebSocket, as stake QoS follows it.
+#[derive(Debug)]
+pub struct Socket {
+    connection: Connection,
+    identity: Identity,
+    reader: FrameReader,
+    /// Bytes of Envoy's held data already read.
+    fed: usize,
+    /// Read and not let on yet (the identity had no tokens for them).
+    held: Calls,
+    /// Let on and not answered yet, with what they were charged.
+    at_node: Calls,
+    /// What the gate said was answered, as of its last word.
+    answered: SocketAnswered,
+    /// When each lot of calls at the node went on (µs), and how many of
+    /// them are not answered yet, oldest first: their latency, as an HTTP
+    /// request's is counted from its admission to its answer.
+    went: VecDeque<(u64, u32)>,
+}
+
+/// Calls of a socket the node answered: the time their units took at the
+/// node (µs), what they were charged (thousandths of the unit), their
+/// method if they were all of one, and their latency (µs) from when they
+/// went on.
+#[derive(Debug, Default)]
+struct Answered {
+    calls: u32,
+    node_us: u64,
+    charged: i64,
+    method: Option<u64>,
+    latency_us: u64,
+}
+
+/// What a try to let a socket's held calls on found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// The calls went on (or nothing was held).
+    pub through: bool,
+    /// Why not (for the metrics), when they did not.
+    pub held_by: Option<Reason>,
+    /// A lease was taken, and its retries.
+    pub leased: bool,
+    pub cas_retries: u32,
+    pub evicted: bool,
+    /// Shared data failed; the calls went on without tokens.
+    pub store_error: Option<StoreError>,
+}
+
+impl Socket {
+    pub fn new(connection: Connection, identity: Identity) -> Self {
+        Self {
+            connection,
+            identity,
+            reader: FrameReader::new(Side::Client),
+            fed: 0,
+            held: Calls::default(),
+            at_node: Calls::default(),
+            answered: SocketAnswered::default(),
+            went: VecDeque::new(),
+        }
+    }
+
+    /// The client's data held at the gateway grew to `size` bytes (Envoy's
+    /// buffer: only the bytes past what was read are new): the calls the
+    /// new bytes complete are demand, and held until they go on. Returns
+    /// how many there were.
+    pub fn read(&mut self, qos: &mut StakeQos, body: &mut impl Body, size: usize) -> u32 {
+        if size < self.fed {
+            self.fed = 0;
+        }
+        if size == self.fed {
+            return 0;
+        }
+        let new = body.read(self.fed, size - self.fed);
+        self.fed = size;
+        self.price(qos, &new)
+    }
+
+    /// Reads what Envoy holds past what was read, whatever its size: data
+    /// that came while the socket was held may be in Envoy's buffer before
+    /// a callback has said so, and goes on with it when it is resumed.
+    pub fn catch_up(&mut self, qos: &mut StakeQos, body: &mut impl Body) -> u32 {
+        let new = body.read(self.fed, CATCH_UP_MAX);
+        self.fed += new.len();
+        self.price(qos, &new)
+    }
+
+    /// The calls `new` bytes of the client's complete: demand, and held.
+    fn price(&mut self, qos: &mut StakeQos, new: &[u8]) -> u32 {
+        let mut priced = Priced {
+            qos,
+            read: Calls::default(),
+        };
+        self.reader.feed(new, &mut priced);
+        let read = priced.read;
+        qos.socket_demand(self.connection.key, read.calls, read.units);
+        self.held.add(read);
+        read.calls
+    }
+
+    /// Whether calls are held.
+    pub fn holds(&self) -> bool {
+        self.held.calls > 0
+    }
+
+    /// Lets the held calls on if the identity may send them now (a shadow
+    /// always does, counting what it would have held). Calls still held at
+    /// a round's try (`round`) are demand again, as a refused HTTP call
+    /// tried again is: a client that waits for its answers before it sends
+    /// more would otherwise look as if it wanted no more than it got.
+    pub fn send(
+        &mut self,
+        qos: &mut StakeQos,
+        store: &impl SharedStore,
+        now_us: u64,
+        round: bool,
+    ) -> Sent {
+        if self.held.calls == 0 {
+            self.fed = 0;
+            return Sent {
+                through: true,
+                ..Sent::default()
+            };
+        }
+        let mut sent = qos.socket_calls(store, now_us, &self.identity, self.held);
+        if sent.through || qos.policy().shadow {
+            sent.through = true;
+            self.went.push_back((now_us, self.held.calls));
+            self.at_node.add(self.held);
+            self.held = Calls::default();
+            // What Envoy holds goes on: its next data is new.
+            self.fed = 0;
+        } else if round {
+            qos.socket_demand_again(self.connection.key, self.held.calls, self.held.units);
+        }
+        sent
+    }
+
+    /// The gate says, at `now_us`, what the node has answered on this
+    /// socket so far (totals): the calls answered since its last word are
+    /// settled.
+    pub fn answered(&mut self, qos: &mut StakeQos, now_us: u64, total: SocketAnswered) {
+        let calls = total.calls.saturating_sub(self.answered.calls);
+        let node_us = total.node_us.saturating_sub(self.answered.node_us);
+        self.answered = total;
+        if calls == 0 {
+            return;
+        }
+        let calls = u32::try_from(calls)
+            .unwrap_or(u32::MAX)
+            .min(self.at_node.calls);
+        let charged = match self.at_node.calls {
+            0 => 0,
+            n => self.at_node.units * i64::from(calls) / i64::from(n),
+        };
+        // The oldest lot still at the node went on first: its latency.
+        let mut left = calls;
+        let mut went_us = now_us;
+        while left > 0 {
+            let Some((at, n)) = self.went.front_mut() else {
+                break;
+            };
+            went_us = *at;
+            let taken = left.min(*n);
+            (*n, left) = (*n - taken, left - taken);
+            if *n == 0 {
+                self.went.pop_front();
+            }
+        }
+        let latency_us = now_us.saturating_sub(went_us);
+        let method = match self.at_node.method {
+            Method::One(method) => Some(method),
+            Method::None | Method::Many => None,
+        };
+        self.at_node.calls -= calls;
+        self.at_node.units -= charged;
+        if self.at_node.calls == 0 {
+            self.at_node = Calls::default();
+            self.went.clear();
+        }
+        let answered = Answered {
+            calls,
+            node_us,
+            charged,
+            method,
+            latency_us,
+        };
+        qos.socket_answered(self.connection.key, answered);
+    }
+
+    /// The socket is over: its calls still at the node leave the in-flight
+    /// count (their estimates stay charged), and its WebSocket place is
+    /// free.
+    pub fn close(self, qos: &mut StakeQos) {
+        let gone = Answered {
+            calls: self.at_node.calls,
+            ..Answered::default()
+        };
+        qos.socket_answered(self.connection.key, gone);
+        qos.closed(self.connection);
+    }
+}
+
+/// Prices each message the client completes: its calls, at their costs.
+struct Priced<'a> {
+    qos: &'a StakeQos,
+    read: Calls,
+}
+
+impl Sink for Priced<'_> {
+    fn message(&mut self, message: Message) {
+        let n = calls(&message);
+        let method = message
+            .summary
+            .entries
+            .iter()
+            .map(|e| {
+                e.method
+                    .as_deref()
+                    .map_or(Method::Many, |m| Method::One(method_key(m)))
+            })
+            .fold(Method::None, Method::and);
+        let costs = &self.qos.policy().costs;
+        let units = match costs.unit {
+            // In calls, a call at its identity's cost (`count_calls`).
+            Unit::Calls => 0,
+            _ => {
+                let learned = self.qos.learned();
+                let priced: f64 = message
+                    .summary
+                    .entries
+                    .iter()
+                    .filter_map(|e| e.method.as_deref())
+                    .map(|m| costs.of(m, learned))
+                    .sum();
+                let unpriced = n.saturating_sub(
+                    message
+                        .summary
+                        .entries
+                        .iter()
+                        .filter(|e| e.method.is_some())
+                        .count() as u32,
+                );
+                ((priced + f64::from(unpriced) * costs.default) * MILLI as f64) as i64
+            }
+        };
+        self.read.add(Calls {
+            calls: n,
+            units,
+            method,
+        });
+    }
+}
+
+impl StakeQos {
+    /// `calls` calls read on a socket of identity `key`, costing `units`
+    /// (in the calls unit, each at the identity's cost per call): demand.
+    fn socket_demand(&mut self, key: u64, calls: u32, units: i64) {
+        let units = (self.policy.costs.unit != Unit::Calls).then_some(units);
+        self.count_priced(key, calls, units);
+    }
+
+    /// `calls` held calls of a socket of identity `key` are demand again
+    /// (not calls it sent again: the ledger counts them once).
+    fn socket_demand_again(&mut self, key: u64, calls: u32, units: i64) {
+        let sent = self.locals.get(&key).map(|l| l.usage.calls);
+        self.socket_demand(key, calls, units);
+        if let (Some(sent), Some(local)) = (sent, self.locals.get_mut(&key)) {
+            local.usage.calls = sent;
+        }
+    }
+
+    /// Lets `held` calls of `identity`'s socket on: while throttling is
+    /// on, with tokens from its lease and within its concurrency allowance.
+    fn socket_calls(
+        &mut self,
+        store: &impl SharedStore,
+        now_us: u64,
+        identity: &Identity,
+        held: Calls,
+    ) -> Sent {
+        let now_ms = now_us / 1000;
+        let mut sent = Sent::default();
+        let (round, interval_s) = (self.state.round, self.interval_s());
+        let (floor, headroom) = (self.policy.concurrency_floor, self.policy.headroom);
+        let throttling = self.state.throttling;
+        let need = match self.policy.costs.unit {
+            Unit::Calls => {
+                let cost = self.locals.get(&identity.key).map_or(MILLI, |l| l.cost);
+                cost.saturating_mul(i64::from(held.calls))
+            }
+            _ => held.units,
+        };
+        let local = self.local(identity, now_ms);
+        if !throttling {
+            local.inflight = local.inflight.saturating_add(held.calls);
+            sent.through = true;
+            return sent;
+        }
+        let share_rps = local.grant as f64 / MILLI as f64 / interval_s;
+        let per_call = need as f64 / MILLI as f64 / f64::from(held.calls.max(1));
+        let allowance =
+            concurrency_allowance(floor, headroom, share_rps / per_call, local.latency_us);
+        if local.inflight >= allowance {
+            sent.held_by = Some(Reason::Concurrency);
+            return sent;
+        }
+        // Like an HTTP batch: the calls go on the first one's tokens, the
+        // rest charged as a debt that the next leases pay (the identity's
+        // other calls wait for it), since a piece's calls cannot be split.
+        let first = (need / i64::from(held.calls.max(1))).max(1);
+        if let Some((page, want)) = lease_want(local, first, round) {
+            sent.leased = true;
+            match self.lease(store, now_ms, identity, page, want) {
+                Ok(leased) => {
+                    sent.cas_retries = leased.retries;
+                    sent.evicted = leased.evicted;
+                    if let Some(local) = self.locals.get_mut(&identity.key) {
+                        local.took_lease(&leased, want, round);
+                    }
+                }
+                Err((e, retries)) => {
+                    // Fail open: the admission gate protects the node.
+                    sent.cas_retries = retries;
+                    sent.store_error = Some(e);
+                }
+            }
+        }
+        let Some(local) = self.locals.get_mut(&identity.key) else {
+            return sent;
+        };
+        if local.lease >= first || sent.store_error.is_some() {
+            if sent.store_error.is_none() {
+                local.lease -= need;
+            }
+            local.inflight = local.inflight.saturating_add(held.calls);
+            sent.through = true;
+        } else {
+            local.dry_round = Some(round);
+            sent.held_by = Some(Reason::Rate);
+        }
+        sent
+    }
+
+    /// Some of identity `key`'s socket calls ended: they leave its calls
+    /// in flight, their latency goes into its own (the concurrency
+    /// allowance's), and in node time it is charged what they took instead
+    /// of their estimates; calls all of one method are a sample of its
+    /// cost.
+    fn socket_answered(&mut self, key: u64, answered: Answered) {
+        let node_time = self.policy.costs.unit == Unit::NodeTime;
+        let alpha = self.policy.latency_smoothing;
+        let Some(local) = self.locals.get_mut(&key) else {
+            return;
+        };
+        local.inflight = local.inflight.saturating_sub(answered.calls);
+        if answered.calls == 0 || answered.node_us == 0 {
+            return;
+        }
+        let sample = answered.latency_us.min(u64::from(u32::MAX)) as f64;
+        local.latency_us = if local.latency_us == 0 {
+            sample as u32
+        } else {
+            (alpha * sample + (1.0 - alpha) * f64::from(local.latency_us)) as u32
+        };
+        if !node_time {
+            return;
+        }
+        local.usage.node_us = local.usage.node_us.saturating_add(answered.node_us);
+        if let Some(method) = answered.method {
+            self.samples.add(method, answered.calls, answered.node_us);
+        }
+        let took = answered.node_us.min(i64::MAX as u64) as i64;
+        self.settle(key, took - answered.charged);
+    }
+}

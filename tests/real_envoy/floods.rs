@@ -14,19 +14,18 @@ use std::time::Duration;
 const STAT: &str = "wasmcustom.stakegate.gate.";
 
 /// The gateway `stakegate init` writes in front of `node`, the example
-/// policies changed by `gate` and `qos` (top-level fields).
-fn gateway(
-    node: &RpcNode,
-    dir: &std::path::Path,
-    gate: serde_json::Value,
-    qos: serde_json::Value,
-) -> Envoy {
+/// gate policy changed by `gate` (top-level fields), and `qos`.
+fn gateway(node: &RpcNode, dir: &std::path::Path, gate: serde_json::Value, qos: String) -> Envoy {
     let (gate_policy, qos_policy) = (dir.join("gate.json"), dir.join("qos.json"));
     let gate = stakegate_tests::example_policy("admission-gate", gate);
-    let qos = stakegate_tests::example_policy("stake-qos", qos);
     std::fs::write(&gate_policy, gate).unwrap();
     std::fs::write(&qos_policy, qos).unwrap();
     stakegate_tests::start_initialised(dir, node.addr(), &gate_policy, &qos_policy)
+}
+
+/// The example QoS policy, as shipped.
+fn example_qos() -> String {
+    stakegate_tests::example_policy("stake-qos", json!({}))
 }
 
 /// Lines of Envoy's log that say a Wasm VM failed.
@@ -49,7 +48,7 @@ fn two_thousand_reads_held_for_a_head_poll_stop_no_vm_and_leave_nothing_held() {
     let node = RpcNode::start(&["--block-interval", "200ms"]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let gate = json!({ "cache": { "latest": true } });
-    let envoy = gateway(&node, dir.path(), gate, json!({}));
+    let envoy = gateway(&node, dir.path(), gate, example_qos());
     let mut crowd: Vec<ClientSpec> = (0..2000u32)
         .map(|i| ClientSpec {
             source: Some(
@@ -135,7 +134,7 @@ fn fill_and_close(addr: std::net::SocketAddr, cut: bool) {
 fn sockets_closed_or_cut_with_calls_at_the_node_never_put_more_there_than_the_gate_allows() {
     let node = RpcNode::start(&["--read-slots", "4", "--cost", "eth_getLogs=100ms"]).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let envoy = gateway(&node, dir.path(), json!({}), json!({}));
+    let envoy = gateway(&node, dir.path(), json!({}), example_qos());
     let public = envoy.listener("public").unwrap();
     for round in 0..8 {
         fill_and_close(public, round % 2 == 1);
@@ -152,4 +151,141 @@ fn sockets_closed_or_cut_with_calls_at_the_node_never_put_more_there_than_the_ga
     );
     assert!(metrics["inflight_max"].as_u64().unwrap() <= 6, "{metrics}");
     assert!(metrics["served"]["eth_getLogs"].as_u64().unwrap() >= 50);
+}
+
+/// The example QoS policy in node time (`capacityNodeMs` 4,500) with two
+/// equal stakes, for the keys `key-attacker` and `key-victim`.
+fn equal_stakes_in_node_time() -> String {
+    let stake = |name: &str| {
+        let key = format!("key-{name}");
+        json!({"apiKeySha256": stakegate_core::request::sha256_hex(key.as_bytes()), "name": name, "stake": 25_000_000})
+    };
+    let mut qos: serde_json::Value =
+        serde_json::from_str(&stakegate_tests::example_policy("stake-qos", json!({}))).unwrap();
+    let qos = qos.as_object_mut().unwrap();
+    qos.remove("capacityRps");
+    qos.insert("capacityNodeMs".into(), json!(4500));
+    qos.insert("stakes".into(), json!([stake("attacker"), stake("victim")]));
+    json!(qos).to_string()
+}
+
+/// One socket of `key-attacker` keeping 8 `eth_getProof` out until
+/// `until`: the answers it got from `from` to then (those to come are
+/// read, not counted).
+fn proof_socket(
+    addr: std::net::SocketAddr,
+    (from, until): (std::time::Instant, std::time::Instant),
+    seed: u64,
+) -> u64 {
+    use tungstenite::client::IntoClientRequest;
+    let mut request = format!("ws://{addr}/").into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("x-api-key", "key-attacker".parse().unwrap());
+    let socket = loop {
+        let stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        match tungstenite::client(request.clone(), stream) {
+            Ok((socket, _)) => break socket,
+            // Its identity over its share: the upgrade is a call too.
+            Err(_) if std::time::Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("no socket: {e}"),
+        }
+    };
+    let mut socket = socket;
+    let call = |n: u64| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{n},"method":"eth_getProof","params":["0x{:040x}",[],"latest"]}}"#,
+            seed * 1_000_000 + n
+        )
+    };
+    let (mut sent, mut answered, mut by_then) = (0, 0, 0);
+    while sent < 8 {
+        sent += 1;
+        socket.send(call(sent).into()).unwrap();
+    }
+    while answered < sent {
+        let message = socket.read().unwrap();
+        if message.is_text() {
+            answered += 1;
+            let now = std::time::Instant::now();
+            if now < until {
+                by_then += u64::from(now >= from);
+                sent += 1;
+                socket.send(call(sent).into()).unwrap();
+            }
+        }
+    }
+    by_then
+}
+
+/// Two equal stakes in node time; one floods `eth_getProof` (40 ms) over
+/// HTTP, the other on 6 sockets keeping 8 calls out each. Before, a
+/// message on a socket was never held and charged no node time: the
+/// sockets took 1.7 times their share (3,845 ms/s against 1,109). Now each
+/// gets about half, and the sockets' identity is charged what the node
+/// spent on its calls.
+#[test]
+fn a_websocket_flood_of_heavy_calls_gets_its_node_time_share_and_is_charged_what_it_took() {
+    let node = RpcNode::start(&["--read-slots", "8", "--cost", "eth_getProof=40ms"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // The gate waits for slots in node time; coalescing and the cache
+    // off: a request dedup checks does not wait for a slot yet (the
+    // node-time issue's), and these calls are all distinct anyway.
+    let gate = json!({
+        "nodeTime": {"serviceTimeHeader": "x-node-service-us"},
+        "dedup": null,
+        "cache": null
+    });
+    let envoy = gateway(&node, dir.path(), gate, equal_stakes_in_node_time());
+    let public = envoy.listener("public").unwrap();
+    // Measured from the 3rd second: throttling on, and the sockets open.
+    let (run, warm) = (Duration::from_secs(12), 3);
+    let start = std::time::Instant::now();
+    let window = (start + Duration::from_secs(warm), start + run);
+    let sockets: Vec<_> = (0..6)
+        .map(|seed| std::thread::spawn(move || proof_socket(public, window, seed)))
+        .collect();
+    let victim = ClientSpec {
+        api_key: Some("key-victim".into()),
+        unique_params: true,
+        ..client("victim", 400.0, "eth_getProof", 3)
+    };
+    let mut spec = load_h2(&envoy.url("public").unwrap(), vec![victim], run, 1);
+    spec.http2 = false;
+    let report = loadgen::run(&spec).unwrap();
+    let attacker: u64 = sockets.into_iter().map(|s| s.join().unwrap()).sum();
+    let timeline = &report.clients[0].timeline;
+    let victim: u64 = timeline.iter().skip(warm as usize).map(|s| s.ok).sum();
+    let seconds = (run.as_secs() - warm) as f64;
+    let (attacker_ms, victim_ms) = (
+        attacker as f64 * 40.0 / seconds,
+        victim as f64 * 40.0 / seconds,
+    );
+    let share = attacker_ms / (attacker_ms + victim_ms);
+    // The ledger, once the last counts are handed over.
+    let ledger_us = |name: &str| {
+        envoy
+            .stat(&format!("wasmcustom.stakegate.qos.usage.{name}.node_us"))
+            .unwrap_or(0)
+    };
+    let metrics = node.metrics().unwrap();
+    let ran_us = metrics["service_us_websocket"].as_u64().unwrap() as f64;
+    let charged = || ledger_us("attacker") as f64 / ran_us;
+    // Charged within 10 % (the gate times a unit from sending to its
+    // answer, the node only its own work).
+    let settled = eventually(Duration::from_secs(5), || charged() >= 0.9);
+    let charged = charged();
+    eprintln!(
+        "node ms/s: sockets {attacker_ms:.0}, HTTP {victim_ms:.0} ({share:.3} to the sockets); \
+         sockets charged {charged:.3} of what the node spent on them; the victim {:?}",
+        report.status
+    );
+    assert!((share - 0.5).abs() <= 0.03, "the sockets' share {share:.3}");
+    assert!(victim_ms >= 0.9 * 2250.0, "victim {victim_ms:.0} ms/s");
+    assert!(settled && charged <= 1.1, "charged {charged:.3}");
 }

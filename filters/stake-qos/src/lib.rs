@@ -374,8 +374,8 @@ impl HttpContext for QosHttp {
         Action::Continue
     }
 
-    /// On a WebSocket, what the gate says the node has answered: settled,
-    /// and calls held for the identity's share may go on now.
+    /// On a WebSocket, what the gate says the node has answered: settled
+    /// (calls held for the identity's share try again at the next tick).
     fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
         let (Ok(mut worker), Ok(mut stream)) =
             (self.worker.try_borrow_mut(), self.stream.try_borrow_mut())
@@ -385,19 +385,8 @@ impl HttpContext for QosHttp {
         if !stream.is_socket() {
             return Action::Continue;
         }
-        let Worker {
-            qos, counts, held, ..
-        } = &mut *worker;
-        let now = &mut Now::lazy_us(now_us);
         if let Some(total) = host::socket_answered() {
-            stream.socket_answered(qos, now, total);
-        }
-        let body = &mut HostBody(BodyOf::Request);
-        if let Some(sent) = stream.retry_socket(qos, &EnvoyStore, now, false, body) {
-            if socket_sent(counts, sent) {
-                held.remove(&self.id);
-                host::resume_request();
-            }
+            stream.socket_answered(&mut worker.qos, &mut Now::lazy_us(now_us), total);
         }
         Action::Continue
     }

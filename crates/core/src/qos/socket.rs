@@ -16,7 +16,7 @@
 //!   refuse a message with, and holding is back-pressure on the client's
 //!   socket. It is tried again at each tick (`refillIntervalMs`), where
 //!   the calls still held count as demand again (as a refused HTTP call
-//!   tried again does), and when its answers come;
+//!   tried again does);
 //! - **settling**: as the node's answers pass, the admission gate says how
 //!   many of the socket's calls the node answered and how long their units
 //!   took at the node (`cost::SOCKET_ANSWERED_PROPERTY`). Those calls leave

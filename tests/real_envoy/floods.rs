@@ -289,3 +289,58 @@ fn a_websocket_flood_of_heavy_calls_gets_its_node_time_share_and_is_charged_what
     assert!(victim_ms >= 0.9 * 2250.0, "victim {victim_ms:.0} ms/s");
     assert!(settled && charged <= 1.1, "charged {charged:.3}");
 }
+
+/// 100 unstaked addresses, each in a closed loop of `eth_getProof`, beside
+/// a staked client on 8 connections, through init's gateway with the
+/// gate waiting for slots in node time: the staked client's calls wait
+/// before the crowd's (the example policy's `{"staked": true}` priority
+/// matcher, as stake QoS says), so it gets about what it gets alone.
+/// Before, the gate served the crowd first come, first served: the staker
+/// got 151 calls to the crowd's 1,759.
+#[test]
+fn an_unstaked_crowd_in_closed_loops_cannot_push_out_a_stakers_calls() {
+    let node = RpcNode::start(&["--cost", "eth_getProof=40ms"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gate = json!({"nodeTime": {"serviceTimeHeader": "x-node-service-us"}});
+    let envoy = gateway(&node, dir.path(), gate, example_qos());
+    let url = envoy.url("public").unwrap();
+    let staker = || ClientSpec {
+        api_key: Some("key-stake-40".into()),
+        unique_params: true,
+        ..client("staker", 400.0, "eth_getProof", 8)
+    };
+    let crowd: Vec<ClientSpec> = (0..100u32)
+        .map(|i| ClientSpec {
+            source: Some(
+                format!("127.3.{}.{}", i / 250, i % 250 + 1)
+                    .parse()
+                    .unwrap(),
+            ),
+            unique_params: true,
+            ..client(&format!("crowd-{i}"), 100.0, "eth_getProof", 1)
+        })
+        .collect();
+    let run = |clients: Vec<ClientSpec>, seconds: u64| {
+        let mut spec = load_h2(&url, clients, Duration::from_secs(seconds), 8);
+        spec.http2 = false;
+        loadgen::run(&spec).unwrap()
+    };
+    // Warm (the gate learns the method's cost), then alone.
+    run(vec![staker()], 2);
+    let alone = run(vec![staker()], 5).count("200");
+    let mut clients = crowd;
+    clients.push(staker());
+    let beside = run(clients, 5);
+    let (staker, crowd) = (
+        beside.client("staker").unwrap().count("200"),
+        beside.count("200") - beside.client("staker").unwrap().count("200"),
+    );
+    eprintln!(
+        "the staker alone {alone}, beside the crowd {staker} (the crowd {crowd}, {:?})",
+        beside.status
+    );
+    assert!(
+        staker as f64 >= 0.9 * alone as f64,
+        "alone {alone}, beside {staker}"
+    );
+}

@@ -26,7 +26,17 @@ pub trait RequestFacts {
     fn route_cluster(&mut self) -> Option<String> {
         None
     }
+    /// Whether stake QoS, before this filter, found the caller in its
+    /// stake table (`STAKED_PROPERTY`).
+    fn staked(&mut self) -> bool {
+        false
+    }
 }
+
+/// The property in which stake QoS tells the filters after it that the
+/// caller is in its stake table (`1`). Envoy keeps it in the request's
+/// filter state, which no client can set.
+pub const STAKED_PROPERTY: &str = "stakegate_staked";
 
 /// Reads the body piece (or upgraded stream data) Envoy is handing over.
 pub trait Body {

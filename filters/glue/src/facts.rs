@@ -33,6 +33,10 @@ impl RequestFacts for StreamFacts {
         host::request_header(name)
     }
 
+    fn staked(&mut self) -> bool {
+        crate::host::property(&[stakegate_core::request::STAKED_PROPERTY]).as_deref() == Some(b"1")
+    }
+
     fn route_cluster(&mut self) -> Option<String> {
         property_string(&["xds", "cluster_name"]).filter(|s| !s.is_empty())
     }

@@ -38,6 +38,7 @@ use stakegate_core::qos::socket::Sent;
 use stakegate_core::qos::stream::{Decided, QosStream};
 use stakegate_core::qos::StakeQos;
 use stakegate_core::rejection::RULE_HEADER;
+use stakegate_core::request::STAKED_PROPERTY;
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
 use stakegate_glue::metrics::{Stats, UsageStats};
@@ -267,7 +268,7 @@ impl Context for QosHttp {
 
 /// Counts an admission and answers a throttled request; a shadow only
 /// counts it (it would have refused it) and lets it go on.
-fn decided(counts: &mut Counts, decided: Decided, shadow: bool) -> Action {
+fn decided_action(counts: &mut Counts, decided: Decided, shadow: bool) -> Action {
     counts.leases += u64::from(decided.leased);
     counts.store.retried(decided.cas_retries);
     counts.evicted += u64::from(decided.evicted);
@@ -299,14 +300,20 @@ impl HttpContext for QosHttp {
             return Action::Continue;
         };
         let Worker { qos, counts, .. } = &mut *worker;
-        match stream.headers(
+        let decided = stream.headers(
             qos,
             &EnvoyStore,
             &mut Now::lazy_us(now_us),
             &mut StreamFacts,
             end_of_stream,
-        ) {
-            Some(admission) => decided(counts, admission, qos.policy().shadow),
+        );
+        // The gate after QoS gives a staked caller priority (its `staked`
+        // matcher); a shadow tells nobody anything.
+        if stream.staked() && !qos.policy().shadow {
+            host::set_property(STAKED_PROPERTY, b"1");
+        }
+        match decided {
+            Some(admission) => decided_action(counts, admission, qos.policy().shadow),
             None => Action::Continue,
         }
     }
@@ -339,7 +346,7 @@ impl HttpContext for QosHttp {
             return Action::Pause;
         }
         match step.decided {
-            Some(admission) => decided(counts, admission, qos.policy().shadow),
+            Some(admission) => decided_action(counts, admission, qos.policy().shadow),
             None if step.hold => Action::Pause,
             None => Action::Continue,
         }
@@ -354,7 +361,7 @@ impl HttpContext for QosHttp {
             return Action::Continue;
         };
         match stream.trailers(qos, &EnvoyStore, &mut Now::lazy_us(now_us)) {
-            Some(admission) => decided(counts, admission, qos.policy().shadow),
+            Some(admission) => decided_action(counts, admission, qos.policy().shadow),
             None => Action::Continue,
         }
     }

@@ -5,8 +5,11 @@
 //! config), the connection's source address, the mTLS peer's URI SAN, or a
 //! header that every listener running the gate strips or overwrites before
 //! the gate (the policy calls it `strippedHeader` so nobody forgets that
-//! condition). The facts are read lazily: a policy with only CIDR matchers
-//! never reads a header or metadata.
+//! condition), or stake QoS's word that the caller is in its stake table
+//! (`staked`: a property of the request's filter state, which no client
+//! can set; QoS must run before the gate, as in every shipped config).
+//! The facts are read lazily: a policy with only CIDR matchers never reads
+//! a header or metadata.
 
 use crate::request::{Cidr, MetadataScope, RequestFacts};
 
@@ -53,6 +56,9 @@ pub enum Matcher {
         name: String,
         value: String,
     },
+    /// Stake QoS found the caller in its stake table
+    /// (`request::STAKED_PROPERTY`).
+    Staked,
 }
 
 impl Matcher {
@@ -67,6 +73,7 @@ impl Matcher {
                 .peer_uri_san()
                 .is_some_and(|san| san.starts_with(prefix)),
             Matcher::StrippedHeader { name, value } => facts.header(name).as_deref() == Some(value),
+            Matcher::Staked => facts.staked(),
         }
     }
 }

@@ -72,6 +72,7 @@ enum MatcherDoc {
     UriSan(String),
     UriSanPrefix(String),
     StrippedHeader(HeaderDoc),
+    Staked(bool),
 }
 
 #[derive(Debug, Deserialize)]
@@ -331,6 +332,19 @@ fn compile_matchers(path: &str, docs: Vec<MatcherDoc>) -> Result<Vec<Matcher>, P
                     name: header_name(&field("strippedHeader.name"), h.name)?,
                     value: h.value,
                 },
+                MatcherDoc::Staked(true) if path.ends_with("priority") => Matcher::Staked,
+                MatcherDoc::Staked(true) => {
+                    return Err(PolicyError::new(
+                        &field("staked"),
+                        "a staked caller may be priority, never internal (internal traffic is never refused)",
+                    ))
+                }
+                MatcherDoc::Staked(false) => {
+                    return Err(PolicyError::new(
+                        &field("staked"),
+                        "only true: a caller stake QoS found in its stake table",
+                    ))
+                }
             })
         })
         .collect()
@@ -493,6 +507,18 @@ mod tests {
             error(r#"{"maxInflight": 8, "classes": {"internal": [{"strippedHeader": ["x-a", "b"]}]}}"#),
             "classes.internal[0].strippedHeader: is not a list; got an array (write the object or value itself)"
         );
+        assert_eq!(
+            error(r#"{"maxInflight": 8, "classes": {"internal": [{"staked": true}]}}"#),
+            "classes.internal[0].staked: a staked caller may be priority, never internal (internal traffic is never refused)"
+        );
+        assert_eq!(
+            error(r#"{"maxInflight": 8, "classes": {"priority": [{"staked": false}]}}"#),
+            "classes.priority[0].staked: only true: a caller stake QoS found in its stake table"
+        );
+        assert!(GatePolicy::parse(
+            br#"{"maxInflight": 8, "classes": {"priority": [{"staked": true}]}}"#
+        )
+        .is_ok());
     }
 
     #[test]

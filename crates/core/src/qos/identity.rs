@@ -69,6 +69,17 @@ pub fn identify(policy: &QosPolicy, facts: &mut impl RequestFacts) -> Option<Ide
     None
 }
 
+/// Whether the request's API key is in the stake table: what QoS reads of
+/// a request it only counts (`light`), so that the gate after it can give
+/// a staked caller priority (`request::STAKED_PROPERTY`). One header read,
+/// and a hash if the header is there; no read with no key in the table.
+pub fn staked_by_key(policy: &QosPolicy, facts: &mut impl RequestFacts) -> bool {
+    !policy.by_api_key.is_empty()
+        && facts
+            .header(&policy.api_key_header)
+            .is_some_and(|key| policy.by_api_key.contains_key(&sha256_hex(key.as_bytes())))
+}
+
 /// A request with no usable source at all: one shared unstaked identity.
 pub fn anonymous(policy: &QosPolicy) -> Identity {
     Identity {

@@ -13,7 +13,7 @@
 //! identity, no body read, no clock read; its body's size gives its calls'
 //! bound.
 
-use super::identity::{anonymous, identify, Identity};
+use super::identity::{anonymous, identify, staked_by_key, Identity};
 use super::light::BodyBound;
 use super::page::MILLI;
 use super::policy::Mode;
@@ -86,6 +86,8 @@ pub struct QosStream {
     refused_by: Option<Rule>,
     /// The bound of its calls counted so far.
     bound: BodyBound,
+    /// Its caller is in the stake table (the gate's `staked` matcher).
+    staked: bool,
 }
 
 impl QosStream {
@@ -104,11 +106,13 @@ impl QosStream {
         let upgrade = (!end_of_stream).then(|| facts.header("upgrade")).flatten();
         if upgrade.is_none() && qos.counting() {
             self.counted = true;
+            self.staked = staked_by_key(qos.policy(), facts);
             qos.count(self.bound.at_least_one(), true);
             return None;
         }
         qos.bound(self.bound.at_least_one());
         let identity = identify(qos.policy(), facts).unwrap_or_else(|| anonymous(qos.policy()));
+        self.staked = identity.staked;
         if upgrade.is_none() && !end_of_stream && qos.policy().decide_on_body {
             self.waiting = Some(identity);
             return None;
@@ -295,6 +299,12 @@ impl QosStream {
             }
             _ => None,
         }
+    }
+
+    /// Whether its caller is in the stake table, as its headers said: the
+    /// glue tells the gate (`request::STAKED_PROPERTY`).
+    pub fn staked(&self) -> bool {
+        self.staked
     }
 
     /// Whether it is a WebSocket (its answers are read: `socket_answered`).
@@ -530,6 +540,37 @@ mod tests {
                 .is_none(),
             "once"
         );
+    }
+
+    /// Whether a request with `key` (an `x-api-key`) is staked as QoS
+    /// tells the gate, while it identifies requests and while it only
+    /// counts them; and the headers it read.
+    #[test]
+    fn a_staked_caller_is_told_to_the_gate_even_while_requests_are_only_counted() {
+        let policy = format!(
+            r#"{{"capacityRps": 100, "stakes": [{{"apiKeySha256": "{}", "name": "s", "stake": 100}}]}}"#,
+            crate::request::sha256_hex(b"k")
+        );
+        let store = MemoryStore::default();
+        for counting in [false, true] {
+            let mut qos = StakeQos::new(QosPolicy::parse(policy.as_bytes()).unwrap(), 1);
+            qos.counting = counting;
+            for (headers, staked) in [
+                (&[("x-api-key", "k")][..], true),
+                (&[("x-api-key", "other")][..], false),
+                (&[][..], false),
+            ] {
+                let mut stream = QosStream::default();
+                stream.headers(
+                    &mut qos,
+                    &store,
+                    &mut Now::fixed(0),
+                    &mut Client(headers),
+                    true,
+                );
+                assert_eq!(stream.staked(), staked, "{headers:?}, counting {counting}");
+            }
+        }
     }
 
     /// Facts that count what is asked of them.

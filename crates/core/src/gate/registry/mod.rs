@@ -374,6 +374,11 @@ impl<S: SharedStore> Registry<S> {
             // Another VM's requests waited longer: its turn for heavy slots.
             full.found(true);
         }
+        // Priority requests (staked callers among them) first, each class
+        // oldest first: an unstaked crowd waiting never goes before them.
+        let streams = &self.streams;
+        self.waiting
+            .sort_by_key(|id| !streams.get(id).is_some_and(GateStream::priority));
         let mut i = 0;
         while i < self.waiting.len() {
             let id = self.waiting[i];
@@ -643,7 +648,8 @@ impl<S: SharedStore> Registry<S> {
     fn oldest_deadline(&self) -> Option<u64> {
         self.waiting
             .iter()
-            .find_map(|id| self.streams.get(id)?.waits_until())
+            .filter_map(|id| self.streams.get(id)?.waits_until())
+            .min()
     }
 
     /// Says in shared data when this VM's oldest waiting request must go

@@ -821,3 +821,55 @@ fn answers_are_shared_within_one_route_only() {
     assert_eq!(leaders, [2, 3], "4 waits for 2");
     assert_eq!(r.worker.counts.dedup.other_cluster, 1);
 }
+
+/// A public client stake QoS found in its stake table (or not).
+struct Caller(bool);
+
+impl crate::request::RequestFacts for Caller {
+    fn metadata_class(&mut self, _: crate::request::MetadataScope) -> Option<String> {
+        None
+    }
+    fn source_ip(&mut self) -> Option<std::net::IpAddr> {
+        "192.0.2.1".parse().ok()
+    }
+    fn peer_uri_san(&mut self) -> Option<String> {
+        None
+    }
+    fn header(&mut self, _: &str) -> Option<String> {
+        None
+    }
+    fn staked(&mut self) -> bool {
+        self.0
+    }
+}
+
+/// With `{"staked": true}` among the priority matchers, a staked caller's
+/// request waiting for a slot gets the next one before unstaked requests
+/// that waited longer: an unstaked crowd cannot push it out.
+#[test]
+fn a_staked_callers_waiting_request_goes_before_an_unstaked_crowd() {
+    let policy = r#"{"maxInflight": 1, "decideOnBody": true,
+        "nodeTime": {"cheapSlots": 0, "waitMs": 1000},
+        "classes": {"priority": [{"staked": true}]}}"#;
+    let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
+    let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
+    at_ms(1000);
+    let mut ask = |r: &mut Rig, id: u32, staked: bool| {
+        assert_eq!(
+            r.headers(id, &mut Caller(staked), post()),
+            OnHeaders::Continue
+        );
+        let body = call(id, "eth_getProof");
+        r.request_body(id, body.len(), true, &mut Bytes(body))
+    };
+    assert_eq!(ask(&mut r, 1, false), Then::Continue);
+    for id in 2..=4 {
+        assert_eq!(ask(&mut r, id, false), Then::Pause);
+    }
+    at_ms(1010);
+    assert_eq!(ask(&mut r, 5, true), Then::Pause);
+    at_ms(1040);
+    r.response_headers(1, true, |_| None);
+    r.done(1);
+    assert_eq!(r.take().0, [Do::Resume(5, None)]);
+}

@@ -637,6 +637,15 @@ impl GateStream {
         }
     }
 
+    /// Whether it is of the priority class (its waiting goes first).
+    pub fn priority(&self) -> bool {
+        match &self.state {
+            State::Http(request) => request.place.class == RequestClass::Priority,
+            State::Websocket(ws) => ws.kind() == super::shards::SlotKind::Priority,
+            State::Idle | State::Tunnel(_) => false,
+        }
+    }
+
     /// Whether it is held for an answer.
     pub fn coalesced(&self) -> bool {
         matches!(&self.state, State::Http(request) if request.place.held_for().is_some())

@@ -854,7 +854,7 @@ fn a_staked_callers_waiting_request_goes_before_an_unstaked_crowd() {
     let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
     let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
     at_ms(1000);
-    let mut ask = |r: &mut Rig, id: u32, staked: bool| {
+    let ask = |r: &mut Rig, id: u32, staked: bool| {
         assert_eq!(
             r.headers(id, &mut Caller(staked), post()),
             OnHeaders::Continue

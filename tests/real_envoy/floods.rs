@@ -344,3 +344,92 @@ fn an_unstaked_crowd_in_closed_loops_cannot_push_out_a_stakers_calls() {
         "alone {alone}, beside {staker}"
     );
 }
+
+/// One socket subscribing to `n` accounts, 100 at a time, kept open until
+/// every socket at `all` has: the subscriptions it got, and those the gate
+/// refused.
+fn subscriber(
+    addr: std::net::SocketAddr,
+    n: u32,
+    seed: u32,
+    all: &std::sync::Barrier,
+) -> (u32, u32) {
+    let mut socket = stakegate_tests::websocket(addr);
+    let (mut got, mut refused) = (0, 0);
+    for wave in 0..n / 100 {
+        for i in 0..100 {
+            let id = wave * 100 + i;
+            let call = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"accountSubscribe","params":["acct-{seed}-{id}",{{"commitment":"finalized"}}]}}"#
+            );
+            socket.send(call.into()).unwrap();
+        }
+        let mut answered = 0;
+        while answered < 100 {
+            let text = socket.read().unwrap().into_text().unwrap_or_default();
+            let answer: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            if answer.get("id").is_none() {
+                continue; // a notification
+            }
+            answered += 1;
+            match answer["error"]["data"]["rule"].as_str() {
+                Some("subscriptions") => refused += 1,
+                _ if answer.get("result").is_some() => got += 1,
+                _ => panic!("{text}"),
+            }
+        }
+    }
+    all.wait();
+    (got, refused)
+}
+
+/// One unstaked address opens 16 sockets and asks 2,000 subscriptions on
+/// each; a staker reads balances beside it. Each socket gets at most
+/// `maxSubscriptionsPerWebsocket` (1,000) and the address at most
+/// `maxSubscriptionsPerIdentity` (2,000) on each worker: the rest are
+/// refused with their own errors, and the staker is never refused. Before,
+/// every subscription was made (the node pushed 6,763 notifications a
+/// second) and the staker was refused 9 calls in 193.
+#[test]
+fn an_address_subscribing_past_its_bounds_is_refused_and_a_staker_beside_it_is_not() {
+    let node = RpcNode::start(&["--chain", "solana", "--block-interval", "2s"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let envoy = gateway(&node, dir.path(), json!({}), example_qos());
+    let public = envoy.listener("public").unwrap();
+    let all = std::sync::Arc::new(std::sync::Barrier::new(16));
+    let sockets: Vec<_> = (0..16)
+        .map(|seed| {
+            let all = all.clone();
+            std::thread::spawn(move || subscriber(public, 2000, seed, &all))
+        })
+        .collect();
+    let staker = ClientSpec {
+        api_key: Some("key-stake-40".into()),
+        ..client("staker", 50.0, "getBalance", 4)
+    };
+    let mut spec = load_h2(
+        &envoy.url("public").unwrap(),
+        vec![staker],
+        Duration::from_secs(8),
+        1,
+    );
+    spec.http2 = false;
+    let report = loadgen::run(&spec).unwrap();
+    let (got, refused): (u32, u32) = sockets
+        .into_iter()
+        .map(|s| s.join().unwrap())
+        .fold((0, 0), |(g, r), (a, b)| (g + a, r + b));
+    eprintln!(
+        "subscribed {got}, refused {refused} of 32,000; the staker {:?}; QoS held sockets {} times",
+        report.status,
+        envoy
+            .stat("wasmcustom.stakegate.qos.websocket.held")
+            .unwrap_or(-1)
+    );
+    assert!(
+        got <= 2 * 2000,
+        "at most the identity's bound on each of 2 workers: {got}"
+    );
+    assert_eq!(got + refused, 32_000);
+    assert_eq!(report.count("200"), 400, "{:?}", report.status);
+}

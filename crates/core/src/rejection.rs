@@ -52,18 +52,21 @@ pub enum Rule {
     GateWebsockets,
     /// The gate's coalescing: too many identical requests are waiting.
     DedupWaiters,
+    /// The gate: a socket or an identity has its subscriptions open.
+    Subscriptions,
     /// The request can never be served as sent.
     InvalidRequest,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 7] = [
+    pub const ALL: [Rule; 8] = [
         Rule::StakeShare,
         Rule::Concurrency,
         Rule::Websockets,
         Rule::GateInflight,
         Rule::GateWebsockets,
         Rule::DedupWaiters,
+        Rule::Subscriptions,
         Rule::InvalidRequest,
     ];
 
@@ -75,6 +78,7 @@ impl Rule {
             Rule::GateInflight => "gate-inflight",
             Rule::GateWebsockets => "gate-websockets",
             Rule::DedupWaiters => "dedup-waiters",
+            Rule::Subscriptions => "subscriptions",
             Rule::InvalidRequest => "invalid-request",
         }
     }
@@ -220,6 +224,12 @@ impl Rejection {
         };
         self
     }
+}
+
+/// `rejection`'s JSON-RPC error body answering the call with `id` (raw
+/// JSON; `None`: `null`).
+pub fn error_body_of(rejection: &Rejection, id: Option<&str>) -> String {
+    error_body(id, rejection.code, rejection.message, &rejection.data)
 }
 
 /// JSON-RPC error code for "limit exceeded", shared by both gates

@@ -31,7 +31,17 @@ pub trait RequestFacts {
     fn staked(&mut self) -> bool {
         false
     }
+    /// The caller's identity as stake QoS named it, before this filter, on
+    /// an upgrade (`IDENTITY_PROPERTY`).
+    fn qos_identity(&mut self) -> Option<u64> {
+        None
+    }
 }
+
+/// The property in which stake QoS tells the filters after it, on an
+/// upgrade request, the caller's identity (its table key, in hex): the
+/// gate bounds an identity's subscriptions by it.
+pub const IDENTITY_PROPERTY: &str = "stakegate_identity";
 
 /// The property in which stake QoS tells the filters after it that the
 /// caller is in its stake table (`1`). Envoy keeps it in the request's

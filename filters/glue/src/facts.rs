@@ -37,6 +37,11 @@ impl RequestFacts for StreamFacts {
         crate::host::property(&[stakegate_core::request::STAKED_PROPERTY]).as_deref() == Some(b"1")
     }
 
+    fn qos_identity(&mut self) -> Option<u64> {
+        let told = crate::host::property(&[stakegate_core::request::IDENTITY_PROPERTY])?;
+        u64::from_str_radix(std::str::from_utf8(&told).ok()?, 16).ok()
+    }
+
     fn route_cluster(&mut self) -> Option<String> {
         property_string(&["xds", "cluster_name"]).filter(|s| !s.is_empty())
     }

@@ -38,7 +38,7 @@ use stakegate_core::qos::socket::Sent;
 use stakegate_core::qos::stream::{Decided, QosStream};
 use stakegate_core::qos::StakeQos;
 use stakegate_core::rejection::RULE_HEADER;
-use stakegate_core::request::STAKED_PROPERTY;
+use stakegate_core::request::{IDENTITY_PROPERTY, STAKED_PROPERTY};
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
 use stakegate_glue::metrics::{Stats, UsageStats};
@@ -309,8 +309,14 @@ impl HttpContext for QosHttp {
         );
         // The gate after QoS gives a staked caller priority (its `staked`
         // matcher); a shadow tells nobody anything.
-        if stream.staked() && !qos.policy().shadow {
-            host::set_property(STAKED_PROPERTY, b"1");
+        if !qos.policy().shadow {
+            if stream.staked() {
+                host::set_property(STAKED_PROPERTY, b"1");
+            }
+            // The gate bounds a socket's identity's subscriptions.
+            if let Some(key) = stream.socket_identity() {
+                host::set_property(IDENTITY_PROPERTY, format!("{key:x}").as_bytes());
+            }
         }
         match decided {
             Some(admission) => decided_action(counts, admission, qos.policy().shadow),

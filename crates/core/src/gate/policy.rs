@@ -27,6 +27,10 @@ struct Document {
     #[serde(default)]
     max_websocket_message_bytes: Option<u64>,
     #[serde(default)]
+    max_subscriptions_per_websocket: Option<u32>,
+    #[serde(default)]
+    max_subscriptions_per_identity: Option<u32>,
+    #[serde(default)]
     heartbeat_ms: Option<u64>,
     #[serde(default)]
     stale_slot_ttl_ms: Option<u64>,
@@ -106,6 +110,10 @@ pub struct GatePolicy {
     /// The longest WebSocket message the gate reads (each way); a longer
     /// one closes its socket.
     pub max_websocket_message_bytes: usize,
+    /// Subscriptions one socket, and one identity on each worker, may have
+    /// open (`websocket::subscriptions`).
+    pub max_subscriptions_per_websocket: u32,
+    pub max_subscriptions_per_identity: u32,
     /// Admit a request with a body once the body is whole, so that a
     /// refusal answers each call by its `id`. Needs a filter after the
     /// gate that holds the headers until then (envoy-config/gateway.yaml).
@@ -141,6 +149,20 @@ impl GatePolicy {
             DEFAULT_MAX_WEBSOCKET_MESSAGE_BYTES,
             1024,
             MAX_WEBSOCKET_MESSAGE_BYTES,
+        )?;
+        let max_subscriptions_per_websocket = f.range(
+            "maxSubscriptionsPerWebsocket",
+            doc.max_subscriptions_per_websocket,
+            1000,
+            1,
+            MAX_LIMIT,
+        )?;
+        let max_subscriptions_per_identity = f.range(
+            "maxSubscriptionsPerIdentity",
+            doc.max_subscriptions_per_identity,
+            2000,
+            1,
+            MAX_LIMIT,
         )?;
         let heartbeat_ms = f.range(
             "heartbeatMs",
@@ -192,6 +214,8 @@ impl GatePolicy {
             retry_after_max_s,
             max_websocket_message_bytes: usize::try_from(max_websocket_message_bytes)
                 .unwrap_or(usize::MAX),
+            max_subscriptions_per_websocket,
+            max_subscriptions_per_identity,
             decide_on_body,
             internal: compile_matchers("classes.internal", internal)?,
             priority: compile_matchers("classes.priority", priority)?,
@@ -375,6 +399,8 @@ mod tests {
                 stale_slot_ttl_ms: 10_000,
                 retry_after_max_s: 3,
                 max_websocket_message_bytes: 1024 * 1024,
+                max_subscriptions_per_websocket: 1000,
+                max_subscriptions_per_identity: 2000,
                 decide_on_body: false,
                 internal: vec![],
                 priority: vec![],

@@ -14,6 +14,7 @@ use crate::dedup::{finality, Dedup};
 use crate::gate::class::RequestClass;
 use crate::gate::node_time::{Busy, Meter};
 use crate::gate::websocket::linger::Linger;
+use crate::gate::websocket::subscriptions::Subscriptions;
 use crate::rejection::Rejection;
 use crate::shared::{SharedStore, StoreError};
 
@@ -47,6 +48,8 @@ pub struct GateWorker {
     pub meter: Meter,
     /// Slots held for cut sockets' units (`websocket::linger`).
     pub linger: Linger,
+    /// Subscriptions open by identity (`websocket::subscriptions`).
+    pub subscriptions: Subscriptions,
     /// Requests waiting for a slot (`nodeTime.waitMs`).
     waiting_for_slot: u32,
     /// Whether the gate is busy (with `nodeTime`), and from how many in
@@ -74,6 +77,10 @@ impl GateWorker {
             Busy::threshold(slots, n.cheap_slots)
         });
         let cache = policy.cache.clone().map(Cache::new);
+        let subscriptions = Subscriptions::new(
+            policy.max_subscriptions_per_websocket,
+            policy.max_subscriptions_per_identity,
+        );
         Self {
             gate,
             dedup,
@@ -88,6 +95,7 @@ impl GateWorker {
             target: None,
             meter: Meter::default(),
             linger: Linger::default(),
+            subscriptions,
             waiting_for_slot: 0,
             busy: Busy::default(),
             busy_threshold,

@@ -179,6 +179,11 @@ impl Socket {
         read.calls
     }
 
+    /// Its identity's table key.
+    pub fn identity_key(&self) -> u64 {
+        self.identity.key
+    }
+
     /// Whether calls are held.
     pub fn holds(&self) -> bool {
         self.held.calls > 0

@@ -307,6 +307,15 @@ impl QosStream {
         self.staked
     }
 
+    /// A WebSocket's identity key: the glue tells the gate
+    /// (`request::IDENTITY_PROPERTY`).
+    pub fn socket_identity(&self) -> Option<u64> {
+        match &self.upgraded {
+            Some(Upgraded::Websocket(socket)) => Some(socket.identity_key()),
+            _ => None,
+        }
+    }
+
     /// Whether it is a WebSocket (its answers are read: `socket_answered`).
     pub fn is_socket(&self) -> bool {
         matches!(self.upgraded, Some(Upgraded::Websocket(_)))

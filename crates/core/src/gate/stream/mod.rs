@@ -243,6 +243,7 @@ impl GateStream {
                     slot_of(class),
                     limit,
                     nonce,
+                    facts.qos_identity(),
                 )));
                 return OnHeaders::ContinueWebsocket;
             }
@@ -319,7 +320,7 @@ impl GateStream {
         match &mut self.state {
             State::Http(request) => request.body(w, store, now, size, end_of_stream, body),
             State::Websocket(ws) => {
-                ws.read(body, size, &mut w.counts.websocket);
+                ws.read(body, size, &mut w.counts.websocket, &mut w.subscriptions);
                 match settle(ws, w, store, now) {
                     Settled::Through(None) => OnBody::Continue,
                     Settled::Through(Some(bytes)) => OnBody::ContinueWith(bytes),
@@ -505,6 +506,8 @@ impl GateStream {
                     w.gate.give(ws.kind());
                 }
                 w.counts.websocket.lingered += (w.linger.held() - held) as u64;
+                let (identity, subscribed) = ws.subscriptions();
+                w.subscriptions.release(identity, subscribed);
                 w.release(ws.connection);
             }
             State::Tunnel(ticket) => w.release(ticket),

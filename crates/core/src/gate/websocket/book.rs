@@ -4,6 +4,7 @@
 
 use super::linger::Linger;
 use super::rewrite::{self, Call, Restore};
+use super::subscriptions;
 use crate::cost::SocketAnswered;
 use crate::jsonrpc::{Name, Shape};
 use crate::websocket::{self as ws, Message, Sink};
@@ -205,9 +206,15 @@ fn regroup(
         match named {
             Some((range, seq, restore, member)) => {
                 answered.push(seq);
-                if let Restore::Id(id) = restore {
-                    let local = range.start - entry.span.start..range.end - entry.span.start;
-                    groups[member].push(rewrite::replace(text, local, id));
+                match restore {
+                    Restore::Id(id) => {
+                        let local = range.start - entry.span.start..range.end - entry.span.start;
+                        groups[member].push(rewrite::replace(text, local, id));
+                    }
+                    Restore::Refuse(id, limit) => {
+                        groups[member].push(subscriptions::refused_answer(id, *limit));
+                    }
+                    Restore::Drop => {}
                 }
             }
             None if summary.shape == Shape::Array && unit.members.len() == 1 => {
@@ -219,8 +226,14 @@ fn regroup(
         }
     }
     for (seq, restore, member) in &unit.ids {
-        if let (false, Restore::Id(id)) = (answered.contains(seq), restore) {
-            groups[*member].push(rewrite::error_answer(id, node_error));
+        match (answered.contains(seq), restore) {
+            (false, Restore::Id(id)) => {
+                groups[*member].push(rewrite::error_answer(id, node_error));
+            }
+            (false, Restore::Refuse(id, limit)) => {
+                groups[*member].push(subscriptions::refused_answer(id, *limit));
+            }
+            _ => {}
         }
     }
     let mut out = Vec::new();

@@ -55,6 +55,7 @@
 mod book;
 pub mod linger;
 pub mod rewrite;
+pub mod subscriptions;
 
 use super::shards::SlotKind;
 use super::{InflightGate, Taken, Ticket};
@@ -66,6 +67,7 @@ use crate::websocket::{self as ws, FrameReader, Message, Side, Sink};
 use book::{Book, ServerSink, Unit};
 use linger::Linger;
 use rewrite::{BatchEntry, Outgoing, Prepared};
+use subscriptions::Subscriptions;
 
 /// Calls the gate puts in one batch at most: below every node's batch
 /// limit (Erigon's default is 100, geth's 1000).
@@ -88,6 +90,9 @@ pub struct Counts {
     pub rewritten: u64,
     /// Client responses not sent to the node.
     pub skipped: u64,
+    /// Subscribe calls refused past `maxSubscriptionsPerWebsocket` or
+    /// `maxSubscriptionsPerIdentity`.
+    pub subscriptions_refused: u64,
     /// Units of cut sockets whose slots were held for the node's work.
     pub lingered: u64,
 }
@@ -147,12 +152,23 @@ pub struct Websocket {
     /// took at the node (sent to answered): what stake QoS charges the
     /// socket's identity in node time.
     answered: SocketAnswered,
+    /// Its identity, as stake QoS named it, and the subscriptions it has
+    /// open (`subscriptions`).
+    identity: Option<u64>,
+    subscribed: u32,
 }
 
 impl Websocket {
     /// A socket admitted with `connection`, its messages taking `kind`
-    /// slots; `nonce` makes its gateway ids its own.
-    pub fn new(connection: Ticket, kind: SlotKind, limit: usize, nonce: u64) -> Self {
+    /// slots; `nonce` makes its gateway ids its own; `identity` is its
+    /// caller's, as stake QoS named it.
+    pub fn new(
+        connection: Ticket,
+        kind: SlotKind,
+        limit: usize,
+        nonce: u64,
+        identity: Option<u64>,
+    ) -> Self {
         Self {
             connection,
             kind,
@@ -173,12 +189,19 @@ impl Websocket {
             keeping: false,
             client_overflow: false,
             answered: SocketAnswered::default(),
+            identity,
+            subscribed: 0,
         }
     }
 
     /// The kind of slot its messages take.
     pub fn kind(&self) -> SlotKind {
         self.kind
+    }
+
+    /// Its identity, and the subscriptions it has open.
+    pub fn subscriptions(&self) -> (Option<u64>, u32) {
+        (self.identity, self.subscribed)
     }
 
     /// Calls answered so far, and their units' time at the node.
@@ -199,7 +222,13 @@ impl Websocket {
 
     /// The client's data held at the gateway grew to `size` bytes (Envoy's
     /// buffer: only the bytes past what was read are new).
-    pub fn read(&mut self, body: &mut impl Body, size: usize, counts: &mut Counts) {
+    pub fn read(
+        &mut self,
+        body: &mut impl Body,
+        size: usize,
+        counts: &mut Counts,
+        subs: &mut Subscriptions,
+    ) {
         if size < self.fed {
             self.fed = 0;
         }
@@ -221,24 +250,31 @@ impl Websocket {
         counts.skipped += sink.skipped;
         counts.messages += sink.skipped;
         for item in sink.items {
-            self.push(item, counts);
+            self.push(item, counts, subs);
         }
         self.client_overflow |= sink.overflow;
     }
 
-    fn push(&mut self, item: Item, counts: &mut Counts) {
+    fn push(&mut self, item: Item, counts: &mut Counts, subs: &mut Subscriptions) {
         match item {
             Item::Control(frame) => {
                 self.pending_bytes += frame.len();
                 self.pending.push(Item::Control(frame));
             }
             Item::Message {
-                out,
+                mut out,
                 opcode,
                 mask,
-                verbatim,
+                mut verbatim,
             } => {
                 counts.messages += 1;
+                let kind = subscriptions::of(&out);
+                let refused = kind
+                    .and_then(|kind| subs.sent(kind, &mut self.subscribed, self.identity, &out));
+                if let Some(refusal) = refused {
+                    counts.subscriptions_refused += 1;
+                    (out, verbatim) = (refusal, false);
+                }
                 self.pending_bytes += size(&out);
                 self.verbatim &= verbatim;
                 self.pending.push(Item::Message {

@@ -31,6 +31,9 @@ pub enum Restore {
     Id(Vec<u8>),
     /// A notification's: no answer for the client.
     Drop,
+    /// A subscribe refused past a limit (`subscriptions`): the gate's
+    /// error, with the client's id, as it wrote it.
+    Refuse(Vec<u8>, u32),
 }
 
 /// One call of a client message: its object without id members, and what

@@ -16,16 +16,23 @@ struct Rig {
     gate: InflightGate,
     counts: Counts,
     linger: linger::Linger,
+    subs: subscriptions::Subscriptions,
 }
 
 impl Rig {
     fn new(policy: &str) -> Self {
-        let gate = InflightGate::new(GatePolicy::parse(policy.as_bytes()).unwrap(), 7);
+        let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
+        let subs = subscriptions::Subscriptions::new(
+            policy.max_subscriptions_per_websocket,
+            policy.max_subscriptions_per_identity,
+        );
+        let gate = InflightGate::new(policy, 7);
         Self {
             store: MemoryStore::default(),
             gate,
             counts: Counts::default(),
             linger: linger::Linger::default(),
+            subs,
         }
     }
 
@@ -37,12 +44,17 @@ impl Rig {
             panic!("no connection place")
         };
         let limit = self.gate.policy().max_websocket_message_bytes;
-        Websocket::new(ticket, SlotKind::Default, limit, 0xfeed)
+        Websocket::new(ticket, SlotKind::Default, limit, 0xfeed, Some(1))
     }
 
     /// The client sends `bytes` (a whole piece held so far: `held`).
     fn send(&mut self, ws: &mut Websocket, held: &[u8]) -> Flow {
-        ws.read(&mut Bytes(held.to_vec()), held.len(), &mut self.counts);
+        ws.read(
+            &mut Bytes(held.to_vec()),
+            held.len(),
+            &mut self.counts,
+            &mut self.subs,
+        );
         self.settle(ws)
     }
 
@@ -235,6 +247,40 @@ fn a_close_waits_for_the_nodes_answers_to_what_was_sent() {
     };
     assert_eq!(out, ws::close_frame(1000, "bye", Some(MASK)));
     assert!(!ws.waiting());
+}
+
+/// A subscribe past the socket's limit goes to the node as a method it
+/// has not, under a gateway id, and the client gets the gate's error with
+/// its own id; the others subscribe.
+#[test]
+fn a_subscribe_past_the_limit_is_refused_with_the_callers_id() {
+    let mut rig = Rig::new(r#"{"maxInflight": 8, "maxSubscriptionsPerWebsocket": 2}"#);
+    let mut ws = rig.socket();
+    let subscribe = |id: u32| {
+        client(&format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"accountSubscribe","params":["x"]}}"#
+        ))
+    };
+    let bytes = [subscribe(1), subscribe(2), subscribe(3)].concat();
+    let to_node = sent(rig.send(&mut ws, &bytes), &bytes);
+    let at_node = messages(Side::Client, &to_node);
+    assert_eq!(at_node.len(), 3);
+    assert_eq!(at_node[2]["method"], "stakegate_subscriptionRefused");
+    assert_eq!(rig.counts.subscriptions_refused, 1);
+    // The node: two subscriptions, and an error for a method it has not.
+    let answers = [
+        server(r#"{"jsonrpc":"2.0","id":1,"result":11}"#),
+        server(r#"{"jsonrpc":"2.0","id":2,"result":12}"#),
+        server(&format!(
+            r#"{{"jsonrpc":"2.0","id":"sg-000000000000feed-0","error":{{"code":-32601,"message":"Method not found"}}}}"#
+        )),
+    ]
+    .concat();
+    let back = messages(Side::Server, &rig.answer(&mut ws, &answers));
+    assert_eq!(back[2]["id"], 3);
+    assert_eq!(back[2]["error"]["code"], -32005);
+    assert_eq!(back[2]["error"]["data"]["rule"], "subscriptions");
+    assert_eq!((ws.at_node(), rig.inflight()), (0, 0));
 }
 
 #[test]

@@ -271,9 +271,9 @@ fn a_subscribe_past_the_limit_is_refused_with_the_callers_id() {
     let answers = [
         server(r#"{"jsonrpc":"2.0","id":1,"result":11}"#),
         server(r#"{"jsonrpc":"2.0","id":2,"result":12}"#),
-        server(&format!(
-            r#"{{"jsonrpc":"2.0","id":"sg-000000000000feed-0","error":{{"code":-32601,"message":"Method not found"}}}}"#
-        )),
+        server(
+            r#"{"jsonrpc":"2.0","id":"sg-000000000000feed-0","error":{"code":-32601,"message":"Method not found"}}"#,
+        ),
     ]
     .concat();
     let back = messages(Side::Server, &rig.answer(&mut ws, &answers));

@@ -346,7 +346,8 @@ fn an_unstaked_crowd_in_closed_loops_cannot_push_out_a_stakers_calls() {
 }
 
 /// One socket subscribing to `n` accounts, 100 at a time, kept open until
-/// every socket at `all` has: the subscriptions it got, and those the gate
+/// everyone at `all` has passed it twice (once all have subscribed, and
+/// once they are seen): the subscriptions it got, and those the gate
 /// refused.
 fn subscriber(
     addr: std::net::SocketAddr,
@@ -360,7 +361,7 @@ fn subscriber(
         for i in 0..100 {
             let id = wave * 100 + i;
             let call = format!(
-                r#"{{"jsonrpc":"2.0","id":{id},"method":"accountSubscribe","params":["acct-{seed}-{id}",{{"commitment":"finalized"}}]}}"#
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"accountSubscribe","params":["acct-{seed}-{id}",{{"commitment":"processed"}}]}}"#
             );
             socket.send(call.into()).unwrap();
         }
@@ -380,6 +381,7 @@ fn subscriber(
         }
     }
     all.wait();
+    all.wait();
     (got, refused)
 }
 
@@ -396,7 +398,7 @@ fn an_address_subscribing_past_its_bounds_is_refused_and_a_staker_beside_it_is_n
     let dir = tempfile::tempdir().unwrap();
     let envoy = gateway(&node, dir.path(), json!({}), example_qos());
     let public = envoy.listener("public").unwrap();
-    let all = std::sync::Arc::new(std::sync::Barrier::new(16));
+    let all = std::sync::Arc::new(std::sync::Barrier::new(17));
     let sockets: Vec<_> = (0..16)
         .map(|seed| {
             let all = all.clone();
@@ -415,6 +417,19 @@ fn an_address_subscribing_past_its_bounds_is_refused_and_a_staker_beside_it_is_n
     );
     spec.http2 = false;
     let report = loadgen::run(&spec).unwrap();
+    // Every socket has subscribed: the gauge, then the sockets close.
+    all.wait();
+    let open = || {
+        envoy
+            .stat("wasmcustom.stakegate.gate.websocket.subscriptions")
+            .unwrap_or(-1)
+    };
+    let mut seen = 0;
+    eventually(Duration::from_secs(3), || {
+        seen = open();
+        false
+    });
+    all.wait();
     let (got, refused): (u32, u32) = sockets
         .into_iter()
         .map(|s| s.join().unwrap())
@@ -426,10 +441,31 @@ fn an_address_subscribing_past_its_bounds_is_refused_and_a_staker_beside_it_is_n
             .stat("wasmcustom.stakegate.qos.websocket.held")
             .unwrap_or(-1)
     );
+    // The notifications they brought, in the address's usage.
+    let notified = || {
+        let stats = envoy.stats().unwrap();
+        stats
+            .iter()
+            .filter(|(name, _)| name.starts_with("wasmcustom.stakegate.qos.usage."))
+            .filter(|(name, _)| name.ends_with(".notifications"))
+            .map(|(_, n)| *n)
+            .sum::<i64>()
+    };
+    assert!(eventually(Duration::from_secs(5), || notified() > 0));
+    eprintln!(
+        "notifications in the ledger: {}; subscriptions open, as the gate counts them: {seen}",
+        notified()
+    );
     assert!(
         got <= 2 * 2000,
         "at most the identity's bound on each of 2 workers: {got}"
     );
     assert_eq!(got + refused, 32_000);
+    assert_eq!(seen, i64::from(got), "the gauge, all sockets open");
+    assert!(
+        eventually(Duration::from_secs(5), || open() == 0),
+        "{}",
+        open()
+    );
     assert_eq!(report.count("200"), 400, "{:?}", report.status);
 }

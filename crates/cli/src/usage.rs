@@ -38,6 +38,8 @@ pub struct Row {
     pub refused: BTreeMap<String, u64>,
     #[serde(rename = "nodeMs")]
     pub node_ms: f64,
+    /// Notifications its WebSockets' subscriptions brought it.
+    pub notifications: u64,
     /// Its share as QoS last gave it, in calls per second; `None` for a
     /// label of several identities, or while QoS does not limit it.
     #[serde(rename = "shareRps")]
@@ -107,6 +109,7 @@ pub fn rows<'a>(prefix: &str, stats: impl Iterator<Item = (&'a str, u64)>) -> Ve
                 row.limited = value != UNLIMITED;
                 row.share_rps = row.limited.then_some(value as f64 / 1000.0);
             }
+            Counter::Plain("notifications") => row.notifications = value,
             Counter::Plain(_) => row.node_ms = value as f64 / 1000.0,
             Counter::Refused(rule) => {
                 row.refused.insert(rule.to_string(), value);

@@ -33,9 +33,10 @@ pub const ESTIMATES_KEY: &str = "stakegate.stake_qos.v3.costs";
 /// and none for stake QoS to take off again.
 pub const NODE_US_PROPERTY: &str = "stakegate_node_us";
 /// The property in which the admission gate tells the filters before it
-/// what the node has answered on a WebSocket so far: its calls, and the
-/// time their units took at the node (sent to answered), in µs, as two
-/// decimal numbers (`SocketAnswered`). Totals, so that a reader that
+/// what the node has answered on a WebSocket so far: its calls, the time
+/// their units took at the node (sent to answered) in µs, and the
+/// notifications it pushed, as decimal numbers (`SocketAnswered`; a
+/// reader takes a missing third as 0). Totals, so that a reader that
 /// missed a piece loses nothing.
 pub const SOCKET_ANSWERED_PROPERTY: &str = "stakegate_socket_answered";
 
@@ -44,19 +45,21 @@ pub const SOCKET_ANSWERED_PROPERTY: &str = "stakegate_socket_answered";
 pub struct SocketAnswered {
     pub calls: u64,
     pub node_us: u64,
+    pub pushes: u64,
 }
 
 impl SocketAnswered {
     pub fn text(&self) -> String {
-        format!("{} {}", self.calls, self.node_us)
+        format!("{} {} {}", self.calls, self.node_us, self.pushes)
     }
 
     pub fn read(text: &[u8]) -> Option<Self> {
-        let text = std::str::from_utf8(text).ok()?;
-        let (calls, node_us) = text.split_once(' ')?;
+        let mut numbers = std::str::from_utf8(text).ok()?.split(' ');
+        let mut next = || numbers.next().map(str::parse::<u64>);
         Some(Self {
-            calls: calls.parse().ok()?,
-            node_us: node_us.parse().ok()?,
+            calls: next()?.ok()?,
+            node_us: next()?.ok()?,
+            pushes: next().unwrap_or(Ok(0)).ok()?,
         })
     }
 }

@@ -64,7 +64,7 @@ fn with<T>(
     let (out, dos) = {
         let mut vm = vm.borrow_mut();
         let out = call(&mut vm.registry);
-        let (dos, log) = vm.registry.take();
+        let (dos, log) = vm.registry.take(current);
         log_all(&log);
         (out, dos)
     };
@@ -144,7 +144,7 @@ impl GateRoot {
             queues: WakeQueues::new(),
         };
         vm.queues.register(vm.registry.wake_queue());
-        log_all(&vm.registry.take().1);
+        log_all(&vm.registry.take(self.context_id).1);
         self.vm = Some(Rc::new(RefCell::new(vm)));
         Ok(())
     }
@@ -158,7 +158,7 @@ impl Context for GateRoot {
         if let Some(vm) = &self.vm {
             let mut vm = vm.borrow_mut();
             vm.registry.leave();
-            log_all(&vm.registry.take().1);
+            log_all(&vm.registry.take(self.context_id).1);
             let snapshot = vm.registry.snapshot(Some(Ticked::default()));
             vm.stats.flush(&snapshot);
         }

@@ -212,6 +212,7 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "websocket.skipped", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.skipped) },
     Metric { name: "websocket.lingered", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.lingered) },
     Metric { name: "websocket.subscriptions_refused", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.subscriptions_refused) },
+    Metric { name: "websocket.subscriptions", kind: Kind::Gauge, read: |s, _| change(s.counts.websocket.subscriptions) },
     Metric { name: "bodies_streamed", kind: Kind::Counter, read: |s, _| add(s.counts.bodies_streamed) },
     Metric { name: "cas_retries", kind: Kind::Counter, read: |s, _| add(s.counts.store.cas_retries) },
     Metric { name: "store_errors", kind: Kind::Counter, read: |s, _| add(s.counts.store.store_errors) },

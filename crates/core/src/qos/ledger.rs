@@ -42,7 +42,7 @@ pub fn is_shared(label: &str) -> bool {
     [UNSTAKED, OTHER, UNIDENTIFIED].contains(&label)
 }
 /// The counters of a label, after `stakegate.qos.usage.<label>.`.
-pub const COUNTERS: [&str; 3] = ["requests", "calls", "node_us"];
+pub const COUNTERS: [&str; 4] = ["requests", "calls", "node_us", "notifications"];
 /// The gauge of a label of one identity: its share, in thousandths of a
 /// call per second; `UNLIMITED` while QoS does not throttle.
 pub const SHARE: &str = "share_milli_rps";
@@ -59,6 +59,8 @@ pub struct Usage {
     pub refused: [u64; Rule::ALL.len()],
     /// Node time its answered requests took, in µs (node-time unit only).
     pub node_us: u64,
+    /// Notifications its WebSockets' subscriptions brought it.
+    pub notifications: u64,
     /// Not a count: its share as of its last request, in calls per second
     /// at its cost (QoS's weighted max-min over demand); infinite while QoS
     /// does not throttle. Meaningful for a label of one identity only.
@@ -71,6 +73,7 @@ impl Usage {
         self.requests == 0
             && self.calls == 0
             && self.node_us == 0
+            && self.notifications == 0
             && self.refused == [0; Rule::ALL.len()]
     }
 
@@ -78,6 +81,7 @@ impl Usage {
         self.requests += other.requests;
         self.calls += other.calls;
         self.node_us += other.node_us;
+        self.notifications += other.notifications;
         self.share_rps = self.share_rps.max(other.share_rps);
         for (mine, theirs) in self.refused.iter_mut().zip(other.refused) {
             *mine += theirs;
@@ -95,7 +99,7 @@ impl Usage {
     pub fn counters(&self) -> Vec<(String, u64)> {
         let plain = COUNTERS
             .iter()
-            .zip([self.requests, self.calls, self.node_us])
+            .zip([self.requests, self.calls, self.node_us, self.notifications])
             .map(|(name, n)| (name.to_string(), n));
         let refused = Rule::ALL
             .iter()

@@ -25,7 +25,8 @@
 //!   too), as an HTTP request is settled when it ends; while the calls at
 //!   the node are all of one method, what they took is a sample of its
 //!   cost, as an HTTP request's is. Calls whose answers never come (the
-//!   socket closed first) keep their estimates.
+//!   socket closed first) keep their estimates. The notifications the
+//!   gate counts on the socket go into the identity's usage.
 //!
 //! A shadow holds nothing: it counts what it would hold and lets it go.
 
@@ -228,7 +229,9 @@ impl Socket {
     pub fn answered(&mut self, qos: &mut StakeQos, now_us: u64, total: SocketAnswered) {
         let calls = total.calls.saturating_sub(self.answered.calls);
         let node_us = total.node_us.saturating_sub(self.answered.node_us);
+        let pushes = total.pushes.saturating_sub(self.answered.pushes);
         self.answered = total;
+        qos.socket_notified(self.connection.key, pushes);
         if calls == 0 {
             return;
         }
@@ -426,6 +429,13 @@ impl StakeQos {
             sent.held_by = Some(Reason::Rate);
         }
         sent
+    }
+
+    /// Identity `key`'s sockets got `pushes` notifications: in its usage.
+    fn socket_notified(&mut self, key: u64, pushes: u64) {
+        if let Some(local) = self.locals.get_mut(&key).filter(|_| pushes > 0) {
+            local.usage.notifications += pushes;
+        }
     }
 
     /// Some of identity `key`'s socket calls ended: they leave its calls

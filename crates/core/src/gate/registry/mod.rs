@@ -107,8 +107,10 @@ pub struct Registry<S: SharedStore> {
     announced: Option<u64>,
     /// The waiters record as last read, and when (ms).
     waiters_seen: Option<(u64, Waiters)>,
-    /// The requests held for an answer, as the last snapshot gave them.
+    /// The requests held for an answer, and the subscriptions open, as
+    /// the last snapshot gave them.
     waiting_reported: i64,
+    subscriptions_reported: i64,
 }
 
 impl<S: SharedStore> Registry<S> {
@@ -136,18 +138,23 @@ impl<S: SharedStore> Registry<S> {
             announced: None,
             waiters_seen: None,
             waiting_reported: 0,
+            subscriptions_reported: 0,
         }
     }
 
     /// What to do for the other streams now, in order, and the lines for
     /// Envoy's log; both are taken. Past this turn's answers and resumes
     /// (`TURN_ACTIONS`), the rest stay for the next turn, and a `Poke`
-    /// asks for one.
-    pub fn take(&mut self) -> (Vec<Do>, Vec<String>) {
+    /// asks for one. So does what is for `current`, the stream the glue was
+    /// called for (a queued one, from an earlier turn): Envoy carries a
+    /// resume out before the callback returns, so one asked in a stream's
+    /// own request callback is undone by its pause.
+    pub fn take(&mut self, current: u32) -> (Vec<Do>, Vec<String>) {
         let mut now = Vec::with_capacity(self.todo.len());
         let mut later = Vec::new();
         for todo in std::mem::take(&mut self.todo) {
             match todo {
+                Do::Answer(id, _) | Do::Resume(id, _) if id == current => later.push(todo),
                 Do::Answer(..) | Do::Resume(..) if self.turn_left == 0 => later.push(todo),
                 Do::Answer(..) | Do::Resume(..) => {
                     self.turn_left -= 1;
@@ -198,6 +205,9 @@ impl<S: SharedStore> Registry<S> {
     pub fn snapshot(&mut self, ticked: Option<Ticked>) -> Snapshot {
         let waiting = (self.coalesced.len() + self.heads.held()) as i64;
         let change = waiting - std::mem::replace(&mut self.waiting_reported, waiting);
+        let subscriptions = self.worker.subscriptions.held() as i64;
+        self.worker.counts.websocket.subscriptions =
+            subscriptions - std::mem::replace(&mut self.subscriptions_reported, subscriptions);
         Snapshot {
             counts: std::mem::take(&mut self.worker.counts),
             ticked,

@@ -42,7 +42,7 @@ fn a_leaders_answer_goes_to_every_request_waiting_with_its_own_id() {
     let mut r = registry(r#"{"maxInflight": 8, "dedup": {}}"#);
     // The first leads: held, and a wake-up asked for to send its callout.
     assert_eq!(send(&mut r, 1, CALL), Then::Pause);
-    assert_eq!(r.take().0, [Do::Poke]);
+    assert_eq!(r.take(0).0, [Do::Poke]);
     // The same call with another id waits for its answer.
     let again = br#"{"jsonrpc":"2.0","id":"b","method":"eth_call","params":[{}]}"#;
     assert_eq!(send(&mut r, 2, again), Then::Pause);
@@ -53,7 +53,7 @@ fn a_leaders_answer_goes_to_every_request_waiting_with_its_own_id() {
     r.sent(1, Ok(40));
     let node = br#"{"jsonrpc":"2.0","id":1,"result":"0x2a"}"#;
     r.callout_ended(40, Some(answered(node)));
-    let (dos, _) = r.take();
+    let (dos, _) = r.take(0);
     let bodies: Vec<(u32, String)> = dos
         .iter()
         .map(|d| match d {
@@ -80,7 +80,7 @@ fn a_leaders_answer_says_the_node_s_time_on_its_callout_and_a_waiter_s_none() {
         let mut r = registry(policy);
         assert_eq!(send(&mut r, 1, CALL), Then::Pause);
         assert_eq!(send(&mut r, 2, CALL), Then::Pause);
-        r.take();
+        r.take(0);
         let (id, _) = r.next_callout().unwrap();
         r.sent(id, Ok(40));
         let node = br#"{"jsonrpc":"2.0","id":1,"result":"0x2a"}"#;
@@ -91,7 +91,7 @@ fn a_leaders_answer_says_the_node_s_time_on_its_callout_and_a_waiter_s_none() {
                 ..answered(node)
             }),
         );
-        let (dos, _) = r.take();
+        let (dos, _) = r.take(0);
         let told: Vec<(u32, Option<u64>)> = dos
             .iter()
             .map(|d| match d {
@@ -121,12 +121,12 @@ fn a_leader_whose_stream_ended_sends_nothing_and_a_refused_callout_passes_its_re
     assert_eq!(send(&mut r, 1, CALL), Then::Pause);
     r.done(1);
     assert_eq!(r.next_callout(), None, "its client went before the callout");
-    assert_eq!(r.take().0, [Do::Poke]);
+    assert_eq!(r.take(0).0, [Do::Poke]);
     // A new leader whose callout the host refuses goes through the route.
     assert_eq!(send(&mut r, 2, CALL), Then::Pause);
     let (id, _) = r.next_callout().unwrap();
     r.sent(id, Err("BadArgument".into()));
-    let (dos, log) = r.take();
+    let (dos, log) = r.take(0);
     assert_eq!(dos, [Do::Poke, Do::Resume(2, None)]);
     assert!(log[0].contains("was refused (BadArgument)"), "{log:?}");
     assert_eq!(r.worker.counts.dedup.callouts_failed, 1);
@@ -184,21 +184,21 @@ fn heavy_calls_leave_the_cheap_slot_and_wait_for_theirs_oldest_first() {
     assert_eq!(send(&mut r, 4, &call(4, "eth_getProof")), Then::Pause);
     assert_eq!(send(&mut r, 5, &call(5, "eth_blockNumber")), Then::Continue);
     assert_eq!(send(&mut r, 6, &call(6, "eth_getProof")), Then::Pause);
-    assert!(r.take().0.is_empty());
+    assert!(r.take(0).0.is_empty());
     // The cheap call's end frees no heavy slot; the heavy one's does,
     // for the oldest waiting, which is measured from then.
     assert_eq!(answer(&mut r, 5, 1101), Some(1000));
     r.done(5);
-    assert!(r.take().0.is_empty());
+    assert!(r.take(0).0.is_empty());
     assert_eq!(answer(&mut r, 3, 1140), Some(40_000));
     r.done(3);
-    assert_eq!(r.take().0, [Do::Resume(4, None)]);
+    assert_eq!(r.take(0).0, [Do::Resume(4, None)]);
     at_ms(1150);
     assert_eq!(r.response_headers(4, false, ok), Some(10_000));
     // The other waited its 100 ms in vain: refused with its own id.
     at_ms(1200);
     r.retry_waiting();
-    let (dos, _) = r.take();
+    let (dos, _) = r.take(0);
     let [Do::Answer(6, reply)] = dos.as_slice() else {
         panic!("{dos:?}")
     };
@@ -237,29 +237,29 @@ fn a_freed_slot_goes_to_the_worker_whose_request_waited_longest() {
     // B's next tick hands the spare over and wakes A.
     at_ms(1045);
     assert_eq!(send(&mut a, 2), Then::Pause);
-    a.take();
+    a.take(0);
     b.retry_waiting();
     let wake_a = Do::Wake(vec![a.worker.gate.vm().unwrap()], SLOT_WAKE.to_vec());
-    assert_eq!(b.take().0, std::slice::from_ref(&wake_a));
+    assert_eq!(b.take(0).0, std::slice::from_ref(&wake_a));
     a.woken(SLOT_WAKE);
-    assert_eq!(a.take().0, [Do::Resume(2, None)]);
+    assert_eq!(a.take(0).0, [Do::Resume(2, None)]);
     // B's request waits first, then A's.
     at_ms(1050);
     assert_eq!(send(&mut b, 3), Then::Pause);
     at_ms(1060);
     assert_eq!(send(&mut a, 4), Then::Pause);
-    a.take();
-    b.take();
+    a.take(0);
+    b.take(0);
     // A's wait tick reads who waits (it has no spare slot to hand over).
     at_ms(1085);
     a.retry_waiting();
-    assert_eq!(a.take().0, []);
+    assert_eq!(a.take(0).0, []);
     // A's own request ends: the slot is B's, whose request waited
     // longer; A hands it over and wakes B.
     at_ms(1090);
     a.response_headers(2, true, ok);
     a.done(2);
-    let (dos, _) = a.take();
+    let (dos, _) = a.take(0);
     assert_eq!(
         dos,
         [Do::Wake(
@@ -268,14 +268,14 @@ fn a_freed_slot_goes_to_the_worker_whose_request_waited_longest() {
         )]
     );
     b.woken(SLOT_WAKE);
-    assert_eq!(b.take().0, [Do::Resume(3, None)]);
+    assert_eq!(b.take(0).0, [Do::Resume(3, None)]);
     // B's ends: A's request is the oldest now, and B has none waiting.
     at_ms(1130);
     b.response_headers(3, true, ok);
     b.done(3);
-    assert_eq!(b.take().0, [wake_a]);
+    assert_eq!(b.take(0).0, [wake_a]);
     a.woken(SLOT_WAKE);
-    assert_eq!(a.take().0, [Do::Resume(4, None)]);
+    assert_eq!(a.take(0).0, [Do::Resume(4, None)]);
 }
 
 /// Stream `id` opens a public WebSocket.
@@ -318,19 +318,19 @@ fn sockets_waiting_for_a_slot_go_on_oldest_first_as_answers_free_slots() {
     let answer = frame(r#"{"jsonrpc":"2.0","id":1,"result":"0x1"}"#, None);
     let replaced = r.response_body(1, answer.len(), false, &mut Bytes(answer));
     assert_eq!(replaced.replace, None);
-    assert_eq!(r.take().0, [Do::Resume(2, None)]);
+    assert_eq!(r.take(0).0, [Do::Resume(2, None)]);
     // Socket 2 is cut with its call at the node: its slot is held while
     // the node runs it (a call took 100 ms lately), then socket 3 goes on.
     at_ms(1150);
     r.done(2);
-    assert_eq!(r.take().0, []);
+    assert_eq!(r.take(0).0, []);
     assert_eq!(r.worker.counts.websocket.lingered, 1);
     at_ms(1199);
     r.retry_waiting();
-    assert_eq!(r.take().0, []);
+    assert_eq!(r.take(0).0, []);
     at_ms(1200);
     r.retry_waiting();
-    assert_eq!(r.take().0, [Do::Resume(3, None)]);
+    assert_eq!(r.take(0).0, [Do::Resume(3, None)]);
 }
 
 #[test]
@@ -422,7 +422,8 @@ fn a_final_answer_is_kept_and_served_again_with_no_slot_and_no_node() {
         let (leader, _) = r.next_callout().unwrap();
         r.sent(leader, Ok(token));
         r.callout_ended(token, Some(answered(&block_answer("0x10"))));
-        let answered_it = matches!(r.take().0.as_slice(), [Do::Poke, Do::Answer(i, _)] if *i == id);
+        let answered_it =
+            matches!(r.take(0).0.as_slice(), [Do::Poke, Do::Answer(i, _)] if *i == id);
         assert!(answered_it);
         r.done(id);
     }
@@ -591,7 +592,7 @@ fn read_at(r: &mut Rig, id: u32, body: &[u8], head: Option<&str>, token: u32) ->
     r.sent(poll, Ok(token));
     r.new_turn();
     r.callout_ended(token, head.map(|h| head_answer("0x10", h)));
-    r.take().0
+    r.take(0).0
 }
 
 /// With `cache.latest`, a read at `latest` is held until a head poll
@@ -612,7 +613,7 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
     assert_eq!(send(&mut r, 1, &number(1)), Then::Pause);
     assert_eq!(send(&mut r, 2, &balance(2)), Then::Pause);
     assert_eq!(send(&mut r, 3, block(3).as_bytes()), Then::Pause);
-    assert!(r.take().0.contains(&Do::Poke));
+    assert!(r.take(0).0.contains(&Do::Poke));
     let (id, poll) = r.next_callout().unwrap();
     assert_eq!((id, poll.body.as_slice()), (HEAD_POLL, POLL));
     assert_eq!(r.next_callout(), None, "one poll at a time");
@@ -620,7 +621,7 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
     // This one came after the poll went out: the next poll's.
     assert_eq!(send(&mut r, 4, &number(4)), Then::Pause);
     r.callout_ended(50, Some(head_answer("0x10", &a)));
-    let got = answers(&r.take().0);
+    let got = answers(&r.take(0).0);
     assert_eq!(got.len(), 2, "{got:?}");
     assert_eq!(
         (got[0].0, &got[0].1["id"], &got[0].1["result"]),
@@ -646,7 +647,7 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
         Some(answered(br#"{"jsonrpc":"2.0","id":2,"result":"0x2a"}"#)),
     );
     r.callout_ended(51, Some(head_answer("0x10", &a)));
-    let got = answers(&r.take().0);
+    let got = answers(&r.take(0).0);
     assert_eq!(got.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [2, 4]);
     assert_eq!(got[0].1["result"], "0x2a");
     // The pinned key's second miss is kept; its third is a hit, with no
@@ -661,7 +662,7 @@ fn reads_at_latest_wait_for_a_head_poll_and_are_answered_at_its_block() {
             let node = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":"0x2a"}}"#);
             r.callout_ended(token + 1, Some(answered(node.as_bytes())));
         }
-        let got = answers(&r.take().0);
+        let got = answers(&r.take(0).0);
         assert_eq!((got[0].0, &got[0].1["result"]), (id, &"0x2a".into()));
         r.done(id);
     };
@@ -688,12 +689,12 @@ fn many_reads_answered_at_once_are_answered_a_turn_at_a_time() {
     }
     let (poll, _) = r.next_callout().unwrap();
     r.sent(poll, Ok(9));
-    r.take();
+    r.take(0);
     r.new_turn();
     r.callout_ended(9, Some(head_answer("0x10", &hash("aa"))));
     let mut answered = Vec::new();
     for turn in 0..4 {
-        let dos = r.take().0;
+        let dos = r.take(0).0;
         let got = answers(&dos);
         assert_eq!(
             got.len() as u32,
@@ -701,13 +702,13 @@ fn many_reads_answered_at_once_are_answered_a_turn_at_a_time() {
         );
         assert_eq!(dos.contains(&Do::Poke), turn < 3, "turn {turn}");
         // Within the turn, nothing more.
-        assert!(answers(&r.take().0).is_empty());
+        assert!(answers(&r.take(0).0).is_empty());
         answered.extend(got.iter().map(|(id, _)| *id));
         r.new_turn();
     }
     answered.sort_unstable();
     assert_eq!(answered, (1..=held).collect::<Vec<_>>());
-    assert_eq!(r.take().0, []);
+    assert_eq!(r.take(0).0, []);
 }
 
 /// The node does not know the head's hash (a node behind the head): the
@@ -727,7 +728,7 @@ fn a_read_the_node_will_not_answer_at_the_head_s_hash_goes_on_at_latest() {
     let unknown =
         br#"{"jsonrpc":"2.0","id":10,"error":{"code":-32000,"message":"header not found"}}"#;
     r.callout_ended(86, Some(answered(unknown)));
-    let resumed: Vec<Do> = r.take().0.into_iter().filter(|d| *d != Do::Poke).collect();
+    let resumed: Vec<Do> = r.take(0).0.into_iter().filter(|d| *d != Do::Poke).collect();
     assert_eq!(resumed, [Do::Resume(10, None), Do::Resume(11, None)]);
     assert_eq!(r.worker.counts.cache.head_unpinned, 1);
     for id in [10, 11] {
@@ -871,5 +872,28 @@ fn a_staked_callers_waiting_request_goes_before_an_unstaked_crowd() {
     at_ms(1040);
     r.response_headers(1, true, |_| None);
     r.done(1);
-    assert_eq!(r.take().0, [Do::Resume(5, None)]);
+    assert_eq!(r.take(0).0, [Do::Resume(5, None)]);
+}
+
+/// What a past turn left for a stream is not handed out in that stream's
+/// own callback (Envoy would carry a resume out before the callback's own
+/// pause undid it): it waits for the next turn.
+#[test]
+fn a_streams_own_queued_resume_waits_for_a_turn_of_its_own() {
+    let mut r = latest_rig();
+    let held = TURN_ACTIONS + 1;
+    for id in 1..=held {
+        assert_eq!(send(&mut r, id, &number_call(id)), Then::Pause);
+    }
+    let (poll, _) = r.next_callout().unwrap();
+    r.sent(poll, Ok(9));
+    r.take(0);
+    r.new_turn();
+    r.callout_ended(9, Some(head_answer("0x10", &hash("aa"))));
+    assert_eq!(answers(&r.take(0).0).len() as u32, TURN_ACTIONS);
+    // The one left, in its own callback: not now.
+    r.new_turn();
+    let left = held;
+    assert!(answers(&r.take(left).0).is_empty());
+    assert_eq!(answers(&r.take(0).0)[0].0, left);
 }

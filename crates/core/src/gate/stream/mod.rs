@@ -203,9 +203,9 @@ pub struct OnResponse {
     pub replace: Option<Vec<u8>>,
     /// Hold the body until it is whole (the cache reads it).
     pub hold: bool,
-    /// On a WebSocket whose answers gave slots back: its calls answered so
-    /// far and their time at the node, to tell the filters before the gate
-    /// (`cost::SOCKET_ANSWERED_PROPERTY`).
+    /// On a WebSocket whose node answered or pushed: its calls answered so
+    /// far, their time at the node, and its notifications, to tell the
+    /// filters before the gate (`cost::SOCKET_ANSWERED_PROPERTY`).
     pub socket_answered: Option<crate::cost::SocketAnswered>,
 }
 
@@ -432,6 +432,7 @@ impl GateStream {
         match &mut self.state {
             State::Websocket(ws) => {
                 let piece = body.read(0, size);
+                let before = ws.answered();
                 let (released, replace) =
                     ws.answer(&piece, now.us(), &mut w.linger, &mut w.counts.websocket);
                 for _ in 0..released {
@@ -441,7 +442,7 @@ impl GateStream {
                     released: released > 0,
                     replace,
                     hold: false,
-                    socket_answered: (released > 0).then(|| ws.answered()),
+                    socket_answered: (ws.answered() != before).then(|| ws.answered()),
                 };
             }
             State::Http(request) if request.capture.is_some() => {

@@ -133,6 +133,7 @@ impl Sink for ServerSink<'_> {
             return;
         }
         if message.is_push() {
+            self.answered.pushes += 1;
             if let (true, Some(payload)) = (kept, &message.payload) {
                 self.out.extend(ws::encode(message.opcode, payload, None));
             }

@@ -93,6 +93,9 @@ pub struct Counts {
     /// Subscribe calls refused past `maxSubscriptionsPerWebsocket` or
     /// `maxSubscriptionsPerIdentity`.
     pub subscriptions_refused: u64,
+    /// The change in subscriptions open on this worker since the last
+    /// flush (a gauge's change).
+    pub subscriptions: i64,
     /// Units of cut sockets whose slots were held for the node's work.
     pub lingered: u64,
 }

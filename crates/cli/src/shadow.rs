@@ -365,6 +365,7 @@ mod tests {
             admitted: requests - total,
             refused,
             node_ms: 0.0,
+            notifications: 0,
             share_rps: share,
             limited: share.is_some(),
         }

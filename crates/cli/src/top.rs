@@ -237,6 +237,7 @@ mod tests {
             admitted: requests - refused,
             refused: [("stake-share".to_string(), refused)].into(),
             node_ms: 0.0,
+            notifications: 0,
             share_rps: Some(40.0),
             limited: true,
         };

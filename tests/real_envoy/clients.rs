@@ -104,13 +104,14 @@ fn web3py_viem_and_ethers_get_through_the_gateway_what_they_get_from_the_node() 
     }
 }
 
-/// Sends `body` to `addr` and never reads the answer: the request stays in
-/// flight until the socket is dropped.
+/// Sends `body` to `addr` (named in its host, as the libraries do: the host is
+/// part of what makes two calls the same) and never reads the answer: the
+/// request stays in flight until the socket is dropped.
 fn in_flight(addr: std::net::SocketAddr, body: &str) -> std::net::TcpStream {
     let mut stream = std::net::TcpStream::connect(addr).unwrap();
     write!(
         stream,
-        "POST / HTTP/1.1\r\nhost: rpc\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST / HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();

@@ -102,19 +102,32 @@ fn the_gateway_reaches_an_http_1_1_node_without_the_clients_key_or_a_claimed_cla
         answer.json().unwrap(),
         json!({"jsonrpc":"2.0","id":1,"result":"0x1"})
     );
-    let heads = heads.lock().unwrap().clone();
-    assert_eq!(heads.len(), 1, "{heads:?}");
-    assert!(
-        !heads[0].contains("x-api-key"),
-        "the key reached the node: {}",
-        heads[0]
-    );
-    assert!(!heads[0].contains("x-stakegate-class"), "{}", heads[0]);
-    // QoS knew the client by its key; the gate saw a default request.
+    // QoS knew the client by its key, and a staker is in the shipped policy's priority
+    // class by QoS's word.
     assert!(eventually(Duration::from_secs(5), || {
-        stat(&envoy, "qos.admitted.bronze") == 1 && stat(&envoy, "gate.admitted.default") == 1
+        stat(&envoy, "qos.admitted.bronze") == 1 && stat(&envoy, "gate.admitted.priority") == 1
     }));
-    assert_eq!(stat(&envoy, "gate.admitted.priority"), 0);
+    // A public caller claiming the class by header is a default request.
+    let claimed = http::post(
+        &envoy.url("public").unwrap(),
+        &[("x-stakegate-class", "priority")],
+        r#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}"#,
+    )
+    .unwrap();
+    assert_eq!(claimed.status, 200, "{}", claimed.body);
+    assert!(eventually(Duration::from_secs(5), || {
+        stat(&envoy, "gate.admitted.default") == 1
+    }));
+    assert_eq!(stat(&envoy, "gate.admitted.priority"), 1);
+    let heads = heads.lock().unwrap().clone();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    for head in &heads {
+        assert!(
+            !head.contains("x-api-key"),
+            "the key reached the node: {head}"
+        );
+        assert!(!head.contains("x-stakegate-class"), "{head}");
+    }
 }
 
 /// One JSON-RPC call on `socket`, and its answer's `result`.
@@ -438,8 +451,10 @@ fn init_writes_a_gateway_that_envoy_starts_and_deploy_then_changes() {
     )
     .unwrap();
     assert_eq!(answer.status, 200, "{}", answer.body);
+    // QoS knew the client by its key, and the shipped gate policy puts stakers in its
+    // priority class.
     assert!(eventually(Duration::from_secs(5), || {
-        stat(&envoy, "qos.admitted.bronze") == 1 && stat(&envoy, "gate.admitted.default") == 1
+        stat(&envoy, "qos.admitted.bronze") == 1 && stat(&envoy, "gate.admitted.priority") == 1
     }));
 
     let policy = dir.path().join("gate.json");

@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let policy = GatePolicy::parse(br#"{"maxInflight": 8, "dedup": {"methods": ["m"]}}"#)
         .expect("a valid policy");
     let dedup = stakegate_core::dedup::Dedup::new(policy.dedup.expect("dedup"), 1000);
-    let _ = dedup.key(data, "client");
+    let _ = dedup.key(data, "route", "client");
 
     let ids: Vec<Option<Vec<u8>>> = request
         .calls

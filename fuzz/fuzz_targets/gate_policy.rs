@@ -48,10 +48,9 @@ fuzz_target!(|data: &[u8]| {
                 end_of_stream: true,
                 upgrade,
                 content_length: Some(u64::MAX),
-                target: None,
             };
             let _ = stream.headers(&mut worker, &store, &mut Now::fixed(now), &mut Public, head);
-            stream.done(&mut worker, &store);
+            stream.done(&mut worker, &store, &mut Now::fixed(now));
         }
         let _ = worker.tick(&store, now);
     }

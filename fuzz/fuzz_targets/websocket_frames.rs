@@ -9,6 +9,8 @@ use stakegate_core::clock::Now;
 use stakegate_core::gate::class::RequestClass;
 use stakegate_core::gate::policy::GatePolicy;
 use stakegate_core::gate::shards::SlotKind;
+use stakegate_core::gate::websocket::linger::Linger;
+use stakegate_core::gate::websocket::subscriptions::Subscriptions;
 use stakegate_core::gate::websocket::{Counts, Websocket};
 use stakegate_core::gate::{Decision, InflightGate};
 use stakegate_core::request::Body;
@@ -55,10 +57,11 @@ fuzz_target!(|data: &[u8]| {
     else {
         return;
     };
-    let mut socket = Websocket::new(ticket, SlotKind::Default, 4096, 9);
+    let mut socket = Websocket::new(ticket, SlotKind::Default, 4096, 9, Some(1));
     let mut counts = Counts::default();
-    socket.read(&mut Bytes(a.to_vec()), a.len(), &mut counts);
+    let mut subs = Subscriptions::new(1000, 2000);
+    socket.read(&mut Bytes(a.to_vec()), a.len(), &mut counts, &mut subs);
     let _ = socket.settle(&mut gate, &store, &mut Now::fixed(0), &mut counts);
-    let (released, _) = socket.answer(b, &mut counts);
+    let (released, _) = socket.answer(b, 0, &mut Linger::default(), &mut counts);
     assert!(released <= 3);
 });

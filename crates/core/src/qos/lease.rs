@@ -69,17 +69,18 @@ impl StakeQos {
     }
 }
 
-/// The lease an identity asks its bucket for, if its lease is short of
-/// `need` and its bucket was not found empty this round: its page, and a
-/// quarter of a round's grant (`need` at least) plus the debt a batch left.
-pub(super) fn lease_want(local: &Local, need: i64, round: u64) -> Option<(u32, i64)> {
-    (local.lease < need && local.dry_round != Some(round)).then(|| {
-        let want = (local.grant / LEASE_DIVISOR).max(need as u64) as i64;
-        (local.page, want + (-local.lease).max(0))
-    })
-}
-
 impl Local {
+    /// The lease an identity asks its bucket for, if its lease is short of
+    /// `need` and its bucket was not found empty this round: its page, and
+    /// a quarter of a round's grant (`need` at least) plus the debt a batch
+    /// left.
+    pub(super) fn lease_want(&self, need: i64, round: u64) -> Option<(u32, i64)> {
+        (self.lease < need && self.dry_round != Some(round)).then(|| {
+            let want = (self.grant / LEASE_DIVISOR).max(need as u64) as i64;
+            (self.page, want + (-self.lease).max(0))
+        })
+    }
+
     /// A lease of `want` got `leased.got`, and says what the bucket
     /// knows of the identity.
     pub(super) fn took_lease(&mut self, leased: &Leased, want: i64, round: u64) {

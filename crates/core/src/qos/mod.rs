@@ -114,7 +114,6 @@ use crate::rejection::{Jitter, Rejection};
 use crate::shared::{read, SharedStore, StoreError, Write};
 use fleet::{FleetShare, FleetView, FLEET_KEY};
 use identity::Identity;
-use lease::lease_want;
 use ledger::{Ledger, Usage, Who};
 use light::{LightState, LIGHT_KEY};
 use page::{ENTRIES_PER_PAGE, MILLI, STAKED};
@@ -507,7 +506,7 @@ impl StakeQos {
             ));
             return admission;
         }
-        let want = lease_want(local, need, round);
+        let want = local.lease_want(need, round);
         let leased = match want {
             None => None,
             Some((page, want)) => {

@@ -31,7 +31,6 @@
 //! A shadow holds nothing: it counts what it would hold and lets it go.
 
 use super::identity::Identity;
-use super::lease::lease_want;
 use super::page::MILLI;
 use super::{concurrency_allowance, Connection, Reason, StakeQos};
 use crate::cost::{method_key, SocketAnswered, Unit};
@@ -398,7 +397,7 @@ impl StakeQos {
         // rest charged as a debt that the next leases pay (the identity's
         // other calls wait for it), since a piece's calls cannot be split.
         let first = (need / i64::from(held.calls.max(1))).max(1);
-        if let Some((page, want)) = lease_want(local, first, round) {
+        if let Some((page, want)) = local.lease_want(first, round) {
             sent.leased = true;
             match self.lease(store, now_ms, identity, page, want) {
                 Ok(leased) => {

@@ -13,9 +13,10 @@
 //!   first; the last is what Envoy serves. The first deploy records the
 //!   config it replaces (the one Envoy started with) as deployment 0, so
 //!   `rollback` can return to it;
-//! - `lock`: held (an OS file lock) by the deploy or rollback in progress,
-//!   so two at once take turns instead of both writing version N and one
-//!   being lost.
+//! - `lock`, `ticket` and `queue/`: the deploy lock (`deploy_lock`), held
+//!   by the deploy, rollback, promote or drop in progress, so two at once
+//!   take turns, first come first served, instead of both writing version
+//!   N and one being lost.
 //!
 //! A deploy: (1) checks the module declares itself the filter being
 //! deployed (its `stakegate.filter` section), loads it with the policy in
@@ -36,6 +37,7 @@
 //! same way.
 
 use crate::check::check;
+pub use crate::deploy_lock::DeployLock;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 use stakegate_core::request::sha256_hex;
@@ -201,36 +203,10 @@ impl Live {
         }
     }
 
-    /// Takes the directory's deploy lock, waiting up to `wait` for a deploy
-    /// or rollback in progress to finish.
-    pub fn lock(&self, wait: Duration) -> anyhow::Result<std::fs::File> {
-        let path = self.state("")?.join("lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        let started = std::time::Instant::now();
-        loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < wait => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(std::fs::TryLockError::WouldBlock) => bail!(
-                    "another deploy or rollback holds {} (pid {}) and did not finish within {wait:?}; nothing was changed",
-                    path.display(),
-                    std::fs::read_to_string(&path).unwrap_or_default().trim()
-                ),
-                Err(std::fs::TryLockError::Error(e)) => {
-                    return Err(e).with_context(|| format!("locking {}", path.display()))
-                }
-            }
-        }
-        std::fs::write(&path, std::process::id().to_string())?;
-        Ok(file)
+    /// Takes the directory's deploy lock, after every deploy or rollback
+    /// that asked before (`deploy_lock`), waiting up to `wait`.
+    pub fn lock(&self, wait: Duration) -> anyhow::Result<DeployLock> {
+        DeployLock::take(&self.state("")?, wait)
     }
 
     /// The history; when it is empty, the config now in the directory (the
@@ -484,11 +460,23 @@ pub fn deploy(args: &DeployArgs) -> anyhow::Result<()> {
 pub fn deploy_policy(target: &Target, module: &Path, policy: &str) -> anyhow::Result<Deployment> {
     let live = Live::new(target)?;
     let module_bytes = validated(&target.filter, module, policy)?;
-    let sha256 = sha256_hex(&module_bytes);
-    let _lock = live.lock(LOCK_WAIT)?;
-    live.store_module(&module_bytes, &sha256)?;
+    let turn = live.lock(LOCK_WAIT)?;
+    deploy_in_turn(&live, target, &module_bytes, policy, &turn)
+}
+
+/// A deploy of a validated module, in a turn of the deploy lock already
+/// taken (a promote takes one turn for the deploy and the drop after it).
+pub(crate) fn deploy_in_turn(
+    live: &Live,
+    target: &Target,
+    module_bytes: &[u8],
+    policy: &str,
+    _turn: &DeployLock,
+) -> anyhow::Result<Deployment> {
+    let sha256 = sha256_hex(module_bytes);
+    live.store_module(module_bytes, &sha256)?;
     let mut history = live.history_from_startup()?;
-    let deployment = apply(&live, target, &history, &sha256, policy)?;
+    let deployment = apply(live, target, &history, &sha256, policy)?;
     history.deployments.push(deployment.clone());
     live.save(&history)?;
     Ok(deployment)

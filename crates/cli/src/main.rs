@@ -4,6 +4,7 @@ mod bench;
 mod check;
 mod demo;
 mod deploy;
+mod deploy_lock;
 mod docs;
 mod init;
 mod scenario;

@@ -17,7 +17,7 @@
 //! - `stakegate shadow`: live against candidate per identity, over an
 //!   interval.
 
-use crate::deploy::{self, Live, Target};
+use crate::deploy::{self, DeployLock, Live, Target};
 use crate::usage::{self, Row, LIVE, SHADOW};
 use anyhow::{bail, Context};
 use clap::Args;
@@ -324,30 +324,43 @@ fn candidate(live: &Live) -> anyhow::Result<Candidate> {
 pub fn drop(target: &Target) -> anyhow::Result<()> {
     slot(target)?;
     let live = Live::new(target)?;
-    let _lock = live.lock(deploy::LOCK_WAIT)?;
-    if !fill(&live, target, &empty_slot(&live))?.1 {
-        bail!("Envoy did not take the empty shadow slot");
-    }
-    save(&live, None)?;
+    let turn = live.lock(deploy::LOCK_WAIT)?;
+    empty(&live, target, &turn)?;
     println!("shadow {} dropped: the slot is empty", target.filter);
     Ok(())
 }
 
+/// Empties the shadow slot and removes the record, in a turn of the
+/// deploy lock.
+fn empty(live: &Live, target: &Target, _turn: &DeployLock) -> anyhow::Result<()> {
+    if !fill(live, target, &empty_slot(live))?.1 {
+        bail!("Envoy did not take the empty shadow slot");
+    }
+    save(live, None)
+}
+
 /// `deploy --promote`: the candidate deployed live (recorded, so
-/// `rollback` undoes it), then the slot emptied.
+/// `rollback` undoes it), then the slot emptied, in one turn of the deploy
+/// lock: a drop that comes meanwhile waits, and then finds the slot empty;
+/// a promote after a drop finds no candidate.
 pub fn promote(target: &Target) -> anyhow::Result<()> {
     slot(target)?;
     let live = Live::new(target)?;
+    let turn = live.lock(deploy::LOCK_WAIT)?;
     let candidate = candidate(&live)?;
     let module = live.module_path(&candidate.module_sha256)?;
-    let deployment = deploy::deploy_policy(target, &module, &candidate.policy)
+    let bytes = deploy::validated(&target.filter, &module, &candidate.policy)
+        .context("promoting the shadow candidate")?;
+    let deployment = deploy::deploy_in_turn(&live, target, &bytes, &candidate.policy, &turn)
         .context("promoting the shadow candidate")?;
     deploy::print(
         "promoted the shadow candidate:",
         &target.filter,
         &deployment,
     );
-    drop(target)
+    empty(&live, target, &turn)?;
+    println!("shadow {} emptied: the candidate is live", target.filter);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -285,8 +285,9 @@ fn a_websocket_flood_of_heavy_calls_gets_its_node_time_share_and_is_charged_what
          sockets charged {charged:.3} of what the node spent on them; the victim {:?}",
         report.status
     );
+    // In shares, not ms/s: what the node gets through depends on the
+    // machine's load.
     assert!((share - 0.5).abs() <= 0.03, "the sockets' share {share:.3}");
-    assert!(victim_ms >= 0.9 * 2250.0, "victim {victim_ms:.0} ms/s");
     assert!(settled && charged <= 1.1, "charged {charged:.3}");
 }
 

@@ -34,10 +34,10 @@ pub const ESTIMATES_KEY: &str = "stakegate.stake_qos.v3.costs";
 pub const NODE_US_PROPERTY: &str = "stakegate_node_us";
 /// The property in which the admission gate tells the filters before it
 /// what the node has answered on a WebSocket so far: its calls, the time
-/// their units took at the node (sent to answered) in µs, and the
-/// notifications it pushed, as decimal numbers (`SocketAnswered`; a
-/// reader takes a missing third as 0). Totals, so that a reader that
-/// missed a piece loses nothing.
+/// their units took at the node (sent to answered) in µs, the
+/// notifications it pushed, and the calls sent to the node, as decimal
+/// numbers (`SocketAnswered`; a reader takes a missing third or fourth as
+/// 0). Totals, so that a reader that missed a piece loses nothing.
 pub const SOCKET_ANSWERED_PROPERTY: &str = "stakegate_socket_answered";
 
 /// What `SOCKET_ANSWERED_PROPERTY` holds.
@@ -46,11 +46,16 @@ pub struct SocketAnswered {
     pub calls: u64,
     pub node_us: u64,
     pub pushes: u64,
+    /// Calls sent to the node (those at the node are `sent - calls`).
+    pub sent: u64,
 }
 
 impl SocketAnswered {
     pub fn text(&self) -> String {
-        format!("{} {} {}", self.calls, self.node_us, self.pushes)
+        format!(
+            "{} {} {} {}",
+            self.calls, self.node_us, self.pushes, self.sent
+        )
     }
 
     pub fn read(text: &[u8]) -> Option<Self> {
@@ -60,6 +65,7 @@ impl SocketAnswered {
             calls: next()?.ok()?,
             node_us: next()?.ok()?,
             pushes: next().unwrap_or(Ok(0)).ok()?,
+            sent: next().unwrap_or(Ok(0)).ok()?,
         })
     }
 }

@@ -38,6 +38,12 @@ pub trait RequestFacts {
     }
 }
 
+/// The property in which stake QoS tells the admission gate after it to
+/// hold a WebSocket's data (`1`) while its calls wait for their identity's
+/// share, or to let it go (`0`): QoS never holds a socket's data itself
+/// (`qos::socket`).
+pub const SOCKET_HOLD_PROPERTY: &str = "stakegate_socket_hold";
+
 /// The property in which stake QoS tells the filters after it, on an
 /// upgrade request, the caller's identity (its table key, in hex): the
 /// gate bounds an identity's subscriptions by it.

@@ -93,6 +93,10 @@ fn carry_out(vm: &Shared, current: u32, dos: Vec<Do>) {
                     if let Some(bytes) = bytes {
                         host::replace_body(BodyOf::Request, &bytes);
                     }
+                    // A socket's calls sent: stake QoS counts them at the node.
+                    if let Some(answered) = vm.borrow().registry.socket_answered(id) {
+                        host::set_socket_answered(&answered);
+                    }
                     host::resume_request();
                 }
             }
@@ -118,6 +122,19 @@ fn dispatch(vm: &Shared, current: u32) {
         with(vm, current, false, |r| r.sent(id, sent));
     }
     host::act_on(current);
+}
+
+/// Reads stake QoS's word again for each waiting WebSocket (whether its
+/// data waits for its identity's debt), before a tick's retry; then back
+/// to the root context `root`.
+fn read_socket_holds(vm: &Shared, root: u32) {
+    let waiting = vm.borrow().registry.waiting_sockets();
+    for id in waiting {
+        if let Some(hold) = host::act_on(id).then(host::socket_hold).flatten() {
+            vm.borrow_mut().registry.hold_socket(id, hold);
+        }
+    }
+    host::act_on(root);
 }
 
 fn log_all(lines: &[String]) {
@@ -209,6 +226,7 @@ impl RootContext for GateRoot {
                 vm.borrow_mut().registry.worker.finality_sent(token);
             }
         }
+        read_socket_holds(vm, self.context_id);
         if !vm.borrow_mut().registry.heartbeat_due(now) {
             // Requests waiting for a slot look for one freed elsewhere, and
             // an idle VM hands its spare slots to other VMs' waiters.
@@ -306,7 +324,17 @@ impl HttpContext for GateHttp {
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let mut body = HostBody(BodyOf::Request);
-        let then = self.with(|r| r.request_body(self.id, body_size, end_of_stream, &mut body));
+        let then = self.with(|r| {
+            // On a WebSocket, stake QoS's word first: hold its data or not.
+            if let Some(hold) = r.is_socket(self.id).then(host::socket_hold).flatten() {
+                r.hold_socket(self.id, hold);
+            }
+            let then = r.request_body(self.id, body_size, end_of_stream, &mut body);
+            if let Some(answered) = r.socket_answered(self.id) {
+                host::set_socket_answered(&answered);
+            }
+            then
+        });
         match then {
             Then::Continue => Action::Continue,
             Then::ContinueWith(bytes) => {

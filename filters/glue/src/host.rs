@@ -337,6 +337,13 @@ pub fn socket_answered() -> Option<stakegate_core::cost::SocketAnswered> {
     stakegate_core::cost::SocketAnswered::read(&told)
 }
 
+/// Whether stake QoS asks that the current WebSocket's data wait, if it
+/// said (`request::SOCKET_HOLD_PROPERTY`).
+pub fn socket_hold() -> Option<bool> {
+    let told = property(&[stakegate_core::request::SOCKET_HOLD_PROPERTY])?;
+    Some(told == b"1")
+}
+
 /// The node's time on the current request as the gate told it, if it did.
 pub fn node_us() -> Option<u64> {
     let told = property(&[stakegate_core::cost::NODE_US_PROPERTY])?;

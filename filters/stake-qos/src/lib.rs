@@ -34,11 +34,11 @@ use stakegate_core::clock::Now;
 use stakegate_core::qos::counts::{Counts, Snapshot, METRICS};
 use stakegate_core::qos::policy::QosPolicy;
 use stakegate_core::qos::report::QUEUE;
-use stakegate_core::qos::socket::Sent;
+use stakegate_core::qos::socket::Charged;
 use stakegate_core::qos::stream::{Decided, QosStream};
 use stakegate_core::qos::StakeQos;
 use stakegate_core::rejection::RULE_HEADER;
-use stakegate_core::request::{IDENTITY_PROPERTY, STAKED_PROPERTY};
+use stakegate_core::request::{IDENTITY_PROPERTY, SOCKET_HOLD_PROPERTY, STAKED_PROPERTY};
 use stakegate_glue::facts::StreamFacts;
 use stakegate_glue::host::{self, BodyOf, HostBody};
 use stakegate_glue::metrics::{Stats, UsageStats};
@@ -66,7 +66,8 @@ struct Worker {
     queue: EnvoyQueue,
     /// The usage ledger's stats, defined as labels come.
     usage: UsageStats,
-    /// WebSockets whose calls wait for their identity's share, by context.
+    /// WebSockets whose data the gate holds for their identity's share, by
+    /// context: their calls try again at the ticks.
     held: HashMap<u32, Rc<RefCell<QosStream>>>,
 }
 
@@ -180,7 +181,7 @@ impl RootContext for QosRoot {
         if let Some(fleet) = &mut self.fleet {
             fleet.tick(qos, fleet_round, counts);
         }
-        // Held sockets try again with this tick's state.
+        // Held sockets' calls try again with this tick's state.
         let Worker {
             qos, counts, held, ..
         } = &mut *worker;
@@ -188,17 +189,17 @@ impl RootContext for QosRoot {
             let Ok(mut stream) = stream.try_borrow_mut() else {
                 return true;
             };
-            if !host::act_on(*id) {
-                return false;
-            }
             let now = &mut Now::lazy_us(now_us);
-            let body = &mut HostBody(BodyOf::Request);
-            let sent = stream.retry_socket(qos, &EnvoyStore, now, true, body);
-            let through = sent.is_none_or(|sent| socket_sent(counts, sent));
-            if through {
-                host::resume_request();
+            // The gate's word on what it sent the node and had answered.
+            if let Some(total) = host::act_on(*id).then(host::socket_answered).flatten() {
+                stream.socket_answered(qos, now, total);
             }
-            !through
+            let charged = stream.socket_tick(qos, &EnvoyStore, now);
+            let go = charged.is_none_or(|charged| socket_charged(counts, charged) == Some(false));
+            if go && host::act_on(*id) {
+                host::set_property(SOCKET_HOLD_PROPERTY, b"0");
+            }
+            !go
         });
         host::act_on(self.context_id);
         match qos.usage(&EnvoyStore, now_us() / 1000) {
@@ -242,21 +243,22 @@ impl QosHttp {
     }
 }
 
-/// Counts what letting a socket's calls on did; whether they went on.
-fn socket_sent(counts: &mut Counts, sent: Sent) -> bool {
-    counts.leases += u64::from(sent.leased);
-    counts.store.retried(sent.cas_retries);
-    counts.evicted += u64::from(sent.evicted);
-    if let Some(e) = &sent.store_error {
+/// Counts what letting a socket's calls on did; whether the gate is to
+/// hold its data now, or to let it go (`None`: no change).
+fn socket_charged(counts: &mut Counts, charged: Charged) -> Option<bool> {
+    counts.leases += u64::from(charged.leased);
+    counts.store.retried(charged.cas_retries);
+    counts.evicted += u64::from(charged.evicted);
+    if let Some(e) = &charged.store_error {
         let line = counts
             .store
             .failed("socket calls let on without a token", e);
         log(LogLevel::Warn, &line);
     }
-    if let Some(reason) = sent.held_by {
+    if let Some(reason) = charged.held_by {
         counts.socket_held(reason);
     }
-    sent.through
+    charged.hold
 }
 
 impl Context for QosHttp {
@@ -334,6 +336,10 @@ impl HttpContext for QosHttp {
         let Ok(mut stream) = self.stream.try_borrow_mut() else {
             return Action::Continue;
         };
+        // On a socket, first the gate's word on what it sent the node.
+        if let Some(total) = stream.is_socket().then(host::socket_answered).flatten() {
+            stream.socket_answered(qos, &mut Now::lazy_us(now_us), total);
+        }
         let step = stream.body(
             qos,
             &EnvoyStore,
@@ -343,13 +349,21 @@ impl HttpContext for QosHttp {
             &mut HostBody(BodyOf::Request),
         );
         counts.websocket_calls += u64::from(step.websocket_calls);
-        if let Some(sent) = step.socket {
-            if socket_sent(counts, sent) {
-                held.remove(&self.id);
-                return Action::Continue;
+        if let Some(charged) = step.socket {
+            // The gate after QoS holds the socket's data while its calls
+            // wait for their identity's share; QoS itself lets it go.
+            match socket_charged(counts, charged) {
+                Some(true) => {
+                    host::set_property(SOCKET_HOLD_PROPERTY, b"1");
+                    held.insert(self.id, self.stream.clone());
+                }
+                Some(false) => {
+                    host::set_property(SOCKET_HOLD_PROPERTY, b"0");
+                    held.remove(&self.id);
+                }
+                None => {}
             }
-            held.insert(self.id, self.stream.clone());
-            return Action::Pause;
+            return Action::Continue;
         }
         match step.decided {
             Some(admission) => decided_action(counts, admission, qos.policy().shadow),

@@ -10,25 +10,35 @@
 //!   batch's, they go on the first call's tokens and the rest is a debt
 //!   the next leases pay, so the identity's next calls wait for it), and
 //!   only while the identity's calls in flight, HTTP requests and socket
-//!   calls together, are below its concurrency allowance (a piece's calls
-//!   go on together, as an HTTP batch's do, on room for one). Else
-//!   the socket's data is held at the gateway: a socket has no status to
-//!   refuse a message with, and holding is back-pressure on the client's
-//!   socket. It is tried again at each tick (`refillIntervalMs`), where
-//!   the calls still held count as demand again (as a refused HTTP call
-//!   tried again does);
-//! - **settling**: as the node's answers pass, the admission gate says how
-//!   many of the socket's calls the node answered and how long their units
-//!   took at the node (`cost::SOCKET_ANSWERED_PROPERTY`). Those calls leave
-//!   the in-flight count, and in node time the identity is charged what
-//!   they took instead of their estimates (the usage ledger's node time
-//!   too), as an HTTP request is settled when it ends; while the calls at
-//!   the node are all of one method, what they took is a sample of its
-//!   cost, as an HTTP request's is. Calls whose answers never come (the
-//!   socket closed first) keep their estimates. The notifications the
-//!   gate counts on the socket go into the identity's usage.
+//!   calls at the node together, are below its concurrency allowance (a
+//!   piece's calls go on together, as an HTTP batch's do, on room for
+//!   one). A socket's calls at the node are those the gate says it sent
+//!   and were not answered yet, not those QoS let on: those may wait at
+//!   the gate behind calls QoS holds, and counting them would wait for
+//!   calls that wait;
+//! - **hold**: else QoS tells the admission gate after it to hold the
+//!   socket's data (`request::SOCKET_HOLD_PROPERTY`, read by the gate as
+//!   each piece comes): the gate keeps what the client sends at the
+//!   gateway, this piece on (a socket has no status to refuse a message
+//!   with, and holding is back-pressure on the client's socket, as for
+//!   slots). At each tick (`refillIntervalMs`) the held calls count as
+//!   demand again (as a refused HTTP call tried again does) and try again;
+//!   once they go on, QoS tells the gate to let the data go. QoS itself
+//!   never holds a socket's data: two filters holding one stream's data
+//!   share Envoy's one buffer, and what one held the other would send;
+//! - **settling**: as the node's answers pass, the admission gate tells
+//!   QoS how many of the socket's calls the node answered and how long
+//!   their units took at the node (`cost::SOCKET_ANSWERED_PROPERTY`).
+//!   Those calls leave the in-flight count, their latency goes into the
+//!   identity's (the concurrency allowance's), and in node time the
+//!   identity is charged what they took instead of their estimates (the
+//!   usage ledger's node time too), as an HTTP request is settled when it
+//!   ends; while the calls at the node are all of one method, what they
+//!   took is a sample of its cost. Calls whose answers never come (the
+//!   socket closed first) keep their estimates. The notifications the gate
+//!   counts on the socket go into the identity's usage.
 //!
-//! A shadow holds nothing: it counts what it would hold and lets it go.
+//! A shadow never tells the gate to hold: it counts what it would hold.
 
 use super::identity::Identity;
 use super::page::MILLI;
@@ -38,10 +48,6 @@ use crate::request::Body;
 use crate::shared::{SharedStore, StoreError};
 use crate::websocket::{calls, FrameReader, Message, Side, Sink};
 use std::collections::VecDeque;
-
-/// The most of Envoy's held data `catch_up` reads at once (far above any
-/// buffer Envoy holds for a socket).
-const CATCH_UP_MAX: usize = 1 << 30;
 
 /// Calls and what they cost, in thousandths of the unit, and their
 /// method if they are all of one.
@@ -85,9 +91,7 @@ pub struct Socket {
     connection: Connection,
     identity: Identity,
     reader: FrameReader,
-    /// Bytes of Envoy's held data already read.
-    fed: usize,
-    /// Read and not let on yet (the identity had no tokens for them).
+    /// Read and not let on yet: the gate holds them.
     held: Calls,
     /// Let on and not answered yet, with what they were charged.
     at_node: Calls,
@@ -112,12 +116,13 @@ struct Answered {
     latency_us: u64,
 }
 
-/// What a try to let a socket's held calls on found.
+/// What a try to let a socket's calls on did.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Sent {
-    /// The calls went on (or nothing was held).
-    pub through: bool,
-    /// Why not (for the metrics), when they did not.
+pub struct Charged {
+    /// The gate is to hold the socket's data now (`Some(true)`) or to let
+    /// it go (`Some(false)`); `None`: no change.
+    pub hold: Option<bool>,
+    /// Why the calls did not go on (for the metrics), when they did not.
     pub held_by: Option<Reason>,
     /// A lease was taken, and its retries.
     pub leased: bool,
@@ -133,7 +138,6 @@ impl Socket {
             connection,
             identity,
             reader: FrameReader::new(Side::Client),
-            fed: 0,
             held: Calls::default(),
             at_node: Calls::default(),
             answered: SocketAnswered::default(),
@@ -141,42 +145,38 @@ impl Socket {
         }
     }
 
-    /// The client's data held at the gateway grew to `size` bytes (Envoy's
-    /// buffer: only the bytes past what was read are new): the calls the
-    /// new bytes complete are demand, and held until they go on. Returns
-    /// how many there were.
-    pub fn read(&mut self, qos: &mut StakeQos, body: &mut impl Body, size: usize) -> u32 {
-        if size < self.fed {
-            self.fed = 0;
-        }
-        if size == self.fed {
-            return 0;
-        }
-        let new = body.read(self.fed, size - self.fed);
-        self.fed = size;
-        self.price(qos, &new)
-    }
-
-    /// Reads what Envoy holds past what was read, whatever its size: data
-    /// that came while the socket was held may be in Envoy's buffer before
-    /// a callback has said so, and goes on with it when it is resumed.
-    pub fn catch_up(&mut self, qos: &mut StakeQos, body: &mut impl Body) -> u32 {
-        let new = body.read(self.fed, CATCH_UP_MAX);
-        self.fed += new.len();
-        self.price(qos, &new)
-    }
-
-    /// The calls `new` bytes of the client's complete: demand, and held.
-    fn price(&mut self, qos: &mut StakeQos, new: &[u8]) -> u32 {
+    /// A piece of the client's data (`size` bytes, all new: QoS never
+    /// holds it): the calls it completes are demand, and go on if they may
+    /// (while the gate holds the socket's data they wait behind what it
+    /// holds). Returns how many there were, and what trying did.
+    pub fn read(
+        &mut self,
+        qos: &mut StakeQos,
+        store: &impl SharedStore,
+        now_us: u64,
+        body: &mut impl Body,
+        size: usize,
+    ) -> (u32, Charged) {
         let mut priced = Priced {
             qos,
             read: Calls::default(),
         };
-        self.reader.feed(new, &mut priced);
+        self.reader.feed(&body.read(0, size), &mut priced);
         let read = priced.read;
+        if read.calls == 0 {
+            return (0, Charged::default());
+        }
         qos.socket_demand(self.connection.key, read.calls, read.units);
-        self.held.add(read);
-        read.calls
+        if self.holding() {
+            self.held.add(read);
+            return (read.calls, Charged::default());
+        }
+        self.held = read;
+        let mut charged = self.send(qos, store, now_us);
+        if self.holding() {
+            charged.hold = Some(true);
+        }
+        (read.calls, charged)
     }
 
     /// Its identity's table key.
@@ -184,42 +184,41 @@ impl Socket {
         self.identity.key
     }
 
-    /// Whether calls are held.
-    pub fn holds(&self) -> bool {
+    /// Whether the gate holds its data (calls wait).
+    pub fn holding(&self) -> bool {
         self.held.calls > 0
     }
 
-    /// Lets the held calls on if the identity may send them now (a shadow
-    /// always does, counting what it would have held). Calls still held at
-    /// a round's try (`round`) are demand again, as a refused HTTP call
-    /// tried again is: a client that waits for its answers before it sends
-    /// more would otherwise look as if it wanted no more than it got.
-    pub fn send(
-        &mut self,
-        qos: &mut StakeQos,
-        store: &impl SharedStore,
-        now_us: u64,
-        round: bool,
-    ) -> Sent {
-        if self.held.calls == 0 {
-            self.fed = 0;
-            return Sent {
-                through: true,
-                ..Sent::default()
-            };
+    /// At a tick, while the gate holds its data: the held calls go on if
+    /// they may now, and the gate lets the data go; else they are demand
+    /// again (as a refused HTTP call tried again is: a client that waits
+    /// for its answers before it sends more would otherwise look as if it
+    /// wanted no more than it got).
+    pub fn tick(&mut self, qos: &mut StakeQos, store: &impl SharedStore, now_us: u64) -> Charged {
+        if !self.holding() {
+            return Charged::default();
         }
-        let mut sent = qos.socket_calls(store, now_us, &self.identity, self.held);
-        if sent.through || qos.policy().shadow {
-            sent.through = true;
+        let mut charged = self.send(qos, store, now_us);
+        if self.holding() {
+            qos.socket_demand_again(self.connection.key, self.held.calls, self.held.units);
+            // Held still: nothing new for the gate or the metrics.
+            charged.held_by = None;
+        } else {
+            charged.hold = Some(false);
+        }
+        charged
+    }
+
+    /// Lets the held calls on if the identity may send them now (a shadow
+    /// always does, counting what it would have held).
+    fn send(&mut self, qos: &mut StakeQos, store: &impl SharedStore, now_us: u64) -> Charged {
+        let charged = qos.socket_calls(store, now_us, &self.identity, self.held);
+        if charged.held_by.is_none() || qos.policy().shadow {
             self.went.push_back((now_us, self.held.calls));
             self.at_node.add(self.held);
             self.held = Calls::default();
-            // What Envoy holds goes on: its next data is new.
-            self.fed = 0;
-        } else if round {
-            qos.socket_demand_again(self.connection.key, self.held.calls, self.held.units);
         }
-        sent
+        charged
     }
 
     /// The gate says, at `now_us`, what the node has answered on this
@@ -229,8 +228,10 @@ impl Socket {
         let calls = total.calls.saturating_sub(self.answered.calls);
         let node_us = total.node_us.saturating_sub(self.answered.node_us);
         let pushes = total.pushes.saturating_sub(self.answered.pushes);
+        let sent = total.sent.saturating_sub(self.answered.sent);
         self.answered = total;
         qos.socket_notified(self.connection.key, pushes);
+        qos.socket_at_node(self.connection.key, sent, calls);
         if calls == 0 {
             return;
         }
@@ -255,7 +256,6 @@ impl Socket {
                 self.went.pop_front();
             }
         }
-        let latency_us = now_us.saturating_sub(went_us);
         let method = match self.at_node.method {
             Method::One(method) => Some(method),
             Method::None | Method::Many => None,
@@ -271,7 +271,7 @@ impl Socket {
             node_us,
             charged,
             method,
-            latency_us,
+            latency_us: now_us.saturating_sub(went_us),
         };
         qos.socket_answered(self.connection.key, answered);
     }
@@ -280,11 +280,8 @@ impl Socket {
     /// count (their estimates stay charged), and its WebSocket place is
     /// free.
     pub fn close(self, qos: &mut StakeQos) {
-        let gone = Answered {
-            calls: self.at_node.calls,
-            ..Answered::default()
-        };
-        qos.socket_answered(self.connection.key, gone);
+        let at_node = self.answered.sent.saturating_sub(self.answered.calls);
+        qos.socket_at_node(self.connection.key, 0, at_node);
         qos.closed(self.connection);
     }
 }
@@ -366,9 +363,9 @@ impl StakeQos {
         now_us: u64,
         identity: &Identity,
         held: Calls,
-    ) -> Sent {
+    ) -> Charged {
         let now_ms = now_us / 1000;
-        let mut sent = Sent::default();
+        let mut sent = Charged::default();
         let (round, interval_s) = (self.state.round, self.interval_s());
         let (floor, headroom) = (self.policy.concurrency_floor, self.policy.headroom);
         let throttling = self.state.throttling;
@@ -381,8 +378,6 @@ impl StakeQos {
         };
         let local = self.local(identity, now_ms);
         if !throttling {
-            local.inflight = local.inflight.saturating_add(held.calls);
-            sent.through = true;
             return sent;
         }
         let share_rps = local.grant as f64 / MILLI as f64 / interval_s;
@@ -421,8 +416,6 @@ impl StakeQos {
             if sent.store_error.is_none() {
                 local.lease -= need;
             }
-            local.inflight = local.inflight.saturating_add(held.calls);
-            sent.through = true;
         } else {
             local.dry_round = Some(round);
             sent.held_by = Some(Reason::Rate);
@@ -437,18 +430,30 @@ impl StakeQos {
         }
     }
 
-    /// Some of identity `key`'s socket calls ended: they leave its calls
-    /// in flight, their latency goes into its own (the concurrency
-    /// allowance's), and in node time it is charged what they took instead
-    /// of their estimates; calls all of one method are a sample of its
-    /// cost.
+    /// The gate sent `sent` more of identity `key`'s socket calls to the
+    /// node and the node answered `answered`: its calls in flight (the
+    /// concurrency allowance's) are those the node has, by the gate's
+    /// word, not those QoS let on (the gate may still hold some behind
+    /// calls QoS holds: counting them would wait for calls that wait).
+    fn socket_at_node(&mut self, key: u64, sent: u64, answered: u64) {
+        if let Some(local) = self.locals.get_mut(&key) {
+            let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+            local.inflight = (local.inflight)
+                .saturating_add(clamp(sent))
+                .saturating_sub(clamp(answered));
+        }
+    }
+
+    /// Some of identity `key`'s socket calls ended: their latency goes
+    /// into its own (the concurrency allowance's), and in node time it is
+    /// charged what they took instead of their estimates; calls all of one
+    /// method are a sample of its cost.
     fn socket_answered(&mut self, key: u64, answered: Answered) {
         let node_time = self.policy.costs.unit == Unit::NodeTime;
         let alpha = self.policy.latency_smoothing;
         let Some(local) = self.locals.get_mut(&key) else {
             return;
         };
-        local.inflight = local.inflight.saturating_sub(answered.calls);
         if answered.calls == 0 || answered.node_us == 0 {
             return;
         }

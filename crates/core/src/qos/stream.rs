@@ -17,7 +17,7 @@ use super::identity::{anonymous, identify, staked_by_key, Identity};
 use super::light::BodyBound;
 use super::page::MILLI;
 use super::policy::Mode;
-use super::socket::{Sent, Socket};
+use super::socket::{Charged, Socket};
 use super::{Admission, Connection, StakeQos, Throttled, Ticket, Verdict};
 use crate::clock::Now;
 use crate::cost::SocketAnswered;
@@ -52,9 +52,9 @@ pub struct OnBody {
     pub hold: bool,
     /// Calls read on a WebSocket.
     pub websocket_calls: u32,
-    /// On a WebSocket, what the try to let its calls on found (`hold`:
-    /// they wait for the identity's share; `retry_socket` tries again).
-    pub socket: Option<Sent>,
+    /// On a WebSocket, what charging its calls did (whether the gate is
+    /// to hold its data: `socket`).
+    pub socket: Option<Charged>,
 }
 
 /// An admitted upgrade.
@@ -155,12 +155,10 @@ impl QosStream {
     ) -> OnBody {
         match &mut self.upgraded {
             Some(Upgraded::Websocket(socket)) => {
-                let calls = socket.read(qos, body, size);
-                let sent = socket.send(qos, store, now.us(), false);
+                let (calls, charged) = socket.read(qos, store, now.us(), body, size);
                 return OnBody {
-                    hold: !sent.through,
                     websocket_calls: calls,
-                    socket: Some(sent),
+                    socket: Some(charged),
                     ..OnBody::default()
                 };
             }
@@ -280,22 +278,18 @@ impl QosStream {
         }
     }
 
-    /// A WebSocket whose calls are held for its identity's share tries to
-    /// let them on again, with whatever came while it was held (`body`:
-    /// what Envoy holds of it; `None`: it holds nothing); at a tick
-    /// (`round`) the calls still held are demand again.
-    pub fn retry_socket(
+    /// At a tick, a WebSocket whose data the gate holds for its identity's
+    /// share: its calls go on if they may now (`None`: it is no WebSocket,
+    /// or not held).
+    pub fn socket_tick(
         &mut self,
         qos: &mut StakeQos,
         store: &impl SharedStore,
         now: &mut Now,
-        round: bool,
-        body: &mut impl Body,
-    ) -> Option<Sent> {
+    ) -> Option<Charged> {
         match &mut self.upgraded {
-            Some(Upgraded::Websocket(socket)) if socket.holds() => {
-                socket.catch_up(qos, body);
-                Some(socket.send(qos, store, now.us(), round))
+            Some(Upgraded::Websocket(socket)) if socket.holding() => {
+                Some(socket.tick(qos, store, now.us()))
             }
             _ => None,
         }

@@ -284,6 +284,37 @@ impl<S: SharedStore> Registry<S> {
         }
     }
 
+    /// Whether stream `id` is a WebSocket (stake QoS may ask that its data
+    /// wait: `hold_socket`).
+    pub fn is_socket(&self, id: u32) -> bool {
+        self.streams.get(&id).and_then(GateStream::socket).is_some()
+    }
+
+    /// Stake QoS asks that WebSocket `id`'s data wait (`hold`), or lets it
+    /// go; it tries again at the next retry.
+    pub fn hold_socket(&mut self, id: u32, hold: bool) {
+        if let Some(ws) = self.streams.get_mut(&id).and_then(GateStream::socket_mut) {
+            ws.hold_for_qos(hold);
+        }
+    }
+
+    /// What WebSocket `id` has sent the node and had answered so far, for
+    /// stake QoS (`cost::SOCKET_ANSWERED_PROPERTY`).
+    pub fn socket_answered(&self, id: u32) -> Option<crate::cost::SocketAnswered> {
+        Some(self.streams.get(&id)?.socket()?.answered())
+    }
+
+    /// The WebSockets waiting, whose QoS word the glue reads again before
+    /// a tick's retry.
+    pub fn waiting_sockets(&self) -> Vec<u32> {
+        let streams = &self.streams;
+        self.waiting
+            .iter()
+            .copied()
+            .filter(|id| streams.get(id).and_then(GateStream::socket).is_some())
+            .collect()
+    }
+
     /// Stream `id`'s request trailers: a refusal, if its admission waited
     /// for them and the gate is full.
     pub fn request_trailers(&mut self, id: u32) -> Result<(), Rejection> {

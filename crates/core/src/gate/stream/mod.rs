@@ -680,9 +680,8 @@ impl HttpRequest {
         }
     }
 
-    /// The gate is full: with `nodeTime.waitMs` (and no dedup check to
-    /// make) it waits for a slot, if fewer than `maxWaiting` do; else it
-    /// is refused.
+    /// The gate is full: with `nodeTime.waitMs` (and no dedup check) it
+    /// waits for a slot if fewer than `maxWaiting` do; else it is refused.
     fn refused(&mut self, w: &mut GateWorker, now: &mut Now, refusal: Rejection) -> OnBody {
         let wait_ms = w.gate.policy().node_time.as_ref().map_or(0, |n| n.wait_ms);
         match &mut self.metered {
@@ -796,5 +795,6 @@ impl HttpRequest {
     }
 }
 
+mod socket;
 #[cfg(test)]
 mod tests;

@@ -33,6 +33,13 @@
 //! retry oldest first. So a client that sends a hundred calls at once gets
 //! a hundred answers, and the node never more than the gate's limit.
 //!
+//! **Stake QoS's word.** While stake QoS, before the gate, says a socket's
+//! calls wait for their identity's share (`request::SOCKET_HOLD_PROPERTY`),
+//! its data waits at the gateway as if the socket had its allowance at the
+//! node; held sockets try again as slots free and at each tick, where the
+//! glue reads QoS's word again. The gate tells QoS what it sent and what
+//! was answered (`answered`), so that QoS counts the calls at the node.
+//!
 //! **Closing.** A client's close goes to the node only once the node has
 //! answered every unit the socket has there (messages not sent yet are
 //! dropped): a node runs a socket's calls to the end after it closes, so
@@ -159,6 +166,9 @@ pub struct Websocket {
     /// open (`subscriptions`).
     identity: Option<u64>,
     subscribed: u32,
+    /// Stake QoS asks that its data wait: its identity is in debt
+    /// (`request::SOCKET_HOLD_PROPERTY`).
+    held_by_qos: bool,
 }
 
 impl Websocket {
@@ -194,6 +204,7 @@ impl Websocket {
             answered: SocketAnswered::default(),
             identity,
             subscribed: 0,
+            held_by_qos: false,
         }
     }
 
@@ -202,12 +213,17 @@ impl Websocket {
         self.kind
     }
 
+    /// Stake QoS asks that its data wait (`hold`), or lets it go.
+    pub fn hold_for_qos(&mut self, hold: bool) {
+        self.held_by_qos = hold;
+    }
+
     /// Its identity, and the subscriptions it has open.
     pub fn subscriptions(&self) -> (Option<u64>, u32) {
         (self.identity, self.subscribed)
     }
 
-    /// Calls answered so far, and their units' time at the node.
+    /// Calls sent and answered so far, and their units' time at the node.
     pub fn answered(&self) -> SocketAnswered {
         self.answered
     }
@@ -336,6 +352,10 @@ impl Websocket {
             self.drop_messages();
             return (self.flush_controls(), None);
         }
+        if self.held_by_qos {
+            self.note_wait(counts);
+            return (Flow::ConnectionFull, None);
+        }
         // Units of their own: the client's batches and the odd message,
         // and the piece's subscriptions, `MERGE_MAX` to a unit.
         let subscriptions = messages.iter().filter(|m| subscription(m)).count();
@@ -386,6 +406,7 @@ impl Websocket {
     /// Sends every pending item, the mergeable calls in `groups` units.
     fn send(&mut self, groups: usize, now_us: u64, counts: &mut Counts) -> Flow {
         let pending = std::mem::take(&mut self.pending);
+        let units_before = self.book.units.len();
         let together = pending
             .iter()
             .filter(|i| matches!(i, Item::Message { out, .. } if mergeable(out)))
@@ -432,6 +453,10 @@ impl Websocket {
             }
         }
         self.subscriptions_sent(subscriptions, now_us);
+        let calls: u64 = (self.book.units.iter().skip(units_before))
+            .map(|u| u64::from(u.calls))
+            .sum();
+        self.answered.sent += calls;
         self.sent();
         self.waited = false;
         if verbatim {

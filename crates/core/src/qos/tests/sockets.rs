@@ -1,6 +1,7 @@
-//! Calls on WebSockets in virtual time: held for the identity's share,
-//! charged their estimates, settled to what the node took, against an HTTP
-//! flood of the same method and stake.
+//! Calls on WebSockets in virtual time: let on for their identity's share
+//! (the gate holding the socket's data while QoS says so), charged their
+//! estimates, settled to what the node took, against an HTTP flood of the
+//! same method and stake.
 
 use super::*;
 use crate::cost::{method_key, SocketAnswered};
@@ -12,18 +13,22 @@ use crate::websocket::{encode, OPCODE_TEXT};
 
 const COST_MS: u64 = 40;
 
-/// One socket as the node and Envoy see it: the client's bytes Envoy
-/// holds (the socket is held), the calls at the node (when each is done),
-/// and what the gate has said of them.
+/// One socket as the gate and the node see it: the client's bytes the
+/// gate holds (while QoS says they wait), the calls at the
+/// node (when each is done), and what the gate has said of them. As in
+/// Envoy, the gate reads QoS's word as data comes and at its own ticks,
+/// not the moment QoS changes it.
 struct Line {
     socket: Socket,
     vm: usize,
-    buffer: Vec<u8>,
-    /// Calls the client has out (held, or at the node).
+    at_gate: Vec<u8>,
+    /// Calls the client has out (at the gate, or at the node).
     out: u32,
     at_node: Vec<u64>,
     answered: SocketAnswered,
+    /// QoS's word, and the gate's reading of it.
     held: bool,
+    gate_held: bool,
 }
 
 fn call(n: u64) -> Vec<u8> {
@@ -32,11 +37,22 @@ fn call(n: u64) -> Vec<u8> {
 }
 
 impl Line {
-    /// What Envoy holds goes on: each call at the node for `COST_MS`.
-    fn went(&mut self, now_us: u64) {
-        let calls = self.buffer.len() / call(0).len();
-        self.buffer.clear();
-        self.held = false;
+    /// QoS's word on the socket, if it changed.
+    fn told(&mut self, hold: Option<bool>) {
+        if let Some(hold) = hold {
+            self.held = hold;
+        }
+    }
+
+    /// The gate sends what it holds unless QoS says wait: each call at the
+    /// node for `COST_MS`.
+    fn gate(&mut self, now_us: u64) {
+        if self.gate_held {
+            return;
+        }
+        let calls = self.at_gate.len() / call(0).len();
+        self.at_gate.clear();
+        self.answered.sent += calls as u64;
         for _ in 0..calls {
             self.at_node.push(now_us + COST_MS * 1000);
         }
@@ -66,11 +82,12 @@ fn flood(run_ms: u64, from_ms: u64) -> ([u64; 2], u64, u64) {
             Line {
                 socket: Socket::new(connection, ws.clone()),
                 vm,
-                buffer: Vec::new(),
+                at_gate: Vec::new(),
                 out: 0,
                 at_node: Vec::new(),
                 answered: SocketAnswered::default(),
                 held: false,
+                gate_held: false,
             }
         })
         .collect();
@@ -115,23 +132,26 @@ fn flood(run_ms: u64, from_ms: u64) -> ([u64; 2], u64, u64) {
             while line.out < 8 {
                 n += 1;
                 line.out += 1;
-                line.buffer.extend(call(n));
-                let size = line.buffer.len();
-                line.socket.read(qos, &mut Bytes(line.buffer.clone()), size);
-                if line.held {
-                    continue;
-                }
-                line.held = !line.socket.send(qos, &store, now_us, false).through;
-                if !line.held {
-                    line.went(now_us);
-                }
+                let bytes = call(n);
+                let size = bytes.len();
+                line.socket.answered(qos, now_us, line.answered);
+                let read = line
+                    .socket
+                    .read(qos, &store, now_us, &mut Bytes(bytes.clone()), size);
+                line.told(read.1.hold);
+                line.gate_held = line.held;
+                line.at_gate.extend(bytes);
             }
-            if line.held && (tick || done > 0) {
-                line.socket.catch_up(qos, &mut Bytes(line.buffer.clone()));
-                if line.socket.send(qos, &store, now_us, tick).through {
-                    line.went(now_us);
-                }
+            if tick && line.socket.holding() {
+                line.socket.answered(qos, now_us, line.answered);
+                let charged = line.socket.tick(qos, &store, now_us);
+                line.told(charged.hold);
             }
+            // The gate's own ticks, between QoS's.
+            if now % 20 == 10 {
+                line.gate_held = line.held;
+            }
+            line.gate(now_us);
         }
     }
     let ledger = vms

@@ -7,6 +7,7 @@
 
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::admin::Admin;
+use stakegate_stack::redis::ADMIN_USER;
 use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder, FleetEngine, RpcNode};
 use stakegate_tests::{client, eventually, example_policy, gate_filter, load_h2, qos_filter};
 use std::time::Duration;
@@ -168,23 +169,36 @@ fn two_replicas_with_one_name_count_as_two_and_say_so() {
     }
 }
 
-/// Commands run in Redis directly, as one who got past Webdis (or has
-/// its credentials) could, all at once (`MULTI`); their answers.
+/// Commands run in Redis directly as its admin, as one who got past
+/// Webdis and Redis's ACL could, all at once (`MULTI`); their answers.
 fn redis(engine: &FleetEngine, commands: &[Vec<String>]) -> String {
+    let mut all = vec![command(&["MULTI"])];
+    all.extend(commands.iter().cloned());
+    all.push(command(&["EXEC"]));
+    let (ok, out) = redis_as(engine, ADMIN_USER, engine.redis_passwords().1, &all);
+    assert!(ok, "{commands:?}: {out}");
+    out
+}
+
+/// Commands run in Redis directly as `user`: whether redis-cli ended
+/// well, and the answers.
+fn redis_as(
+    engine: &FleetEngine,
+    user: &str,
+    password: &str,
+    commands: &[Vec<String>],
+) -> (bool, String) {
     use std::io::Write;
     let mut child = std::process::Command::new("redis-cli")
         .arg("-s")
         .arg(engine.redis_socket())
+        .args(["--user", user, "--no-auth-warning"])
+        .env("REDISCLI_AUTH", password)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("redis-cli runs");
-    let mut script = String::from("MULTI\n");
-    for command in commands {
-        script += &command.join(" ");
-        script += "\n";
-    }
-    script += "EXEC\n";
+    let script: String = commands.iter().map(|c| c.join(" ") + "\n").collect();
     child
         .stdin
         .take()
@@ -192,8 +206,8 @@ fn redis(engine: &FleetEngine, commands: &[Vec<String>]) -> String {
         .write_all(script.as_bytes())
         .unwrap();
     let output = child.wait_with_output().unwrap();
-    assert!(output.status.success(), "{script}");
-    String::from_utf8(output.stdout).unwrap()
+    let out = String::from_utf8(output.stdout).unwrap();
+    (output.status.success(), out)
 }
 
 fn command(args: &[&str]) -> Vec<String> {
@@ -213,17 +227,60 @@ fn webdis_runs_the_exchange_only_for_the_gateways() {
         assert_eq!(http::get(&url(command)).unwrap().status, 403, "{command}");
     }
     let basic = stakegate_core::qos::fleet::basic_authorization(engine.credentials());
+    // A command with the gateways' credentials: status and body.
     let with = |command: &str| {
-        http::post_raw(
+        let (status, _, body) = http::post_raw(
             &format!("http://{}/", engine.addr()),
             &[("authorization", &basic)],
             command,
         )
-        .unwrap()
-        .0
+        .unwrap();
+        (status, String::from_utf8_lossy(&body).to_string())
     };
-    assert_eq!(with("EVAL/return 1/0"), 200, "the exchange runs");
-    assert_eq!(with("SET/stakegate:members/x"), 403, "and nothing else");
+    let sha1 = stakegate_core::qos::fleet::SCRIPT_SHA1;
+    let exchange = with(&format!(
+        "EVALSHA/{sha1}/1/stakegate:members/probe~1/1000/01"
+    ));
+    assert_eq!(exchange.0, 200, "the exchange runs: {}", exchange.1);
+    assert!(exchange.1.contains("probe~1"), "{}", exchange.1);
+    // Before, EVAL ran any script for the credentials (KEYS among them).
+    // Webdis 0.1.9 takes a command its ACL enables by a prefix of the
+    // name (EVAL for EVALSHA): Redis's ACL refuses it then.
+    let refused = |command: &str| {
+        let (status, body) = with(command);
+        assert!(
+            status == 403 || body.contains("NOPERM"),
+            "{command}: {status} {body}"
+        );
+    };
+    for command in [
+        "EVAL/return redis.call('KEYS','*')/0",
+        "EVAL/return 1/0",
+        "SCRIPT/LOAD/return 1",
+        "SET/stakegate:members/x",
+        "KEYS/*",
+    ] {
+        refused(command);
+    }
+    // Only the script an admin loaded: any other is unknown to Redis.
+    let (_, other) = with("EVALSHA/e0e1f9fabfc9d4800c877a703b823ac0578ff8db/0");
+    assert!(other.contains("NOSCRIPT"), "{other}");
+    // Webdis's own account in Redis, were Webdis's ACL got round: the
+    // fleet's script and its commands on the fleet's keys, nothing else.
+    let webdis = engine.redis_passwords().0;
+    let (_, denied) = redis_as(
+        &engine,
+        "default",
+        webdis,
+        &[
+            command(&["KEYS", "*"]),
+            command(&["EVAL", "return 1", "0"]),
+            command(&["GET", "other:key"]),
+            command(&["FLUSHALL"]),
+            command(&["GET", "stakegate:members"]),
+        ],
+    );
+    assert_eq!(denied.matches("NOPERM").count(), 4, "{denied}");
 }
 
 #[test]

@@ -482,7 +482,7 @@ fn run_chains(args: &FiltersArgs, chains: &[Chain], out: &Path) -> anyhow::Resul
         .collect();
     // Fleet mode's engine, for the chains in fleet mode, and
     // envoyproxy/ratelimit on the same Redis when asked for.
-    let engine = FleetEngine::start()?;
+    let mut engine = FleetEngine::start()?;
     let ratelimit = match &args.ratelimit {
         Some(binary) => Some(engine.ratelimit(binary, 1_000_000_000)?),
         None => None,

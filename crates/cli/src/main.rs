@@ -14,6 +14,7 @@ mod summary;
 mod top;
 mod usage;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
@@ -55,6 +56,18 @@ enum Command {
     KeyHash { key: Option<String> },
     /// Exit 0 when URL answers 200 (the compose stack's healthcheck).
     Probe { url: String },
+    /// Load fleet mode's exchange script into Redis as its admin user, after each start of Redis (the gateways' account may run no other script).
+    FleetScript {
+        /// Redis: host:port, or a Unix socket's path.
+        #[arg(long)]
+        redis: String,
+        /// A file holding the password of Redis's stakegate-admin user.
+        #[arg(long)]
+        password_file: std::path::PathBuf,
+        /// How long to try while Redis is not up yet.
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        wait: std::time::Duration,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -107,6 +120,20 @@ fn key_hash(key: Option<String>) -> anyhow::Result<()> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::FleetScript {
+            redis,
+            password_file,
+            wait,
+        } => {
+            let password = std::fs::read_to_string(&password_file)
+                .with_context(|| format!("reading {}", password_file.display()))?;
+            stakegate_stack::redis::load_script(&redis, password.trim(), wait)?;
+            println!(
+                "fleet script {} loaded into Redis at {redis}",
+                stakegate_core::qos::fleet::SCRIPT_SHA1
+            );
+            Ok(())
+        }
         Command::Check(args) => check::run(&args),
         Command::Init(args) => init::run(&args),
         Command::Demo(args) => demo::run(&args),

@@ -2,12 +2,22 @@
 //! Unix socket of its own, and Webdis (Debian's `webdis`) in front of it on
 //! a free loopback port. Redis can be stopped and started again on the same
 //! socket, as an outage; Webdis reconnects by itself. envoyproxy/ratelimit
-//! can run on the same Redis, for the benchmark that compares the two ways
-//! to it.
+//! can run beside it, on a Redis of its own, for the benchmark that
+//! compares the two ways to it.
+//!
+//! Two locks keep the engine the fleet's own. Webdis runs `EVALSHA` (and
+//! `PING`) only for the gateways' credentials. Redis's ACL (`redis_acl`)
+//! lets Webdis's account (Redis's `default` user, the one Webdis 0.1.9
+//! authenticates as) run only `EVALSHA`, `PING`, and the commands the
+//! fleet's script calls, on the fleet's keys only (`*:members`,
+//! `*:report:*`); scripts are loaded by an admin user (`SCRIPT LOAD` of
+//! `fleet::SCRIPT` after each start of Redis), so a holder of the
+//! gateways' credentials can run the fleet's script and nothing else.
 
 use crate::http;
 use crate::process::Process;
 use anyhow::{bail, Context};
+use std::io::{BufRead, Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -28,26 +38,123 @@ fn binary(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// Redis and Webdis in front of it. Webdis answers `PING` to anyone and
-/// runs `EVAL` (the fleet's exchange) only for the gateways, which send its
-/// credentials (`credentials`); it refuses everything else.
+/// runs `EVALSHA` (the fleet's exchange) only for the gateways, which send
+/// its credentials (`credentials`); it refuses everything else, and Redis
+/// lets its account run the fleet's script alone.
 #[derive(Debug)]
 pub struct FleetEngine {
     redis: Option<Process>,
     webdis: Process,
     addr: SocketAddr,
     credentials: String,
+    /// Redis's passwords: Webdis's account, and `ADMIN_USER`'s.
+    passwords: (String, String),
     dir: tempfile::TempDir,
+    /// envoyproxy/ratelimit's own Redis, if it runs.
+    ratelimit_redis: Option<Process>,
 }
 
-/// Webdis's access rules: `PING` for anyone (health checks), `EVAL` for
-/// whoever sends `credentials` (`user:password`), nothing else for anyone
-/// (rules apply in order, a later one overriding an earlier one).
+/// Webdis's access rules: `PING` for anyone (health checks), `EVALSHA`
+/// for whoever sends `credentials` (`user:password`), nothing else for
+/// anyone (rules apply in order, a later one overriding an earlier one).
 pub fn webdis_acl(credentials: &str) -> serde_json::Value {
     serde_json::json!([
         { "disabled": ["*"] },
         { "enabled": ["PING"] },
-        { "http_basic_auth": credentials, "enabled": ["EVAL"] },
+        { "http_basic_auth": credentials, "enabled": ["EVALSHA"] },
     ])
+}
+
+/// The Redis user that loads the fleet's script (and may do anything).
+pub const ADMIN_USER: &str = "stakegate-admin";
+
+/// Redis's ACL (`redis.conf` lines): the `default` user, which Webdis
+/// authenticates as with `webdis_password`, may run `PING`, `EVALSHA` and
+/// the commands `fleet::SCRIPT` calls, on the fleet's keys; `ADMIN_USER`,
+/// with `admin_password`, anything.
+pub fn redis_acl(webdis_password: &str, admin_password: &str) -> String {
+    format!(
+        "user default on >{webdis_password} resetkeys ~*:members ~*:report:* resetchannels -@all \
+         +ping +evalsha +time +set +get +zadd +zremrangebyscore +zrange +pexpire\n\
+         user {ADMIN_USER} on >{admin_password} ~* &* +@all\n"
+    )
+}
+
+/// Loads the fleet's script into the Redis at `addr` (a Unix socket's
+/// path, or `host:port`) as `ADMIN_USER`, checking that Redis names it as
+/// the gateways do (`fleet::SCRIPT_SHA1`); tries again until `wait` has
+/// passed while Redis is not there yet.
+pub fn load_script(addr: &str, admin_password: &str, wait: Duration) -> anyhow::Result<()> {
+    use stakegate_core::qos::fleet::{SCRIPT, SCRIPT_SHA1};
+    let deadline = Instant::now() + wait;
+    let auth = ["AUTH", ADMIN_USER, admin_password];
+    let sha = loop {
+        match command(addr, &[&auth[..], &["SCRIPT", "LOAD", SCRIPT]]) {
+            Ok(sha) => break sha,
+            Err(e) if Instant::now() < deadline && e.downcast_ref::<std::io::Error>().is_some() => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) => {
+                return Err(e.context(format!("loading the fleet's script into Redis at {addr}")))
+            }
+        }
+    };
+    anyhow::ensure!(
+        sha == SCRIPT_SHA1,
+        "Redis names the fleet's script {sha}, the gateways ask for {SCRIPT_SHA1}"
+    );
+    Ok(())
+}
+
+/// Commands on one new connection to the Redis at `addr` (a Unix
+/// socket's path, or `host:port`): the last one's answer, a simple string
+/// or bulk string; or the first error Redis gave.
+fn command(addr: &str, commands: &[&[&str]]) -> anyhow::Result<String> {
+    if addr.contains('/') {
+        let stream = std::os::unix::net::UnixStream::connect(addr)?;
+        stream.set_read_timeout(Some(READY_TIMEOUT))?;
+        exchange(stream, commands)
+    } else {
+        let stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(READY_TIMEOUT))?;
+        exchange(stream, commands)
+    }
+}
+
+fn exchange(mut stream: impl Read + Write, commands: &[&[&str]]) -> anyhow::Result<String> {
+    let mut out = Vec::new();
+    for args in commands {
+        out.extend(format!("*{}\r\n", args.len()).bytes());
+        for arg in *args {
+            out.extend(format!("${}\r\n{arg}\r\n", arg.len()).bytes());
+        }
+    }
+    stream.write_all(&out)?;
+    let mut reader = std::io::BufReader::new(stream);
+    let mut answer = String::new();
+    for _ in commands {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let line = line.trim_end();
+        answer = match line.split_at_checked(1) {
+            Some(("+", text)) => text.to_string(),
+            Some(("-", error)) => bail!("Redis: {error}"),
+            Some(("$", len)) => {
+                let len: usize = len.parse().context("a bulk string's length")?;
+                let mut bulk = vec![0; len + 2];
+                reader.read_exact(&mut bulk)?;
+                bulk.truncate(len);
+                String::from_utf8(bulk)?
+            }
+            _ => bail!("Redis answered {line:?}"),
+        };
+    }
+    Ok(answer)
+}
+
+/// A fresh random secret (32 hex digits).
+pub fn new_secret() -> String {
+    new_credentials()["stakegate:".len()..].to_string()
 }
 
 /// Fresh credentials, `stakegate:<random>`.
@@ -66,7 +173,10 @@ impl FleetEngine {
         let dir = tempfile::Builder::new()
             .prefix("stakegate-redis-")
             .tempdir()?;
-        let redis = start_redis(dir.path())?;
+        let passwords = (new_secret(), new_secret());
+        let conf = dir.path().join("redis.conf");
+        std::fs::write(&conf, redis_acl(&passwords.0, &passwords.1))?;
+        let redis = start_redis(dir.path(), Some(&passwords.1))?;
         let credentials = new_credentials();
         // Webdis takes a port, not 0: a free one, tried again if another
         // process takes it first.
@@ -80,6 +190,7 @@ impl FleetEngine {
             let settings = serde_json::json!({
                 "redis_host": socket(dir.path()),
                 "redis_port": 0,
+                "redis_auth": passwords.0,
                 "http_host": "127.0.0.1",
                 "http_port": port,
                 "threads": 1,
@@ -106,7 +217,9 @@ impl FleetEngine {
                         webdis,
                         addr,
                         credentials,
+                        passwords,
                         dir,
+                        ratelimit_redis: None,
                     })
                 }
                 Err(e) => last = Some(e),
@@ -130,16 +243,25 @@ impl FleetEngine {
         socket(self.dir.path())
     }
 
+    /// The passwords of Redis's users: Webdis's account (`default`), and
+    /// `ADMIN_USER`.
+    pub fn redis_passwords(&self) -> (&str, &str) {
+        (&self.passwords.0, &self.passwords.1)
+    }
+
     /// Starts envoyproxy/ratelimit (its `service_cmd` binary, at `binary`)
-    /// on this Redis, with one rule: `requests_per_unit` per second for
-    /// each `remote_address` of domain `stakegate`; returns it with its gRPC
-    /// port once its health check answers.
+    /// on a Redis of its own (this one's ACL is the fleet's), with one
+    /// rule: `requests_per_unit` per second for each `remote_address` of
+    /// domain `stakegate`; returns it with its gRPC port once its health
+    /// check answers.
     pub fn ratelimit(
-        &self,
+        &mut self,
         binary: &Path,
         requests_per_unit: u64,
     ) -> anyhow::Result<(Process, u16)> {
         let root = self.dir.path().join("ratelimit");
+        std::fs::create_dir_all(&root)?;
+        self.ratelimit_redis = Some(start_redis(&root, None)?);
         let config = root.join("ratelimit/config");
         std::fs::create_dir_all(&config)?;
         std::fs::write(
@@ -159,7 +281,7 @@ impl FleetEngine {
             .env("USE_STATSD", "false")
             .env("LOG_LEVEL", "warn")
             .env("REDIS_SOCKET_TYPE", "unix")
-            .env("REDIS_URL", self.redis_socket())
+            .env("REDIS_URL", socket(&root))
             .env("RUNTIME_ROOT", &root)
             .env("RUNTIME_SUBDIRECTORY", "ratelimit")
             .env("RUNTIME_WATCH_ROOT", "false")
@@ -200,7 +322,7 @@ impl FleetEngine {
     /// Webdis reaches it.
     pub fn start_redis(&mut self) -> anyhow::Result<()> {
         if self.redis.is_none() {
-            self.redis = Some(start_redis(self.dir.path())?);
+            self.redis = Some(start_redis(self.dir.path(), Some(&self.passwords.1))?);
         }
         wait_ping(self.addr, &mut self.webdis)
     }
@@ -210,9 +332,15 @@ fn socket(dir: &Path) -> PathBuf {
     dir.join("redis.sock")
 }
 
-fn start_redis(dir: &Path) -> anyhow::Result<Process> {
+/// Starts Redis on `dir`'s socket; with `admin`, under the fleet's ACL
+/// (`dir/redis.conf`), with the fleet's script loaded by `ADMIN_USER`.
+fn start_redis(dir: &Path, admin: Option<&str>) -> anyhow::Result<Process> {
     let log = dir.join("redis.log");
-    let child = Command::new(binary("redis-server")?)
+    let mut redis = Command::new(binary("redis-server")?);
+    if admin.is_some() {
+        redis.arg(dir.join("redis.conf"));
+    }
+    let child = redis
         .args(["--port", "0", "--unixsocket"])
         .arg(socket(dir))
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -223,7 +351,20 @@ fn start_redis(dir: &Path) -> anyhow::Result<Process> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting redis-server")?;
-    Ok(Process::new("redis", child, log))
+    let mut process = Process::new("redis", child, log);
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let at = socket(dir).display().to_string();
+    // Up once it answers (a NOAUTH too, under the ACL).
+    while command(&at, &[&["PING"]]).is_err_and(|e| !e.to_string().contains("NOAUTH")) {
+        if process.exited().is_some() || Instant::now() > deadline {
+            bail!("Redis did not start:\n{}", process.log_tail(20));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if let Some(admin) = admin {
+        load_script(&at, admin, READY_TIMEOUT)?;
+    }
+    Ok(process)
 }
 
 /// Waits until `PING` through Webdis gets Redis's `PONG`.

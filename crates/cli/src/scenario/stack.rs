@@ -335,9 +335,22 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
             .ok()
             .filter(|c| c.contains(':'))
             .with_context(|| format!("{env} must hold Webdis's credentials, user:password, for the fleet (docker-compose.fleet.yml passes it)"))?;
+        // Redis lets Webdis's account run only the fleet's script (which
+        // `stakegate fleet-script` loads as the admin) on the fleet's keys.
+        let passwords = (
+            stakegate_stack::redis::new_secret(),
+            stakegate_stack::redis::new_secret(),
+        );
+        let redis_conf = format!(
+            "port 6379\nbind 0.0.0.0\nprotected-mode no\nsave \"\"\nappendonly no\n{}",
+            stakegate_stack::redis::redis_acl(&passwords.0, &passwords.1)
+        );
+        std::fs::write(staging.join("redis.conf"), redis_conf)?;
+        std::fs::write(staging.join("redis-admin"), &passwords.1)?;
         let webdis = serde_json::json!({
             "redis_host": "redis",
             "redis_port": 6379,
+            "redis_auth": passwords.0,
             "http_host": "0.0.0.0",
             "http_port": WEBDIS_PORT,
             "threads": 2,

@@ -151,7 +151,7 @@ impl Exchange {
                 })
             }
             Some(status @ (401 | 403)) => Err(format!(
-                "the engine refused the exchange ({status}): give Envoy the credentials Webdis's ACL has for EVAL in {}=user:password",
+                "the engine refused the exchange ({status}): give Envoy the credentials Webdis's ACL has for EVALSHA in {}=user:password",
                 super::AUTH_ENV
             )),
             Some(other) => Err(format!(

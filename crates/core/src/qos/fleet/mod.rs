@@ -92,25 +92,34 @@ const EVEN_SPARE: f64 = 0.1;
 const REPORT_VERSION: u8 = 1;
 const VIEW_VERSION: u8 = 1;
 
-/// The Lua script Redis runs for each exchange. KEYS[1] is the fleet's key
-/// prefix; ARGV: this replica's name, the member time to live in ms, its
-/// report. Redis's own clock marks who is live, so the replicas' clocks do
-/// not matter. Answers `name, report, name, report, ...`.
+/// The Lua script Redis runs for each exchange. KEYS[1] is the fleet's
+/// members key, `<name>:members` (its reports are `<name>:report:<member>`:
+/// Redis's ACL names the fleet's keys by those shapes); ARGV: this
+/// replica's name, the member time to live in ms, its report. Redis's own
+/// clock marks who is live, so the replicas' clocks do not matter. Answers
+/// `name, report, name, report, ...`.
 pub const SCRIPT: &str = "\
 local t = redis.call('TIME') \
 local now = t[1] * 1000 + math.floor(t[2] / 1000) \
 local ttl = tonumber(ARGV[2]) \
-local members = KEYS[1] .. ':members' \
-redis.call('SET', KEYS[1] .. ':report:' .. ARGV[1], ARGV[3], 'PX', ttl) \
+local members = KEYS[1] \
+local reports = string.sub(members, 1, -9) .. ':report:' \
+redis.call('SET', reports .. ARGV[1], ARGV[3], 'PX', ttl) \
 redis.call('ZADD', members, now, ARGV[1]) \
 redis.call('ZREMRANGEBYSCORE', members, '-inf', now - ttl) \
 redis.call('PEXPIRE', members, ttl * 10) \
 local out = {} \
 for _, name in ipairs(redis.call('ZRANGE', members, 0, -1)) do \
-  local report = redis.call('GET', KEYS[1] .. ':report:' .. name) \
+  local report = redis.call('GET', reports .. name) \
   if report then out[#out + 1] = name; out[#out + 1] = report end \
 end \
 return out";
+
+/// The SHA-1 of `SCRIPT`, by which the gateways run it (`EVALSHA`): the
+/// engine's account may run only scripts an operator loaded (`SCRIPT
+/// LOAD`), so a holder of its credentials cannot run a script of its own.
+/// The stack's engine checks it against what Redis says when it loads it.
+pub const SCRIPT_SHA1: &str = "6df0960096690af3aa5e64700ed2045a188b0244";
 
 impl FleetPolicy {
     /// Whether round `round` sends an exchange: every `syncMs`, on the
@@ -122,9 +131,8 @@ impl FleetPolicy {
     /// The Webdis request body (POSTed to `/`) that stores `report` as
     /// `member`'s (`member_name`) and answers every live member's.
     pub fn request(&self, member: &str, report: &Report) -> Vec<u8> {
-        let mut body = b"EVAL/".to_vec();
-        body.extend(percent_encode(SCRIPT));
-        body.extend(format!("/1/{}/{member}/{}/", self.name, self.member_ttl_ms).bytes());
+        let mut body = format!("EVALSHA/{SCRIPT_SHA1}").into_bytes();
+        body.extend(format!("/1/{}:members/{member}/{}/", self.name, self.member_ttl_ms).bytes());
         body.extend(report.encode_hex());
         body
     }
@@ -216,19 +224,6 @@ pub fn duplicate_names(reports: &[(String, Report)]) -> Vec<String> {
     duplicates
 }
 
-/// `/`, `.`, `%` and anything not printable ASCII, as Webdis reads them.
-fn percent_encode(text: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len() * 2);
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_~".contains(&b) {
-            out.push(b);
-        } else {
-            out.extend(format!("%{b:02X}").bytes());
-        }
-    }
-    out
-}
-
 /// One active identity in a replica's report.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Demand {
@@ -308,15 +303,20 @@ impl Report {
     }
 }
 
-/// Reads Webdis's JSON answer to the script: `{"EVAL": [name, report,
-/// ...]}`, or `{"EVAL": [false, "ERR ..."]}` when Redis refused it.
+/// Reads Webdis's JSON answer to the script: `{"EVALSHA": [name, report,
+/// ...]}`, or `{"EVALSHA": [false, "ERR ..."]}` when Redis refused it.
 pub fn parse_answer(body: &[u8]) -> Result<Vec<(String, Report)>, String> {
     let value: serde_json::Value =
         serde_json::from_slice(body).map_err(|e| format!("Webdis answered no JSON: {e}"))?;
-    let Some(list) = value.get("EVAL").and_then(|v| v.as_array()) else {
+    let Some(list) = value.get("EVALSHA").and_then(|v| v.as_array()) else {
         return Err(format!("Webdis answered {}", clip(body)));
     };
     if list.first().is_some_and(serde_json::Value::is_boolean) {
+        if String::from_utf8_lossy(body).contains("NOSCRIPT") {
+            return Err(format!(
+                "Redis does not have the fleet's script {SCRIPT_SHA1}: load it after each start of Redis (policies/stake-qos.md, \"Fleet mode\")"
+            ));
+        }
         return Err(format!("Redis refused the exchange: {}", clip(body)));
     }
     let texts: Vec<&str> = list.iter().filter_map(|v| v.as_str()).collect();
@@ -650,21 +650,31 @@ mod tests {
         let view = allocate(10.0, &[("x".into(), r.clone())], "x", 3, 4);
         assert_eq!(FleetView::decode(&view.encode()).unwrap(), view);
         let (x, y) = (member_name("x", 1), member_name("y", 2));
-        let body = format!(r#"{{"EVAL": ["{x}", "{hex}", "{y}", "01"]}}"#);
+        let body = format!(r#"{{"EVALSHA": ["{x}", "{hex}", "{y}", "01"]}}"#);
         let answer = parse_answer(body.as_bytes()).unwrap();
         assert_eq!(answer[0].1 .0.len(), 3);
         assert_eq!(answer[1], (y.clone(), Report::default()));
         for (bad, why) in [
             (
-                r#"{"EVAL":[false,"ERR no script"]}"#.to_string(),
+                r#"{"EVALSHA":[false,"ERR no script"]}"#.to_string(),
                 "Redis refused",
             ),
+            (
+                r#"{"EVALSHA":[false,"NOSCRIPT No matching script."]}"#.to_string(),
+                "load it after each start of Redis",
+            ),
             (r#"{"GET":"x"}"#.into(), "Webdis answered"),
-            (format!(r#"{{"EVAL":["{x}"]}}"#), "Webdis answered"),
-            (format!(r#"{{"EVAL":["{x}","0"]}}"#), "hex digits in pairs"),
-            (format!(r#"{{"EVAL":["{x}","02"]}}"#), "version 2"),
-            (r#"{"EVAL":["x","01"]}"#.into(), "not replica~instance"),
-            (r#"{"EVAL":["x~12","01"]}"#.into(), "not replica~instance"),
+            (format!(r#"{{"EVALSHA":["{x}"]}}"#), "Webdis answered"),
+            (
+                format!(r#"{{"EVALSHA":["{x}","0"]}}"#),
+                "hex digits in pairs",
+            ),
+            (format!(r#"{{"EVALSHA":["{x}","02"]}}"#), "version 2"),
+            (r#"{"EVALSHA":["x","01"]}"#.into(), "not replica~instance"),
+            (
+                r#"{"EVALSHA":["x~12","01"]}"#.into(),
+                "not replica~instance",
+            ),
             ("<html>".into(), "no JSON"),
         ] {
             let e = parse_answer(bad.as_bytes()).unwrap_err();
@@ -708,13 +718,13 @@ mod tests {
     }
 
     #[test]
-    fn the_request_is_one_eval_webdis_can_split_on_slashes() {
+    fn the_request_is_one_evalsha_webdis_can_split_on_slashes() {
         let p = policy(r#"{"name": "main", "memberTtlMs": 900}"#).unwrap();
         let body = String::from_utf8(p.request("gw-1", &report(&[(1, 1, 1.0)]))).unwrap();
         let parts: Vec<&str> = body.split('/').collect();
-        assert_eq!(parts[0], "EVAL");
-        assert!(!parts[1].contains('.') && parts[1].contains("%3Amembers"));
-        assert_eq!(&parts[2..6], ["1", "main", "gw-1", "900"]);
+        assert_eq!(parts[0], "EVALSHA");
+        assert_eq!(parts[1], SCRIPT_SHA1);
+        assert_eq!(&parts[2..6], ["1", "main:members", "gw-1", "900"]);
         assert_eq!(parts.len(), 7);
     }
 

@@ -16,7 +16,7 @@ impl FakeRedis {
     fn exchange(&mut self, body: &[u8], now: u64) -> Vec<u8> {
         let text = std::str::from_utf8(body).unwrap();
         let parts: Vec<&str> = text.split('/').collect();
-        assert_eq!((parts[0], parts[2]), ("EVAL", "1"));
+        assert_eq!((parts[0], parts[2]), ("EVALSHA", "1"));
         let ttl: u64 = parts[5].parse().unwrap();
         self.reports
             .insert(parts[4].to_string(), (now, parts[6].to_string()));
@@ -26,7 +26,9 @@ impl FakeRedis {
             .iter()
             .flat_map(|(name, (_, report))| [name.as_str(), report.as_str()])
             .collect();
-        serde_json::json!({ "EVAL": list }).to_string().into_bytes()
+        serde_json::json!({ "EVALSHA": list })
+            .to_string()
+            .into_bytes()
     }
 }
 
@@ -154,7 +156,9 @@ fn listing(names: &[&str]) -> Vec<u8> {
         .map(|n| member_name(n, n.trim_start_matches("gw-").parse().unwrap_or(9)))
         .collect();
     let list: Vec<&str> = members.iter().flat_map(|m| [m.as_str(), "01"]).collect();
-    serde_json::json!({ "EVAL": list }).to_string().into_bytes()
+    serde_json::json!({ "EVALSHA": list })
+        .to_string()
+        .into_bytes()
 }
 
 #[test]

@@ -285,10 +285,25 @@ fn a_websocket_flood_of_heavy_calls_gets_its_node_time_share_and_is_charged_what
          sockets charged {charged:.3} of what the node spent on them; the victim {:?}",
         report.status
     );
+    // The ledger's shares in calls (grant over cost per call): equal
+    // stakes, one method. Before, the sockets' identity showed its grant
+    // at the default cost, 7.3 times the victim's; now its cost per call
+    // is learned from what its calls took: 1.9 times (a gap not
+    // explained yet; the node-time shares above are right).
+    let share_rps = |name: &str| {
+        envoy
+            .stat(&format!(
+                "wasmcustom.stakegate.qos.usage.{name}.share_milli_rps"
+            ))
+            .unwrap_or(0) as f64
+    };
+    let shares = share_rps("attacker") / share_rps("victim");
+    eprintln!("ledger shares in calls, sockets to HTTP: {shares:.2}");
     // In shares, not ms/s: what the node gets through depends on the
     // machine's load.
     assert!((share - 0.5).abs() <= 0.03, "the sockets' share {share:.3}");
     assert!(settled && charged <= 1.1, "charged {charged:.3}");
+    assert!((0.5..=3.0).contains(&shares), "ledger shares {shares:.2}");
 }
 
 /// 100 unstaked addresses, each in a closed loop of `eth_getProof`, beside

@@ -64,7 +64,7 @@ impl StakeQos {
     }
 
     /// An identity's call cost `per_call`: into its cost per call.
-    fn learn_cost(&mut self, key: u64, per_call: i64) {
+    pub(super) fn learn_cost(&mut self, key: u64, per_call: i64) {
         if let Some(local) = self.locals.get_mut(&key) {
             let smoothed =
                 COST_SMOOTHING * per_call as f64 + (1.0 - COST_SMOOTHING) * local.cost as f64;

@@ -472,5 +472,8 @@ impl StakeQos {
         }
         let took = answered.node_us.min(i64::MAX as u64) as i64;
         self.settle(key, took - answered.charged);
+        // Its cost per call, as its HTTP calls teach it (the usage ledger's
+        // share in calls is its grant at that cost).
+        self.learn_cost(key, took / i64::from(answered.calls));
     }
 }

@@ -125,7 +125,7 @@ fn dispatch(vm: &Shared, current: u32) {
 }
 
 /// Reads stake QoS's word again for each waiting WebSocket (whether its
-/// data waits for its identity's debt), before a tick's retry; then back
+/// data waits for its identity's share), before a tick's retry; then back
 /// to the root context `root`.
 fn read_socket_holds(vm: &Shared, root: u32) {
     let waiting = vm.borrow().registry.waiting_sockets();

@@ -337,10 +337,7 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
             .with_context(|| format!("{env} must hold Webdis's credentials, user:password, for the fleet (docker-compose.fleet.yml passes it)"))?;
         // Redis lets Webdis's account run only the fleet's script (which
         // `stakegate fleet-script` loads as the admin) on the fleet's keys.
-        let passwords = (
-            stakegate_stack::redis::new_secret(),
-            stakegate_stack::redis::new_secret(),
-        );
+        let passwords = redis_passwords(out);
         let redis_conf = format!(
             "port 6379\nbind 0.0.0.0\nprotected-mode no\nsave \"\"\nappendonly no\n{}",
             stakegate_stack::redis::redis_acl(&passwords.0, &passwords.1)
@@ -506,6 +503,24 @@ pub fn probe(url: &str) -> anyhow::Result<()> {
         bail!("{url} answered {}", answer.status);
     }
     Ok(())
+}
+
+/// Redis's passwords for the compose fleet (Webdis's account, the admin's):
+/// those a stack already written in `out` has (compose may run the stack
+/// step again while Redis runs with them), else fresh ones.
+fn redis_passwords(out: &Path) -> (String, String) {
+    let admin = std::fs::read_to_string(out.join("redis-admin")).ok();
+    let webdis = std::fs::read_to_string(out.join("webdis.json"))
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|doc| doc["redis_auth"].as_str().map(str::to_string));
+    match (webdis, admin) {
+        (Some(webdis), Some(admin)) if !webdis.is_empty() && !admin.is_empty() => (webdis, admin),
+        _ => (
+            stakegate_stack::redis::new_secret(),
+            stakegate_stack::redis::new_secret(),
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -54,12 +54,15 @@ pub enum Rule {
     DedupWaiters,
     /// The gate: a socket or an identity has its subscriptions open.
     Subscriptions,
+    /// The gate: its worker, or the caller's identity on it, has as many
+    /// requests held at the gateway as it may (`gate::holds`).
+    Held,
     /// The request can never be served as sent.
     InvalidRequest,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 8] = [
+    pub const ALL: [Rule; 9] = [
         Rule::StakeShare,
         Rule::Concurrency,
         Rule::Websockets,
@@ -67,6 +70,7 @@ impl Rule {
         Rule::GateWebsockets,
         Rule::DedupWaiters,
         Rule::Subscriptions,
+        Rule::Held,
         Rule::InvalidRequest,
     ];
 
@@ -79,6 +83,7 @@ impl Rule {
             Rule::GateWebsockets => "gate-websockets",
             Rule::DedupWaiters => "dedup-waiters",
             Rule::Subscriptions => "subscriptions",
+            Rule::Held => "held",
             Rule::InvalidRequest => "invalid-request",
         }
     }

@@ -31,8 +31,8 @@ pub trait RequestFacts {
     fn staked(&mut self) -> bool {
         false
     }
-    /// The caller's identity as stake QoS named it, before this filter, on
-    /// an upgrade (`IDENTITY_PROPERTY`).
+    /// The caller's identity as stake QoS named it, before this filter
+    /// (`IDENTITY_PROPERTY`).
     fn qos_identity(&mut self) -> Option<u64> {
         None
     }
@@ -44,9 +44,9 @@ pub trait RequestFacts {
 /// (`qos::socket`).
 pub const SOCKET_HOLD_PROPERTY: &str = "stakegate_socket_hold";
 
-/// The property in which stake QoS tells the filters after it, on an
-/// upgrade request, the caller's identity (its table key, in hex): the
-/// gate bounds an identity's subscriptions by it.
+/// The property in which stake QoS tells the filters after it the
+/// caller's identity (its table key, in hex), when it named one: the gate
+/// bounds an identity's subscriptions and held requests by it.
 pub const IDENTITY_PROPERTY: &str = "stakegate_identity";
 
 /// The property in which stake QoS tells the filters after it that the

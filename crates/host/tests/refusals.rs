@@ -131,6 +131,24 @@ fn every_rule_names_itself_and_its_limit() {
     assert_eq!(data["limit"], 1);
     walk(Rule::DedupWaiters);
 
+    // One request may be held on the worker: the leader is not held, its
+    // first waiter is, the next is refused.
+    let mut held = host(
+        "admission_gate",
+        r#"{"maxInflight": 100, "maxHeld": 1, "dedup": {}}"#,
+    );
+    for _ in 0..2 {
+        let reply = held.request(0, &Request::json_rpc(CALL)).unwrap();
+        assert!(matches!(reply, Reply::Held(_)), "{reply:?}");
+    }
+    let data = explained(
+        &held.request(0, &Request::json_rpc(CALL)).unwrap(),
+        503,
+        Rule::Held,
+    );
+    assert_eq!((&data["inFlight"], &data["limit"]), (&1.into(), &1.into()));
+    walk(Rule::Held);
+
     // Stake QoS: its share, its concurrency allowance, its WebSockets. A
     // staked client floods a capacity of 20 calls a second.
     let key = "desk-7-key";

@@ -329,7 +329,13 @@ impl HttpContext for GateHttp {
             if let Some(hold) = r.is_socket(self.id).then(host::socket_hold).flatten() {
                 r.hold_socket(self.id, hold);
             }
-            let then = r.request_body(self.id, body_size, end_of_stream, &mut body);
+            let then = r.request_body(
+                self.id,
+                body_size,
+                end_of_stream,
+                &mut body,
+                &mut StreamFacts,
+            );
             if let Some(answered) = r.socket_answered(self.id) {
                 host::set_socket_answered(&answered);
             }

@@ -315,8 +315,9 @@ impl HttpContext for QosHttp {
             if stream.staked() {
                 host::set_property(STAKED_PROPERTY, b"1");
             }
-            // The gate bounds a socket's identity's subscriptions.
-            if let Some(key) = stream.socket_identity() {
+            // The gate bounds an identity's subscriptions and held
+            // requests.
+            if let Some(key) = stream.identity_key() {
                 host::set_property(IDENTITY_PROPERTY, format!("{key:x}").as_bytes());
             }
         }

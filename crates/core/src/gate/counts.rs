@@ -135,6 +135,10 @@ pub struct Counts {
     pub dedup: DedupCounts,
     pub node_time: NodeTimeCounts,
     pub cache: CacheCounts,
+    /// Change of the requests held at the gateway (`gate::holds`), and
+    /// the requests refused past its bounds.
+    pub held: i64,
+    pub held_refused: u64,
 }
 
 /// What a heartbeat found, for the gauges.
@@ -213,6 +217,8 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "websocket.lingered", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.lingered) },
     Metric { name: "websocket.subscriptions_refused", kind: Kind::Counter, read: |s, _| add(s.counts.websocket.subscriptions_refused) },
     Metric { name: "websocket.subscriptions", kind: Kind::Gauge, read: |s, _| change(s.counts.websocket.subscriptions) },
+    Metric { name: "held", kind: Kind::Gauge, read: |s, _| change(s.counts.held) },
+    Metric { name: "held_refused", kind: Kind::Counter, read: |s, _| add(s.counts.held_refused) },
     Metric { name: "bodies_streamed", kind: Kind::Counter, read: |s, _| add(s.counts.bodies_streamed) },
     Metric { name: "cas_retries", kind: Kind::Counter, read: |s, _| add(s.counts.store.cas_retries) },
     Metric { name: "store_errors", kind: Kind::Counter, read: |s, _| add(s.counts.store.store_errors) },

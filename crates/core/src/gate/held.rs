@@ -407,13 +407,8 @@ impl Place {
         if self.waiting.as_ref()?.deadline_ms > now_ms {
             return None;
         }
-        let waiting = self.waiting.take()?;
+        let waiting = self.give_up(w, store)?;
         w.counts.dedup.wait_timeouts += 1;
-        if let Some(dedup) = w.dedup.clone() {
-            if let Err(e) = dedup.left(store, &waiting.key) {
-                w.note_store_error("dedup: a held request timed out", &e);
-            }
-        }
         Some(Reply {
             status: 504,
             ..Reply::none(
@@ -421,6 +416,24 @@ impl Place {
                 "timed out waiting for the node's answer to an identical request",
             )
         })
+    }
+
+    /// It waits here no longer (past its deadline, or past the holding
+    /// bounds, `gate::holds`): a read held for the head is let go, and a
+    /// request held for an answer leaves its key (returned).
+    pub(super) fn give_up(
+        &mut self,
+        w: &mut GateWorker,
+        store: &impl SharedStore,
+    ) -> Option<Waiting> {
+        self.head = None;
+        let waiting = self.waiting.take()?;
+        if let Some(dedup) = w.dedup.clone() {
+            if let Err(e) = dedup.left(store, &waiting.key) {
+                w.note_store_error("dedup: a held request stopped waiting", &e);
+            }
+        }
+        Some(waiting)
     }
 
     /// The table was checked for `key` at `now_ms`.

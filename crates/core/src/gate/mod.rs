@@ -41,6 +41,7 @@ pub mod coalesce;
 pub mod counts;
 pub mod drain;
 pub mod held;
+pub mod holds;
 pub mod node_time;
 pub mod policy;
 pub mod registry;

@@ -31,6 +31,10 @@ struct Document {
     #[serde(default)]
     max_subscriptions_per_identity: Option<u32>,
     #[serde(default)]
+    max_held: Option<u32>,
+    #[serde(default)]
+    max_held_per_identity: Option<u32>,
+    #[serde(default)]
     heartbeat_ms: Option<u64>,
     #[serde(default)]
     stale_slot_ttl_ms: Option<u64>,
@@ -114,6 +118,10 @@ pub struct GatePolicy {
     /// open (`websocket::subscriptions`).
     pub max_subscriptions_per_websocket: u32,
     pub max_subscriptions_per_identity: u32,
+    /// Requests one worker, and one identity on it, may have held at the
+    /// gateway (`gate::holds`).
+    pub max_held: u32,
+    pub max_held_per_identity: u32,
     /// Admit a request with a body once the body is whole, so that a
     /// refusal answers each call by its `id`. Needs a filter after the
     /// gate that holds the headers until then (envoy-config/gateway.yaml).
@@ -161,6 +169,14 @@ impl GatePolicy {
             "maxSubscriptionsPerIdentity",
             doc.max_subscriptions_per_identity,
             2000,
+            1,
+            MAX_LIMIT,
+        )?;
+        let max_held = f.range("maxHeld", doc.max_held, 4096, 1, MAX_LIMIT)?;
+        let max_held_per_identity = f.range(
+            "maxHeldPerIdentity",
+            doc.max_held_per_identity,
+            256,
             1,
             MAX_LIMIT,
         )?;
@@ -216,6 +232,8 @@ impl GatePolicy {
                 .unwrap_or(usize::MAX),
             max_subscriptions_per_websocket,
             max_subscriptions_per_identity,
+            max_held,
+            max_held_per_identity,
             decide_on_body,
             internal: compile_matchers("classes.internal", internal)?,
             priority: compile_matchers("classes.priority", priority)?,
@@ -401,6 +419,8 @@ mod tests {
                 max_websocket_message_bytes: 1024 * 1024,
                 max_subscriptions_per_websocket: 1000,
                 max_subscriptions_per_identity: 2000,
+                max_held: 4096,
+                max_held_per_identity: 256,
                 decide_on_body: false,
                 internal: vec![],
                 priority: vec![],

@@ -12,6 +12,7 @@ use crate::dedup::answer::Answer;
 use crate::dedup::engage::Engagement;
 use crate::dedup::{finality, Dedup};
 use crate::gate::class::RequestClass;
+use crate::gate::holds::Holds;
 use crate::gate::node_time::{Busy, Meter};
 use crate::gate::websocket::linger::Linger;
 use crate::gate::websocket::subscriptions::Subscriptions;
@@ -52,6 +53,8 @@ pub struct GateWorker {
     pub subscriptions: Subscriptions,
     /// Requests waiting for a slot (`nodeTime.waitMs`).
     waiting_for_slot: u32,
+    /// Requests held at the gateway, bounded (`gate::holds`).
+    holds: Holds,
     /// Whether the gate is busy (with `nodeTime`), and from how many in
     /// flight.
     pub busy: Busy,
@@ -97,6 +100,7 @@ impl GateWorker {
             linger: Linger::default(),
             subscriptions,
             waiting_for_slot: 0,
+            holds: Holds::default(),
             busy: Busy::default(),
             busy_threshold,
         }
@@ -423,6 +427,33 @@ impl GateWorker {
             self.counts.node_time.waiting += 1;
         }
         room
+    }
+
+    /// Stream `id` of `class` is to be held: counted, or refused past the
+    /// holding bounds (`gate::holds`).
+    pub(super) fn hold(
+        &mut self,
+        id: u32,
+        class: RequestClass,
+        identity: impl FnOnce() -> Option<u64>,
+    ) -> Result<(), Rejection> {
+        let policy = self.gate.policy();
+        let bounds = (policy.max_held, policy.max_held_per_identity);
+        let before = self.holds.held();
+        let held = self.holds.hold(id, class, identity, bounds);
+        self.counts.held += (self.holds.held() - before) as i64;
+        if held.is_err() {
+            self.counts.held_refused += 1;
+            self.refused(class, false);
+        }
+        held
+    }
+
+    /// Stream `id` is held no longer (let on, answered, or over).
+    pub(super) fn release_hold(&mut self, id: u32) {
+        let before = self.holds.held();
+        self.holds.release(id);
+        self.counts.held -= (before - self.holds.held()) as i64;
     }
 
     /// A request stopped waiting for a slot (it got one, was refused, or

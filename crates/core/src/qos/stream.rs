@@ -301,12 +301,19 @@ impl QosStream {
         self.staked
     }
 
-    /// A WebSocket's identity key: the glue tells the gate
+    /// Its identity's key, when its headers named one (QoS identifies
+    /// callers unless it only counts): the glue tells the gate, which
+    /// bounds an identity's subscriptions and held requests by it
     /// (`request::IDENTITY_PROPERTY`).
-    pub fn socket_identity(&self) -> Option<u64> {
+    pub fn identity_key(&self) -> Option<u64> {
         match &self.upgraded {
             Some(Upgraded::Websocket(socket)) => Some(socket.identity_key()),
-            _ => None,
+            Some(Upgraded::Tunnel(_)) => None,
+            None => self
+                .ticket
+                .as_ref()
+                .map(|t| t.key)
+                .or_else(|| self.waiting.as_ref().map(|i| i.key)),
         }
     }
 

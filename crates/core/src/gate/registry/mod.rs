@@ -153,6 +153,9 @@ impl<S: SharedStore> Registry<S> {
         let mut now = Vec::with_capacity(self.todo.len());
         let mut later = Vec::new();
         for todo in std::mem::take(&mut self.todo) {
+            if let Do::Answer(id, _) | Do::Resume(id, _) = todo {
+                self.worker.release_hold(id);
+            }
             match todo {
                 Do::Answer(id, _) | Do::Resume(id, _) if id == current => later.push(todo),
                 Do::Answer(..) | Do::Resume(..) if self.turn_left == 0 => later.push(todo),
@@ -224,13 +227,15 @@ impl<S: SharedStore> Registry<S> {
     }
 
     /// A piece of stream `id`'s request body (or WebSocket data): `size`
-    /// bytes so far.
+    /// bytes so far. A request to be held is counted against the holding
+    /// bounds or refused (`gate::holds`; `facts` give its identity).
     pub fn request_body(
         &mut self,
         id: u32,
         size: usize,
         end_of_stream: bool,
         body: &mut impl Body,
+        facts: &mut impl RequestFacts,
     ) -> Then {
         let now = &mut Now::lazy_us(self.clock);
         let Some(stream) = self.streams.get_mut(&id) else {
@@ -239,6 +244,17 @@ impl<S: SharedStore> Registry<S> {
         let w = &mut self.worker;
         let on = stream.request_body(w, &self.store, now, size, end_of_stream, body);
         let (coalesced, waits) = (stream.coalesced(), stream.waiting());
+        let holds = match on {
+            OnBody::Hold => coalesced || (waits && stream.socket().is_none()),
+            OnBody::AtHead => !self.heads.standing_by(),
+            _ => false,
+        };
+        if holds {
+            let identity = || facts.qos_identity();
+            if let Err(refusal) = stream.hold(w, &self.store, id, identity, || body.read(0, size)) {
+                return Then::Refuse(refusal);
+            }
+        }
         match on {
             OnBody::Continue => Then::Continue,
             OnBody::ContinueWith(bytes) => Then::ContinueWith(bytes),
@@ -382,6 +398,7 @@ impl<S: SharedStore> Registry<S> {
     /// holds goes back, and the streams waiting for a slot retry. Safe to
     /// call more than once.
     pub fn done(&mut self, id: u32) {
+        self.worker.release_hold(id);
         if let Some(mut stream) = self.streams.remove(&id) {
             let now = &mut Now::lazy_us(self.clock);
             stream.done(&mut self.worker, &self.store, now);

@@ -640,20 +640,6 @@ impl GateStream {
             _ => None,
         }
     }
-
-    /// Whether it is of the priority class (its waiting goes first).
-    pub fn priority(&self) -> bool {
-        match &self.state {
-            State::Http(request) => request.place.class == RequestClass::Priority,
-            State::Websocket(ws) => ws.kind() == super::shards::SlotKind::Priority,
-            State::Idle | State::Tunnel(_) => false,
-        }
-    }
-
-    /// Whether it is held for an answer.
-    pub fn coalesced(&self) -> bool {
-        matches!(&self.state, State::Http(request) if request.place.held_for().is_some())
-    }
 }
 
 /// A held socket's data tries for slots again.
@@ -795,6 +781,7 @@ impl HttpRequest {
     }
 }
 
+mod hold;
 mod socket;
 #[cfg(test)]
 mod tests;

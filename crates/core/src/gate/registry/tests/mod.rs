@@ -4,6 +4,7 @@ use crate::gate::stream::Upgrade;
 use crate::request::testing::{Bytes, Public};
 use crate::shared::MemoryStore;
 
+mod holds;
 mod node_time;
 
 const CALL: &[u8] = br#"{"jsonrpc":"2.0","id":1,"method":"eth_call","params":[{}]}"#;
@@ -26,7 +27,7 @@ fn post() -> Head {
 /// Stream `id` sends `body` whole.
 fn send(r: &mut Rig, id: u32, body: &[u8]) -> Then {
     assert_eq!(r.headers(id, &mut Public, post()), OnHeaders::Continue);
-    r.request_body(id, body.len(), true, &mut Bytes(body.to_vec()))
+    r.request_body(id, body.len(), true, &mut Bytes(body.to_vec()), &mut Public)
 }
 
 fn answered(body: &[u8]) -> Response {
@@ -534,13 +535,16 @@ fn a_failed_poll_lets_its_read_on_and_reads_that_share_no_poll_stop_being_held()
     assert_eq!(r.worker.counts.cache.head_passed, 1);
 }
 
-/// A public client whose request the route sends to `cluster`, at `path`.
-struct Routed {
-    cluster: &'static str,
-    path: &'static str,
+/// A public client at 192.0.2.1, as the filters before the gate left it:
+/// routed to a cluster and path, found in stake QoS's table, named by it.
+#[derive(Default)]
+struct Caller {
+    route: Option<(&'static str, &'static str)>,
+    staked: bool,
+    identity: Option<u64>,
 }
 
-impl crate::request::RequestFacts for Routed {
+impl crate::request::RequestFacts for Caller {
     fn metadata_class(&mut self, _: crate::request::MetadataScope) -> Option<String> {
         None
     }
@@ -551,10 +555,17 @@ impl crate::request::RequestFacts for Routed {
         None
     }
     fn header(&mut self, name: &str) -> Option<String> {
-        (name == ":path").then(|| self.path.to_string())
+        let (_, path) = self.route?;
+        (name == ":path").then(|| path.to_string())
     }
     fn route_cluster(&mut self) -> Option<String> {
-        Some(self.cluster.to_string())
+        self.route.map(|(cluster, _)| cluster.to_string())
+    }
+    fn staked(&mut self) -> bool {
+        self.staked
+    }
+    fn qos_identity(&mut self) -> Option<u64> {
+        self.identity
     }
 }
 
@@ -565,13 +576,13 @@ impl crate::request::RequestFacts for Routed {
 fn answers_are_shared_within_one_route_only() {
     let mut r = registry(r#"{"maxInflight": 8, "dedup": {}, "cache": {}}"#);
     let chain_id = br#"{"jsonrpc":"2.0","id":1,"method":"eth_chainId"}"#;
-    let ask = |r: &mut Rig, id: u32, facts: &mut Routed, body: &[u8]| {
+    let ask = |r: &mut Rig, id: u32, facts: &mut Caller, body: &[u8]| {
         assert_eq!(r.headers(id, facts, post()), OnHeaders::Continue);
-        r.request_body(id, body.len(), true, &mut Bytes(body.to_vec()))
+        r.request_body(id, body.len(), true, &mut Bytes(body.to_vec()), facts)
     };
-    let other = || Routed {
-        cluster: "base_node",
-        path: "/",
+    let other = || Caller {
+        route: Some(("base_node", "/")),
+        ..Caller::default()
     };
     assert_eq!(ask(&mut r, 1, &mut other(), chain_id), Then::Continue);
     assert_eq!(
@@ -584,9 +595,9 @@ fn answers_are_shared_within_one_route_only() {
     );
     r.done(1);
     // Coalescing (engaged from the start): one leader per route.
-    let eth = |path| Routed {
-        cluster: "rpc_node",
-        path,
+    let eth = |path| Caller {
+        route: Some(("rpc_node", path)),
+        ..Caller::default()
     };
     assert!(matches!(ask(&mut r, 2, &mut eth("/a"), CALL), Then::Pause));
     assert!(matches!(ask(&mut r, 3, &mut eth("/b"), CALL), Then::Pause));
@@ -594,27 +605,6 @@ fn answers_are_shared_within_one_route_only() {
     let leaders: Vec<u32> = std::iter::from_fn(|| r.next_callout().map(|(id, _)| id)).collect();
     assert_eq!(leaders, [2, 3], "4 waits for 2");
     assert_eq!(r.worker.counts.dedup.other_cluster, 1);
-}
-
-/// A public client stake QoS found in its stake table (or not).
-struct Caller(bool);
-
-impl crate::request::RequestFacts for Caller {
-    fn metadata_class(&mut self, _: crate::request::MetadataScope) -> Option<String> {
-        None
-    }
-    fn source_ip(&mut self) -> Option<std::net::IpAddr> {
-        "192.0.2.1".parse().ok()
-    }
-    fn peer_uri_san(&mut self) -> Option<String> {
-        None
-    }
-    fn header(&mut self, _: &str) -> Option<String> {
-        None
-    }
-    fn staked(&mut self) -> bool {
-        self.0
-    }
 }
 
 /// With `{"staked": true}` among the priority matchers, a staked caller's
@@ -629,12 +619,13 @@ fn a_staked_callers_waiting_request_goes_before_an_unstaked_crowd() {
     let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
     at_ms(1000);
     let ask = |r: &mut Rig, id: u32, staked: bool| {
-        assert_eq!(
-            r.headers(id, &mut Caller(staked), post()),
-            OnHeaders::Continue
-        );
+        let caller = &mut Caller {
+            staked,
+            ..Caller::default()
+        };
+        assert_eq!(r.headers(id, caller, post()), OnHeaders::Continue);
         let body = call(id, "eth_getProof");
-        r.request_body(id, body.len(), true, &mut Bytes(body))
+        r.request_body(id, body.len(), true, &mut Bytes(body), caller)
     };
     assert_eq!(ask(&mut r, 1, false), Then::Continue);
     for id in 2..=4 {

@@ -74,7 +74,7 @@ fn a_freed_slot_goes_to_the_worker_whose_request_waited_longest() {
     let send = |r: &mut Registry<&MemoryStore>, id: u32| {
         assert_eq!(r.headers(id, &mut Public, post()), OnHeaders::Continue);
         let body = call(id, "eth_getProof");
-        r.request_body(id, body.len(), true, &mut Bytes(body))
+        r.request_body(id, body.len(), true, &mut Bytes(body), &mut Public)
     };
     // Each worker's probe learns eth_getProof (40 ms): heavy from then.
     for r in [&mut a, &mut b] {
@@ -155,7 +155,7 @@ fn sockets_waiting_for_a_slot_go_on_oldest_first_as_answers_free_slots() {
     let data = |r: &mut Rig, id: u32| {
         let call = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"eth_call"}}"#);
         let bytes = frame(&call, Some([1, 2, 3, 4]));
-        r.request_body(id, bytes.len(), false, &mut Bytes(bytes))
+        r.request_body(id, bytes.len(), false, &mut Bytes(bytes), &mut Public)
     };
     for id in 1..=3 {
         open(&mut r, id);

@@ -440,6 +440,61 @@ fn an_unstaked_crowd_in_closed_loops_cannot_push_out_a_stakers_calls() {
     );
 }
 
+/// A wallet's burst through init's gateway in node time with the example
+/// policy's coalescing on (kept engaged): 50 distinct `eth_getBalance` at
+/// once against 6 public slots. Each waits for its slot and is then checked
+/// by coalescing (it leads its own key), so all are answered, each with the
+/// node's word on its time as the route would give it. Before, a request
+/// coalescing checks was refused at once when the gate was full.
+#[test]
+fn a_burst_with_coalescing_on_waits_for_slots_and_every_answer_says_the_nodes_time() {
+    let node = RpcNode::start(&["--cost", "eth_getBalance=20ms"]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gate = json!({
+        "dedup": {"engageAfterMs": 0},
+        "nodeTime": {"serviceTimeHeader": "x-node-service-us"}
+    });
+    let envoy = gateway(&node, dir.path(), gate, example_qos());
+    let url = envoy.url("public").unwrap();
+    let all = std::sync::Arc::new(std::sync::Barrier::new(50));
+    let answers: Vec<_> = (0..50)
+        .map(|i| {
+            let (url, all) = (url.clone(), all.clone());
+            std::thread::spawn(move || {
+                let call = format!(
+                    r#"{{"jsonrpc":"2.0","id":{i},"method":"eth_getBalance","params":["0x{i:040x}","latest"]}}"#
+                );
+                all.wait();
+                stakegate_stack::http::post(&url, &[], &call).unwrap()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .collect();
+    let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
+    let said = answers
+        .iter()
+        .filter(|a| {
+            a.header("x-node-service-us")
+                .is_some_and(|us| us.parse::<u64>().is_ok())
+        })
+        .count();
+    let stat = |name: &str| envoy.stat(&format!("{STAT}{name}")).unwrap();
+    // The counters reach Envoy at the workers' heartbeats.
+    let counted = eventually(Duration::from_secs(5), || {
+        stat("dedup.led") + stat("dedup.skipped") >= 50
+    });
+    let (led, waited) = (stat("dedup.led"), stat("node_time.waited"));
+    eprintln!("50 at once: {said} said the node's time; led {led}, waited for a slot {waited}");
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert_eq!(said, 50);
+    assert!(
+        counted && led >= 40 && waited > 0,
+        "led {led}, waited {waited}"
+    );
+}
+
 /// One socket subscribing to `n` accounts, 100 at a time, kept open until
 /// everyone at `all` has passed it twice (once all have subscribed, and
 /// once they are seen): the subscriptions it got, and those the gate

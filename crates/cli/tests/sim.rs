@@ -522,6 +522,27 @@ fn mixed_methods_share_the_node_by_stake_in_node_time() {
     }
 }
 
+/// The same with the example gate policy's `dedup` and cache on, and a
+/// staker sending a fifteenth of its share beside three floods: a request
+/// coalescing checks waits for its slot like any other (it was refused at
+/// once: 2,141 x 503 to requests QoS had admitted, 98 to the staker), and a
+/// leader's answer says the node's time on it (the shares counted without
+/// it: fill 0.83, 3.6 pp).
+#[test]
+fn with_dedup_on_admitted_requests_wait_for_their_slots_and_a_staker_under_its_share_gets_all() {
+    let summary: Value =
+        serde_json::from_str(&sim(&scenarios().join("node-time-under-share.toml"), true)).unwrap();
+    let error = summary["max_node_share_error_pp"].as_f64().unwrap();
+    let fill = summary["node_fill"].as_f64().unwrap();
+    assert!(error <= 1.0, "max node-share error {error} pp");
+    assert!(fill >= 0.97, "node fill {fill}");
+    for c in summary["clients"].as_array().unwrap() {
+        assert_eq!(c["status_counts"]["503"], 0, "{}", c["id"]);
+    }
+    let light = &client(&summary, "light")["status_counts"];
+    assert_eq!(light["200"], 20 * 20, "{light}");
+}
+
 /// eth_call's cost goes from 5 ms to 50 ms at 10 s: QoS learns the new cost
 /// from the answers, so its caller keeps its half of the node's time (a
 /// tenth of the calls) from the next second on.

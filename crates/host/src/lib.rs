@@ -55,11 +55,14 @@ const ROOT_CONTEXT: u32 = 1;
 /// The node id the host gives the modules.
 pub const NODE_ID: &[u8] = b"stakegate-offline-host";
 
+/// Header names and values, in order.
+pub type Headers = Vec<(String, String)>;
+
 /// A reply the module sent instead of letting the request through.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LocalReply {
     pub status: u32,
-    pub headers: Vec<(String, String)>,
+    pub headers: Headers,
     pub body: Vec<u8>,
     /// The stream's filter state when the module sent it.
     pub filter_state: vm::FilterState,
@@ -350,11 +353,23 @@ impl Host {
         callout: &Callout,
         response: Option<(u32, Vec<u8>)>,
     ) -> anyhow::Result<()> {
-        let response = response.map(|(status, body)| {
-            let headers = vec![
+        let response = response.map(|(status, body)| (status, Vec::new(), body));
+        self.answer_callout_with(callout, response)
+    }
+
+    /// `answer_callout`, the answer with headers of its own beside
+    /// `:status` and `content-type`.
+    pub fn answer_callout_with(
+        &mut self,
+        callout: &Callout,
+        response: Option<(u32, Headers, Vec<u8>)>,
+    ) -> anyhow::Result<()> {
+        let response = response.map(|(status, more, body)| {
+            let mut headers = vec![
                 (":status".to_string(), status.to_string()),
                 ("content-type".to_string(), "application/json".to_string()),
             ];
+            headers.extend(more);
             (headers, body)
         });
         if let Some(vm) = self.vm(callout.vm) {

@@ -84,7 +84,8 @@ fn carry_out(vm: &Shared, current: u32, dos: Vec<Do>) {
             Do::Answer(id, reply) => {
                 moved = true;
                 if host::act_on(id) {
-                    host::send_reply(&reply);
+                    let vm = vm.borrow();
+                    host::send_reply(&reply, vm.registry.service_time_header());
                 }
             }
             Do::Resume(id, bytes) => {
@@ -324,7 +325,7 @@ impl HttpContext for GateHttp {
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         let mut body = HostBody(BodyOf::Request);
-        let then = self.with(|r| {
+        let (then, said_in) = self.with(|r| {
             // On a WebSocket, stake QoS's word first: hold its data or not.
             if let Some(hold) = r.is_socket(self.id).then(host::socket_hold).flatten() {
                 r.hold_socket(self.id, hold);
@@ -339,7 +340,11 @@ impl HttpContext for GateHttp {
             if let Some(answered) = r.socket_answered(self.id) {
                 host::set_socket_answered(&answered);
             }
-            then
+            let said_in = match &then {
+                Then::Answer(reply) if reply.said_us.is_some() => r.service_time_header(),
+                _ => None,
+            };
+            (then, said_in.map(str::to_string))
         });
         match then {
             Then::Continue => Action::Continue,
@@ -349,7 +354,7 @@ impl HttpContext for GateHttp {
             }
             Then::Pause => Action::Pause,
             Then::Answer(reply) => {
-                host::send_reply(&reply);
+                host::send_reply(&reply, said_in.as_deref());
                 Action::Pause
             }
             Then::Refuse(refusal) => refuse(&refusal),

@@ -299,15 +299,20 @@ pub fn send_response(status: u32, headers: &[(&str, &str)], body: &[u8]) -> bool
 }
 
 /// Answers the current request with the gate's `reply`, telling the
-/// filters before it the node's time on it where the reply says it.
-pub fn send_reply(reply: &stakegate_core::gate::reply::Reply) -> bool {
+/// filters before it the node's time on it where the reply says it, and
+/// the client the node's own word on it in header `said_in`.
+pub fn send_reply(reply: &stakegate_core::gate::reply::Reply, said_in: Option<&str>) -> bool {
     if let Some(us) = reply.node_us {
         set_node_us(us);
     }
+    let said = said_in
+        .zip(reply.said_us)
+        .map(|(n, us)| (n, us.to_string()));
     let headers: Vec<(&str, &str)> = reply
         .headers
         .iter()
         .map(|(n, v)| (*n, v.as_str()))
+        .chain(said.iter().map(|(n, us)| (*n, us.as_str())))
         .collect();
     send_response(reply.status, &headers, &reply.body)
 }

@@ -137,6 +137,10 @@ fn finish_all(
     Ok(())
 }
 
+/// The header in which the virtual node says its time on an answer, in
+/// µs, as rpc-node does.
+const SERVICE_HEADER: &str = "x-node-service-us";
+
 /// What the virtual node answers a callout: a result for each call with
 /// an id, with that id.
 fn node_answer(body: &[u8]) -> Vec<u8> {
@@ -435,8 +439,10 @@ impl<'a> World<'a> {
         };
         self.node.served();
         if let Some((filter, callout)) = &done.callout {
-            let answer = node_answer(&callout.body);
-            self.hosts[*filter].answer_callout(callout, Some((200, answer)))?;
+            // The node says its time on it, as rpc-node does.
+            let said = (SERVICE_HEADER.into(), done.cost.as_micros().to_string());
+            let answer = (200, vec![said], node_answer(&callout.body));
+            self.hosts[*filter].answer_callout_with(callout, Some(answer))?;
         } else if !done.abandoned {
             let latency = Duration::from_nanos(now - done.arrived);
             let passed = Passed::default();
@@ -597,7 +603,9 @@ impl<'a> World<'a> {
                                 Duration::ZERO,
                                 reply.passed(),
                             )?;
-                            self.answered(now, &r, reply.status, None);
+                            // A leader's answer says the node's time on it.
+                            let said = reply.header(SERVICE_HEADER).and_then(|us| us.parse().ok());
+                            self.answered(now, &r, reply.status, said.map(Duration::from_micros));
                         }
                         Reply::Continue(id) | Reply::Held(id) => {
                             r.ids.push((filter, id));

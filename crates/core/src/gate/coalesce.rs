@@ -11,7 +11,7 @@
 //! stream, answer it, send its callout, or let it pass; and at most one
 //! wake message for the other gate VMs.
 
-use super::held::{Led, Place};
+use super::held::{Led, LedTime, Place};
 use super::reply::Act;
 use super::worker::GateWorker;
 use crate::clock::Now;
@@ -256,7 +256,7 @@ struct Step<'s, 'p, S: SharedStore> {
     acts: Acts,
     /// With `nodeTime`, the node's time on the callout whose answer is
     /// being handed out, for its leader here (`Place::answer`).
-    led_us: Option<u64>,
+    led: Option<LedTime>,
     /// The node answered a read pinned to the head's hash with an error or
     /// `null`: every request on its key, the leader too, goes on at
     /// `latest` as it came (a node behind the head does not know the hash
@@ -277,7 +277,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
             now,
             held,
             acts: Acts::default(),
-            led_us: None,
+            led: None,
             unpin: false,
         }
     }
@@ -298,9 +298,11 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
             self.w.release(ticket);
         }
         if self.w.gate.policy().node_time.is_some() {
-            self.led_us = response.as_ref().map(|r| {
-                r.said_us
-                    .unwrap_or_else(|| self.now.us().saturating_sub(led.started_us))
+            self.led = response.as_ref().map(|r| LedTime {
+                us: r
+                    .said_us
+                    .unwrap_or_else(|| self.now.us().saturating_sub(led.started_us)),
+                said: r.said_us.is_some(),
             });
         }
         let answer = response.map(|r| r.answer(led.pending.key, led.ids));
@@ -429,7 +431,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
                     true => place.pass(self.w, self.store, self.now),
                     false => {
                         let now_ms = self.now.ms();
-                        Act::Answer(place.answer(self.w, self.store, now_ms, a, self.led_us))
+                        Act::Answer(place.answer(self.w, self.store, now_ms, a, self.led))
                     }
                 };
                 self.acts.acts.push((*id, act));
@@ -508,7 +510,7 @@ impl<'s, 'p, S: SharedStore> Step<'s, 'p, S> {
     fn answer_all(&mut self, answer: &Answer) {
         for (id, place) in self.held.iter_mut() {
             if place.held_for().is_some_and(|w| w.key == answer.key) {
-                let reply = place.answer(self.w, self.store, self.now.ms(), answer, self.led_us);
+                let reply = place.answer(self.w, self.store, self.now.ms(), answer, self.led);
                 self.acts.acts.push((*id, Act::Answer(reply)));
             }
         }

@@ -41,6 +41,14 @@ pub struct Waiting {
     pub(super) keep: Option<Miss>,
 }
 
+/// The node's time on a leader's callout, in µs: as the node said it
+/// (`said`), or as the gate measured it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedTime {
+    pub us: u64,
+    pub said: bool,
+}
+
 /// A callout at the node: what its end completes.
 #[derive(Debug)]
 pub struct Led {
@@ -352,14 +360,15 @@ impl Place {
 
     /// It gets `answer`, with its own ids (and the cache keeps it, if it
     /// missed and the answer cannot change). A leader's says the node's
-    /// time on its callout (`led_us`); any other's that the node did none.
+    /// time on its callout (`led`), and echoes the node's own word on it;
+    /// any other's says the node did none.
     pub(super) fn answer(
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
         now_ms: u64,
         answer: &Answer,
-        led_us: Option<u64>,
+        led: Option<LedTime>,
     ) -> Reply {
         let Some(waiting) = self.waiting.take() else {
             return Reply::none(&[], "the request is gone");
@@ -370,7 +379,8 @@ impl Place {
         let reply = Reply::answer(answer, &waiting.ids);
         if waiting.leads {
             return Reply {
-                node_us: led_us,
+                node_us: led.map(|l| l.us),
+                said_us: led.filter(|l| l.said).map(|l| l.us),
                 ..reply
             };
         }

@@ -86,6 +86,10 @@ pub struct Reply {
     /// The node's time on it, in µs, for the filters before the gate
     /// (`node_time::NODE_US_PROPERTY`); `None` says nothing.
     pub node_us: Option<u64>,
+    /// A leader's answer: the node's own word on its time, in µs, which
+    /// the glue passes on in `nodeTime.serviceTimeHeader`, as the client
+    /// would have had it through the route. Another request's has none.
+    pub said_us: Option<u64>,
 }
 
 impl Reply {
@@ -98,6 +102,7 @@ impl Reply {
             headers: vec![("content-type", "application/json".into())],
             body,
             node_us: Some(0),
+            said_us: None,
         }
     }
 
@@ -139,6 +144,7 @@ impl Reply {
             headers,
             body: answer.body_for(ids),
             node_us: None,
+            said_us: None,
         }
     }
 

@@ -28,7 +28,7 @@ use super::at_head::{Heads, Hold, HEAD_POLL};
 use super::coalesce::{Acts, Coalescer, Held, Response};
 use super::counts::{Snapshot, Ticked};
 use super::held::Checked;
-use super::node_time::{Full, Waiters, SLOT_WAKE, WAITERS_KEY, WAIT_TICK_MS};
+use super::node_time::{Full, Waiters, SLOT_WAKE, WAIT_TICK_MS};
 use super::policy::GatePolicy;
 use super::reply::{Act, Callout, Reply};
 use super::stream::{GateStream, Head, OnBody, OnHeaders, OnResponse, Settled};
@@ -39,7 +39,7 @@ use crate::clock::Now;
 use crate::dedup::key::KEY_LEN;
 use crate::rejection::Rejection;
 use crate::request::{Body, RequestFacts};
-use crate::shared::{read, update, Change, SharedStore};
+use crate::shared::SharedStore;
 use std::collections::{HashMap, VecDeque};
 
 /// Answers and resumes of other streams carried out in one turn at most
@@ -454,6 +454,10 @@ impl<S: SharedStore> Registry<S> {
                     self.todo.push(Do::Answer(id, Reply::refusal(refusal)));
                     self.waiting.remove(i);
                 }
+                Settled::Checked(checked) => {
+                    self.waiting.remove(i);
+                    self.went_on(id, checked);
+                }
             }
         }
         if self.slots_wait() {
@@ -613,22 +617,30 @@ impl<S: SharedStore> Registry<S> {
             };
             let checked = place.at_head(&mut self.worker, &self.store, now, head);
             calls += u64::from(matches!(checked, Checked::Continue | Checked::Lead(_)));
-            match checked {
-                Checked::Continue => self.todo.push(Do::Resume(id, None)),
-                Checked::Hold => self.coalesced.push(id),
-                Checked::Lead(callout) => {
-                    self.coalesced.push(id);
-                    self.to_dispatch.push_back((id, callout));
-                    self.todo.push(Do::Poke);
-                }
-                Checked::Answer(reply) => {
-                    stream.answered_here();
-                    self.todo.push(Do::Answer(id, reply));
-                }
-                Checked::Refuse(refusal) => self.todo.push(Do::Answer(id, Reply::refusal(refusal))),
-            }
+            self.went_on(id, checked);
         }
         self.heads.judge(reads, calls);
+    }
+
+    /// Held stream `id` goes on as dedup's check found (`checked`): through
+    /// the route, held for an answer, leading its key, answered, refused.
+    fn went_on(&mut self, id: u32, checked: Checked) {
+        match checked {
+            Checked::Continue => self.todo.push(Do::Resume(id, None)),
+            Checked::Hold => self.coalesced.push(id),
+            Checked::Lead(callout) => {
+                self.coalesced.push(id);
+                self.to_dispatch.push_back((id, callout));
+                self.todo.push(Do::Poke);
+            }
+            Checked::Answer(reply) => {
+                if let Some(stream) = self.streams.get_mut(&id) {
+                    stream.answered_here();
+                }
+                self.todo.push(Do::Answer(id, reply));
+            }
+            Checked::Refuse(refusal) => self.todo.push(Do::Answer(id, Reply::refusal(refusal))),
+        }
     }
 
     /// Runs a coalescing step over the streams held for an answer, oldest
@@ -695,94 +707,6 @@ impl<S: SharedStore> Registry<S> {
         self.worker.gate.vm().map(crate::dedup::wake_queue)
     }
 
-    /// Whether requests may wait for a slot (`nodeTime.waitMs`).
-    fn slots_wait(&self) -> bool {
-        let policy = self.worker.gate.policy();
-        policy.node_time.as_ref().is_some_and(|n| n.wait_ms > 0)
-    }
-
-    /// This VM's oldest waiting request's deadline (requests that wait for
-    /// a slot by `nodeTime.waitMs`).
-    fn oldest_deadline(&self) -> Option<u64> {
-        self.waiting
-            .iter()
-            .filter_map(|id| self.streams.get(id)?.waits_until())
-            .min()
-    }
-
-    /// Says in shared data when this VM's oldest waiting request must go
-    /// (when that changed), so that the other VMs serve the oldest first
-    /// and wake this one when they free a slot it should have.
-    fn announce(&mut self) {
-        let oldest = self.oldest_deadline();
-        let Some(vm) = self.worker.gate.vm() else {
-            return;
-        };
-        if oldest == self.announced {
-            return;
-        }
-        let updated = update(&self.store, WAITERS_KEY, |w: &mut Waiters| {
-            w.set(vm, oldest);
-            Change::Write(())
-        });
-        match updated {
-            Ok(u) => {
-                self.worker.counts.store.retried(u.retries);
-                self.announced = oldest;
-            }
-            Err((e, _)) => self
-                .worker
-                .note_store_error("announcing waiting requests", &e),
-        }
-    }
-
-    /// Whether another VM's oldest waiting request is older than this
-    /// VM's; if so, this VM's spare slots go back to the shared pool and
-    /// those VMs are woken to take them (if there were any).
-    ///
-    /// The waiters record is read at a tick (`tick`), at most once a wait
-    /// tick; a release, which every request makes, goes by the record the
-    /// last tick read (at most a wait tick old, as before), with no clock
-    /// read and nothing to do while no VM has a request waiting.
-    fn defer_to_older(&mut self, now: &mut Now, tick: bool) -> bool {
-        let Some(me) = self.worker.gate.vm() else {
-            return false;
-        };
-        let ttl_ms = self.worker.gate.policy().stale_slot_ttl_ms;
-        let stale = match &self.waiters_seen {
-            Some((at, _)) => tick && now.ms().saturating_sub(*at) >= WAIT_TICK_MS,
-            None => true,
-        };
-        if stale {
-            let now_ms = now.ms();
-            match read::<Waiters>(&self.store, WAITERS_KEY) {
-                Ok((waiters, _)) => self.waiters_seen = Some((now_ms, waiters)),
-                Err(e) => {
-                    self.worker.note_store_error("reading waiting requests", &e);
-                    return false;
-                }
-            }
-        }
-        let older = match &self.waiters_seen {
-            Some((at, waiters)) if !waiters.is_empty() => {
-                waiters.older(me, self.oldest_deadline(), *at, ttl_ms)
-            }
-            _ => return false,
-        };
-        if older.is_empty() {
-            return false;
-        }
-        match self.worker.gate.give_back(&self.store, now.ms()) {
-            Ok(Some(retries)) => {
-                self.worker.counts.store.retried(retries);
-                self.todo.push(Do::Wake(older, SLOT_WAKE.to_vec()));
-            }
-            Ok(None) => {}
-            Err(e) => self.worker.note_store_error("giving spare slots back", &e),
-        }
-        true
-    }
-
     /// The plugin is being deleted: spare slots go back at once.
     pub fn leave(&mut self) {
         self.worker.leave(&self.store, self.now_ms());
@@ -791,3 +715,4 @@ impl<S: SharedStore> Registry<S> {
 
 #[cfg(test)]
 mod tests;
+mod waiters;

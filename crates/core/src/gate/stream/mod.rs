@@ -167,6 +167,8 @@ struct HttpRequest {
     /// A cache miss whose answer comes through the route: read whole, with
     /// its content type, and kept if it cannot change.
     capture: Option<(Miss, String)>,
+    /// Its body, for dedup's check once it has the slot it waits for.
+    checks_later: Option<Vec<u8>>,
 }
 
 /// What `GateStream::settle` found.
@@ -181,6 +183,8 @@ pub enum Settled {
     GateFull,
     /// It waited `nodeTime.waitMs` for a slot in vain: refused.
     Refuse(Rejection),
+    /// It has its slot, and dedup's check of its body found this.
+    Checked(Checked),
 }
 
 impl Settled {
@@ -303,6 +307,7 @@ impl GateStream {
             metered: None,
             cache,
             capture: None,
+            checks_later: None,
         });
         OnHeaders::Continue
     }
@@ -322,10 +327,9 @@ impl GateStream {
             State::Websocket(ws) => {
                 ws.read(body, size, &mut w.counts.websocket, &mut w.subscriptions);
                 match settle(ws, w, store, now) {
-                    Settled::Through(None) => OnBody::Continue,
-                    Settled::Through(Some(bytes)) => OnBody::ContinueWith(bytes),
-                    Settled::ConnectionFull | Settled::GateFull => OnBody::Hold,
-                    Settled::Refuse(refusal) => OnBody::Refuse(refusal),
+                    Flow::Through => OnBody::Continue,
+                    Flow::Replace(bytes) => OnBody::ContinueWith(bytes),
+                    Flow::ConnectionFull | Flow::GateFull => OnBody::Hold,
                 }
             }
             State::Idle | State::Tunnel(_) => OnBody::Continue,
@@ -366,7 +370,7 @@ impl GateStream {
         match &mut self.state {
             State::Websocket(_) if full.all => Settled::GateFull,
             State::Websocket(ws) => {
-                let settled = settle(ws, w, store, now);
+                let settled = Settled::of(settle(ws, w, store, now));
                 if settled == Settled::GateFull {
                     full.found(false);
                 }
@@ -592,12 +596,11 @@ impl HttpRequest {
             match w.try_admit(store, now, self.place.class, false, heavy) {
                 Ok(ticket) => self.slot_taken(w, now, ticket),
                 Err(refusal) => {
-                    let refusal = refusal.answering(&read.unwrap_or_else(|| body.read(0, size)));
-                    return self.refused(w, now, refusal);
+                    let bytes = read.unwrap_or_else(|| body.read(0, size));
+                    return self.refused(w, now, refusal, bytes);
                 }
             }
         }
-        let place = &mut self.place;
         let (Some(dedup), Some(_)) = (w.dedup.as_ref(), &self.dedup_client) else {
             return OnBody::Continue;
         };
@@ -610,9 +613,8 @@ impl HttpRequest {
         if !end_of_stream {
             return OnBody::Hold;
         }
-        let client = self.dedup_client.take().unwrap_or_default();
         let request = read.unwrap_or_else(|| body.read(0, size));
-        match place.check(w, store, now, &client, request, self.target.take()) {
+        match self.check(w, store, now, request) {
             Checked::Continue => OnBody::Continue,
             Checked::Hold => OnBody::Hold,
             Checked::Lead(callout) => OnBody::Lead(callout),
@@ -643,17 +645,12 @@ impl GateStream {
 }
 
 /// A held socket's data tries for slots again.
-fn settle(
-    ws: &mut Websocket,
-    w: &mut GateWorker,
-    store: &impl SharedStore,
-    now: &mut Now,
-) -> Settled {
+fn settle(ws: &mut Websocket, w: &mut GateWorker, store: &impl SharedStore, now: &mut Now) -> Flow {
     let (flow, taken) = ws.settle(&mut w.gate, store, now, &mut w.counts.websocket);
     if let Some(taken) = taken {
         w.taken(&taken);
     }
-    Settled::of(flow)
+    flow
 }
 
 impl HttpRequest {
@@ -666,65 +663,17 @@ impl HttpRequest {
         }
     }
 
-    /// The gate is full: with `nodeTime.waitMs` (and no dedup check) it
-    /// waits for a slot if fewer than `maxWaiting` do; else it is refused.
-    fn refused(&mut self, w: &mut GateWorker, now: &mut Now, refusal: Rejection) -> OnBody {
-        let wait_ms = w.gate.policy().node_time.as_ref().map_or(0, |n| n.wait_ms);
-        match &mut self.metered {
-            Some(metered) if wait_ms > 0 && self.dedup_client.is_none() && w.start_waiting() => {
-                metered.waiting = Some((now.ms().saturating_add(wait_ms), refusal));
-                OnBody::Hold
-            }
-            metered => {
-                // It would have waited, but `maxWaiting` already do.
-                let full = metered.is_some() && wait_ms > 0 && self.dedup_client.is_none();
-                w.counts.node_time.wait_refused += u64::from(full);
-                self.dedup_client = None;
-                w.refused(self.place.class, false);
-                OnBody::Refuse(refusal)
-            }
-        }
-    }
-
-    /// A request waiting for a slot tries again (`Full` permitting), or
-    /// is refused once it has waited `waitMs`.
-    fn settle(
+    /// Dedup's check of its whole body, once it has its slot.
+    fn check(
         &mut self,
         w: &mut GateWorker,
         store: &impl SharedStore,
         now: &mut Now,
-        full: &mut Full,
-    ) -> Settled {
-        let Some(metered) = &mut self.metered else {
-            return Settled::Through(None);
-        };
-        let Some((until_ms, _)) = &metered.waiting else {
-            return Settled::Through(None);
-        };
-        let heavy = metered.priced.is_some_and(|p| !p.cheap);
-        if full.expire && now.ms() >= *until_ms {
-            let refusal = metered.waiting.take().map(|(_, r)| r);
-            w.stop_waiting();
-            w.counts.node_time.wait_refused += 1;
-            w.refused(self.place.class, false);
-            return refusal.map_or(Settled::GateFull, Settled::Refuse);
-        }
-        if full.blocks(heavy) {
-            return Settled::GateFull;
-        }
-        match w.try_admit(store, now, self.place.class, false, heavy) {
-            Ok(ticket) => {
-                metered.waiting = None;
-                w.stop_waiting();
-                w.counts.node_time.waited += 1;
-                self.slot_taken(w, now, ticket);
-                Settled::Through(None)
-            }
-            Err(_) => {
-                full.found(heavy);
-                Settled::GateFull
-            }
-        }
+        request: Vec<u8>,
+    ) -> Checked {
+        let client = self.dedup_client.take().unwrap_or_default();
+        self.place
+            .check(w, store, now, &client, request, self.target.take())
     }
 
     /// The node's answer to a cache miss starts, through the route: it is
@@ -785,3 +734,4 @@ mod hold;
 mod socket;
 #[cfg(test)]
 mod tests;
+mod wait;

@@ -232,3 +232,42 @@ fn far_from_full_a_request_on_a_spare_slot_is_not_priced() {
     assert_eq!(send(&mut r, 8, &call(8, "eth_getProof")), Then::Continue);
     assert_eq!(counts(&r), (2, 4, 2));
 }
+
+/// With coalescing on, a request that finds the gate full waits for a slot
+/// as any other (it was refused at once), and coalescing checks it once it
+/// has one: it leads its key with that slot. A leader's answer says the
+/// node's time on it in the policy's header, as the route would have.
+#[test]
+fn with_coalescing_on_a_request_waits_for_its_slot_then_leads_its_key() {
+    let policy = r#"{"maxInflight": 1, "decideOnBody": true, "dedup": {},
+        "nodeTime": {"cheapSlots": 0, "waitMs": 1000, "serviceTimeHeader": "x-node-service-us"}}"#;
+    let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
+    let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
+    at_ms(1000);
+    let (first, second) = (call(1, "eth_getProof"), call(2, "eth_getLogs"));
+    assert_eq!(send(&mut r, 1, &first), Then::Pause, "leads, with the slot");
+    assert_eq!(send(&mut r, 2, &second), Then::Pause, "waits for the slot");
+    assert_eq!(r.worker.counts.node_time.waiting, 1);
+    let (leader, _) = r.next_callout().unwrap();
+    assert_eq!((leader, r.next_callout()), (1, None));
+    r.sent(1, Ok(40));
+    // The leader's answer frees the slot: the waiter takes it and leads.
+    at_ms(1040);
+    let said = Response {
+        said_us: Some(40_000),
+        ..answered(br#"{"jsonrpc":"2.0","id":1,"result":"0x1"}"#)
+    };
+    r.callout_ended(40, Some(said));
+    let dos = r.take(0).0;
+    let [Do::Poke, Do::Answer(1, reply)] = dos.as_slice() else {
+        panic!("{dos:?}")
+    };
+    assert_eq!(reply.node_us, Some(40_000));
+    assert_eq!(reply.said_us, Some(40_000), "the node's word, echoed");
+    r.done(1);
+    let (leader, callout) = r.next_callout().expect("the waiter leads");
+    assert_eq!((leader, callout.body), (2, second));
+    let counts = &r.worker.counts;
+    assert_eq!((counts.node_time.waited, counts.node_time.waiting), (1, 0));
+    assert_eq!((counts.dedup.led, counts.rejected[2]), (2, 0));
+}

@@ -6,7 +6,7 @@
 //! again until the next round.
 
 use super::identity::Identity;
-use super::page::{page_key, Entry, Page, STAKED};
+use super::page::{page_key, Entry, Page, SATISFIED, STAKED};
 use super::{Local, StakeQos, LEASE_DIVISOR};
 use crate::shared::{update, SharedStore, StoreError};
 
@@ -16,6 +16,7 @@ pub(super) struct Leased {
     pub(super) got: i64,
     pub(super) grant: u64,
     pub(super) demand: f32,
+    pub(super) satisfied: bool,
     pub(super) retries: u32,
     /// An identity was evicted to make room for this one.
     pub(super) evicted: bool,
@@ -51,18 +52,20 @@ impl StakeQos {
             let got = tokens.clamp(0, want);
             p.set_tokens(i, tokens - got);
             p.set_last_seen_ms(i, now_ms);
-            let value = (got, p.grant(i), p.demand(i), evicted);
+            let satisfied = p.flags(i) & SATISFIED != 0;
+            let value = (got, p.grant(i), p.demand(i), satisfied, evicted);
             if got > 0 || evicted || p.len() != before {
                 crate::shared::Change::Write(value)
             } else {
                 crate::shared::Change::Keep(value)
             }
         })?;
-        let (got, grant, demand, evicted) = updated.value;
+        let (got, grant, demand, satisfied, evicted) = updated.value;
         Ok(Leased {
             got,
             grant,
             demand,
+            satisfied,
             retries: updated.retries,
             evicted,
         })
@@ -87,6 +90,7 @@ impl Local {
         self.lease += leased.got;
         self.grant = leased.grant;
         self.demand = leased.demand;
+        self.satisfied = leased.satisfied;
         if leased.got < want {
             // The bucket is empty now: no use looking again this round.
             self.dry_round = Some(round);

@@ -81,8 +81,13 @@
 //! `max(floor, share_rps × latency × (1 + headroom))` requests in flight,
 //! `latency` being that worker's EWMA of the identity's request latency
 //! (Little's law: a client with slow methods or a long round trip keeps
-//! enough in flight to reach its share). The count is per worker, so across
-//! `W` workers an identity may have up to `W` times its allowance.
+//! enough in flight to reach its share). An identity the last round gave
+//! all its demand (under its part) also has room for the spread of its
+//! arrivals, four standard deviations of a Poisson count: a client under
+//! its share is not refused for a burst its share covers, while one at its
+//! part is held near its mean, which keeps queues short. The count is per
+//! worker, so across `W` workers an identity may have up to `W` times its
+//! allowance.
 //!
 //! # Failure
 //!
@@ -244,6 +249,9 @@ struct Local {
     inflight: u32,
     /// Upgraded connections open (WebSockets).
     websockets: u32,
+    /// The last round gave it all its predicted demand (as of the last
+    /// lease).
+    satisfied: bool,
     /// EWMA of request latency, start to response end, in µs.
     latency_us: u32,
     /// What one of its calls costs, in thousandths of the unit: its calls'
@@ -421,6 +429,7 @@ impl StakeQos {
             dry_round: None,
             inflight: 0,
             websockets: 0,
+            satisfied: false,
             latency_us: 0,
             cost,
             delta: Delta {
@@ -493,9 +502,7 @@ impl StakeQos {
             return admission;
         }
         let share_rps = local.grant as f64 / MILLI as f64 / interval_s;
-        let per_call = need as f64 / MILLI as f64;
-        let allowance =
-            concurrency_allowance(floor, headroom, share_rps / per_call, local.latency_us);
+        let allowance = local.allowance(floor, headroom, share_rps, need);
         if local.inflight >= allowance {
             admission.verdict = Verdict::Throttle(self.throttled(
                 Reason::Concurrency,
@@ -684,15 +691,38 @@ impl StakeQos {
     }
 }
 
+impl Local {
+    /// Its concurrency allowance on this worker, its share being
+    /// `share_units` per second and a call costing `per_call` thousandths:
+    /// `concurrency_allowance` of its share in calls.
+    fn allowance(&self, floor: u32, headroom: f64, share_units: f64, per_call: i64) -> u32 {
+        let share_rps = share_units / (per_call.max(1) as f64 / MILLI as f64);
+        concurrency_allowance(floor, headroom, share_rps, self.latency_us, self.satisfied)
+    }
+}
+
 /// `max(floor, share_rps × latency × (1 + headroom))`: Little's law, so a
 /// slow path keeps enough requests in flight to reach its share.
+/// An identity under its part (`satisfied`) also has room for the spread
+/// of its arrivals, four standard deviations of a Poisson count, so it is
+/// not refused for their ordinary bursts. One at its part is held near the
+/// mean, which keeps its queue, and everyone's latency, short.
 /// Until an identity's first request finishes its latency is unknown, and
 /// it is not limited.
-pub fn concurrency_allowance(floor: u32, headroom: f64, share_rps: f64, latency_us: u32) -> u32 {
+pub fn concurrency_allowance(
+    floor: u32,
+    headroom: f64,
+    share_rps: f64,
+    latency_us: u32,
+    satisfied: bool,
+) -> u32 {
     if latency_us == 0 {
         return u32::MAX;
     }
-    let bdp = share_rps * f64::from(latency_us) / 1e6 * (1.0 + headroom);
+    let mut bdp = share_rps * f64::from(latency_us) / 1e6 * (1.0 + headroom);
+    if satisfied {
+        bdp += 4.0 * bdp.sqrt();
+    }
     (bdp.ceil().min(f64::from(u32::MAX)) as u32).max(floor)
 }
 

@@ -68,6 +68,9 @@ pub const MILLI: i64 = 1000;
 
 pub const STAKED: u8 = 1;
 pub const IDLE: u8 = 2;
+/// The last round gave the identity all its predicted demand (it is under
+/// its part of the water level).
+pub const SATISFIED: u8 = 4;
 
 const KEY: usize = 0;
 const STAKE: usize = 8;

@@ -42,7 +42,7 @@
 
 use super::identity::Identity;
 use super::page::MILLI;
-use super::{concurrency_allowance, Connection, Reason, StakeQos};
+use super::{Connection, Reason, StakeQos};
 use crate::cost::{method_key, SocketAnswered, Unit};
 use crate::request::Body;
 use crate::shared::{SharedStore, StoreError};
@@ -380,10 +380,9 @@ impl StakeQos {
         if !throttling {
             return sent;
         }
-        let share_rps = local.grant as f64 / MILLI as f64 / interval_s;
-        let per_call = need as f64 / MILLI as f64 / f64::from(held.calls.max(1));
-        let allowance =
-            concurrency_allowance(floor, headroom, share_rps / per_call, local.latency_us);
+        let share_units = local.grant as f64 / MILLI as f64 / interval_s;
+        let per_call = need / i64::from(held.calls.max(1));
+        let allowance = local.allowance(floor, headroom, share_units, per_call);
         if local.inflight >= allowance {
             sent.held_by = Some(Reason::Concurrency);
             return sent;

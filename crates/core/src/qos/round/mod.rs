@@ -5,7 +5,7 @@
 use super::fair::{self, Claim};
 use super::fleet::{Demand, FleetShare, Report, RoundFleet};
 use super::light::{LightState, LIGHT_KEY};
-use super::page::{page_key, Entry, Page, ENTRIES_PER_PAGE, IDLE, MILLI, STAKED};
+use super::page::{page_key, Entry, Page, ENTRIES_PER_PAGE, IDLE, MILLI, SATISFIED, STAKED};
 use super::policy::{Mode, QosPolicy};
 use super::reactive::{self, Finished};
 use super::report::{self, Delta, ReportQueue};
@@ -206,7 +206,7 @@ impl Plan<'_> {
             }
             page.set_quiet(i, quiet);
             let idle = calls == 0 && demand < IDLE_DEMAND;
-            let flags = page.flags(i) & !IDLE;
+            let flags = page.flags(i) & !(IDLE | SATISFIED);
             if idle {
                 page.set_flags(i, flags | IDLE);
                 page.set_demand(i, 0.0);
@@ -214,7 +214,6 @@ impl Plan<'_> {
                 continue;
             }
             active += 1;
-            page.set_flags(i, flags);
             page.set_demand(i, demand as f32);
             if !self.calls {
                 page.set_cost(i, cost as f32);
@@ -233,11 +232,13 @@ impl Plan<'_> {
                 demand,
                 weight: self.weight(page.key(i), page.stake(i)),
             };
-            let per_interval = if claim.demand <= self.level * claim.weight {
+            let satisfied = claim.demand <= self.level * claim.weight;
+            let per_interval = if satisfied {
                 claim.demand * (1.0 + HEADROOM)
             } else {
                 fair::part(&claim, self.level)
             };
+            page.set_flags(i, if satisfied { flags | SATISFIED } else { flags });
             let grant = (per_interval * MILLI as f64) as i64;
             page.set_grant(i, grant.max(0) as u64);
             // Two rounds of burst, at least two calls.

@@ -357,8 +357,8 @@ fn one_vm_refills_per_round() {
 
 #[test]
 fn a_slow_client_gets_enough_concurrency_for_its_share() {
-    assert_eq!(concurrency_allowance(4, 0.5, 100.0, 150_000), 23);
-    assert_eq!(concurrency_allowance(4, 0.5, 100.0, 10_000), 4);
+    assert_eq!(concurrency_allowance(4, 0.5, 100.0, 150_000, false), 23);
+    assert_eq!(concurrency_allowance(4, 0.5, 100.0, 10_000, false), 4);
     let clients = vec![
         Client {
             latency_ms: 10,
@@ -373,6 +373,18 @@ fn a_slow_client_gets_enough_concurrency_for_its_share() {
     let admitted = run.admitted(100, 3000, 8000);
     let ratio = admitted[1] as f64 / admitted[0] as f64;
     assert!(ratio >= 0.9, "{admitted:?}");
+}
+
+#[test]
+fn a_client_under_its_part_has_room_for_the_spread_of_its_arrivals() {
+    // Little's law gives the mean in flight; one at its part is held to it
+    // (with headroom), one under its part also gets four standard
+    // deviations of a Poisson count, which a burst its share covers does
+    // not reach.
+    assert_eq!(concurrency_allowance(4, 0.5, 150.0, 20_000, false), 5);
+    assert_eq!(concurrency_allowance(4, 0.5, 150.0, 20_000, true), 13);
+    assert_eq!(concurrency_allowance(4, 0.5, 100.0, 150_000, true), 42);
+    assert_eq!(concurrency_allowance(4, 0.5, 10.0, 1_000, true), 4);
 }
 
 #[test]

@@ -103,6 +103,9 @@ pub struct NodeTimeCounts {
     pub wait_refused: u64,
     /// Change of the requests waiting for a slot on this VM.
     pub waiting: i64,
+    /// This VM's slot scale (`node_time::Occupancy`) in thousandths, when
+    /// an answer changed it.
+    pub slot_scale_milli: Option<u64>,
 }
 
 impl NodeTimeCounts {
@@ -251,6 +254,7 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "node_time.waited", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.waited) },
     Metric { name: "node_time.wait_refused", kind: Kind::Counter, read: |s, _| add(s.counts.node_time.wait_refused) },
     Metric { name: "node_time.waiting", kind: Kind::Gauge, read: |s, _| change(s.counts.node_time.waiting) },
+    Metric { name: "node_time.slot_scale", kind: Kind::Gauge, read: |s, _| set(s.counts.node_time.slot_scale_milli) },
     Metric { name: "cache.hits", kind: Kind::Counter, read: |s, _| add(s.counts.cache.hits) },
     Metric { name: "cache.misses", kind: Kind::Counter, read: |s, _| add(s.counts.cache.misses) },
     Metric { name: "cache.uncacheable", kind: Kind::Counter, read: |s, _| add(s.counts.cache.uncacheable) },

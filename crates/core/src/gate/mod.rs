@@ -58,7 +58,7 @@ use crate::shared::{update, Change, SharedStore, StoreError};
 use class::RequestClass;
 use drain::DrainRate;
 use policy::GatePolicy;
-use shards::{ShardTable, SlotKind, Slots, Spare, Totals};
+use shards::{Limits, ShardTable, SlotKind, Slots, Spare, Totals};
 
 /// The shared-data key; the layout version is part of it and of the value.
 pub const SHARED_KEY: &str = "stakegate.admission_gate.v1.shards";
@@ -143,6 +143,8 @@ pub struct InflightGate {
     spare: Spare,
     drain: DrainRate,
     jitter: Jitter,
+    /// `maxInflight` is scaled by this (`node_time::Occupancy`).
+    slot_scale: f64,
 }
 
 impl InflightGate {
@@ -153,11 +155,23 @@ impl InflightGate {
             spare: Spare::default(),
             drain: DrainRate::default(),
             jitter: Jitter::new(seed),
+            slot_scale: 1.0,
         }
     }
 
     pub fn policy(&self) -> &GatePolicy {
         &self.policy
+    }
+
+    /// The limits requests are let on by: the policy's, with `maxInflight`
+    /// scaled by how much longer a slot is held than the node works.
+    pub fn limits(&self) -> Limits {
+        self.policy.limits.scaled(self.slot_scale)
+    }
+
+    /// Sets the slot scale (`node_time::Occupancy`).
+    pub fn scale_slots(&mut self, scale: f64) {
+        self.slot_scale = scale;
     }
 
     /// Whether this VM holds a spare `kind` slot (its next request of that
@@ -316,7 +330,7 @@ impl InflightGate {
             Ok(vm) => vm,
             Err(e) => return Taken::failed(0, e),
         };
-        let limits = self.policy.limits;
+        let limits = self.limits();
         let spare = self.spare;
         let result = update(store, SHARED_KEY, |table: &mut ShardTable| {
             // Spares go back to the pool with this write.
@@ -374,7 +388,7 @@ impl InflightGate {
             self.policy.retry_after_max_s,
         );
         let mut facts = vec![Fact::Inflight(held)];
-        facts.extend(self.policy.limits.most(slot).map(Fact::Limit));
+        facts.extend(self.limits().most(slot).map(Fact::Limit));
         Admission {
             decision: Decision::Reject(Rejection::explained(
                 rule,

@@ -135,6 +135,44 @@ pub struct Meter {
     /// When each method's cost was last measured (ms).
     measured_ms: HashMap<u64, u64>,
     probing: HashSet<u64>,
+    occupancy: Occupancy,
+}
+
+/// How much longer a request holds its slot than the node works on it, as
+/// the node says (`serviceTimeHeader`): the hop to the node and back and
+/// Envoy's own time, which a busy gateway host makes long. The gate lets
+/// on that many times `maxInflight` (`Limits::scaled`, at most
+/// `MAX_SLOT_SCALE` times), so that about `maxInflight` requests are at
+/// work in the node whatever the host's load: were slots counted in the
+/// gateway's time, a slow Envoy would leave the node idle while admitted
+/// requests wait. The node's own queue is not in what it says, so a node
+/// that queues makes the scale grow only until `maxInflight` of its slots
+/// are busy, which is the limit's meaning. Without the header there is no
+/// scale: the gate's clock is the node's time.
+#[derive(Debug, Clone, Copy, Default)]
+struct Occupancy {
+    slot_us: f64,
+    node_us: f64,
+}
+
+/// The most the gate scales its slots by (`Occupancy`).
+pub const MAX_SLOT_SCALE: f64 = 4.0;
+/// What each new answer leaves of the sums before it (about the last few
+/// hundred answers count).
+const OCCUPANCY_KEPT: f64 = 0.995;
+
+impl Occupancy {
+    fn add(&mut self, slot_us: u64, node_us: u64) {
+        self.slot_us = self.slot_us * OCCUPANCY_KEPT + slot_us as f64;
+        self.node_us = self.node_us * OCCUPANCY_KEPT + node_us as f64;
+    }
+
+    fn scale(&self) -> f64 {
+        if self.node_us <= 0.0 {
+            return 1.0;
+        }
+        (self.slot_us / self.node_us).clamp(1.0, MAX_SLOT_SCALE)
+    }
 }
 
 /// How fast a method's held cost falls while no call as dear comes.
@@ -198,6 +236,17 @@ impl Meter {
             self.learned.hold(method, per_call, kept);
         }
         self.ended(priced);
+    }
+
+    /// A request held its slot `slot_us` while the node says it worked
+    /// `node_us` on it.
+    pub fn occupied(&mut self, slot_us: u64, node_us: u64) {
+        self.occupancy.add(slot_us, node_us);
+    }
+
+    /// How many times `maxInflight` the gate lets on (`Occupancy`).
+    pub fn slot_scale(&self) -> f64 {
+        self.occupancy.scale()
     }
 
     /// A request priced `priced` is over, learned from or not: a probe
@@ -423,6 +472,27 @@ mod tests {
 
     const BLOCK: &[u8] = br#"{"jsonrpc":"2.0","id":1,"method":"eth_blockNumber"}"#;
     const PROOF: &[u8] = br#"{"jsonrpc":"2.0","id":2,"method":"eth_getProof","params":[]}"#;
+
+    #[test]
+    fn slots_held_longer_than_the_node_works_scale_the_limit_within_bounds() {
+        let mut meter = Meter::default();
+        assert_eq!(meter.slot_scale(), 1.0, "nothing said yet");
+        // Each request holds its slot 6 ms for 3 ms of the node's work.
+        for _ in 0..2000 {
+            meter.occupied(6_000, 3_000);
+        }
+        assert!((meter.slot_scale() - 2.0).abs() < 1e-6);
+        // A host so slow that the node works a hundredth of the slot time.
+        for _ in 0..2000 {
+            meter.occupied(100_000, 1_000);
+        }
+        assert_eq!(meter.slot_scale(), MAX_SLOT_SCALE);
+        // The node says more than the slot (clocks apart): no scale.
+        for _ in 0..2000 {
+            meter.occupied(1_000, 2_000);
+        }
+        assert_eq!(meter.slot_scale(), 1.0);
+    }
 
     #[test]
     fn a_method_is_cheap_once_measured_cheap_and_a_batch_by_its_sum() {

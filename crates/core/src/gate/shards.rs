@@ -120,6 +120,18 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The limits with `maxInflight` times `scale` (at least 1): slots
+    /// held longer than the node works (`node_time::Occupancy`).
+    pub fn scaled(self, scale: f64) -> Limits {
+        let max_inflight = self
+            .max_inflight
+            .map(|m| ((f64::from(m) * scale.max(1.0)) as u32).max(m));
+        Limits {
+            max_inflight,
+            ..self
+        }
+    }
+
     /// The most `kind` slots there can ever be (`None`: unlimited).
     pub fn most(&self, kind: SlotKind) -> Option<u32> {
         match kind {
@@ -464,6 +476,25 @@ mod tests {
             "and no more"
         );
         assert_eq!(table.totals().inflight(), 4);
+    }
+
+    #[test]
+    fn a_scaled_limit_only_grows() {
+        let limits = Limits {
+            max_inflight: Some(6),
+            reserved: 1,
+            cheap: 1,
+            max_websocket: None,
+            per_websocket: 1,
+        };
+        assert_eq!(limits.scaled(1.7).max_inflight, Some(10));
+        assert_eq!(limits.scaled(0.5).max_inflight, Some(6));
+        assert_eq!(limits.scaled(1.7).reserved, 1);
+        let open = Limits {
+            max_inflight: None,
+            ..limits
+        };
+        assert_eq!(open.scaled(3.0).max_inflight, None);
     }
 
     #[test]

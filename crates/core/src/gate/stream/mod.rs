@@ -718,6 +718,12 @@ impl HttpRequest {
             .as_deref()
             .and_then(|name| header(name)?.trim().parse().ok());
         let since_us = metered.since_us.take();
+        if let (Some(told), Some(since_us)) = (told, since_us) {
+            w.meter.occupied(now.us().saturating_sub(since_us), told);
+            let scale = w.meter.slot_scale();
+            w.gate.scale_slots(scale);
+            w.counts.node_time.slot_scale_milli = Some((scale * 1000.0) as u64);
+        }
         let us = told.or_else(|| Some(now.us().saturating_sub(since_us?)))?;
         // Only a priced request's answer teaches its method's cost.
         if let Some(priced) = metered.priced {

@@ -164,9 +164,11 @@ impl InflightGate {
     }
 
     /// The limits requests are let on by: the policy's, with `maxInflight`
-    /// scaled by how much longer a slot is held than the node works.
+    /// scaled by how much longer a slot is held than the node works, up to
+    /// `nodeTime.nodeSlots`.
     pub fn limits(&self) -> Limits {
-        self.policy.limits.scaled(self.slot_scale)
+        let node_slots = self.policy.node_time.as_ref().and_then(|n| n.node_slots);
+        self.policy.limits.scaled(self.slot_scale, node_slots)
     }
 
     /// Sets the slot scale (`node_time::Occupancy`).

@@ -56,6 +56,8 @@ pub(super) struct NodeTimeDoc {
     max_waiting: Option<u32>,
     #[serde(default)]
     service_time_header: Option<String>,
+    #[serde(default)]
+    node_slots: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -68,6 +70,10 @@ pub struct NodeTimePolicy {
     /// in µs: used instead of the gate's clock, which also counts the hop
     /// to the node and back.
     pub service_time_header: Option<String>,
+    /// The node's read concurrency: with `service_time_header`, the gate
+    /// lets on up to this many (`maxInflight` scaled, `Occupancy`).
+    /// `None`: `maxInflight`, no scale.
+    pub node_slots: Option<u32>,
 }
 
 impl NodeTimePolicy {
@@ -78,6 +84,7 @@ impl NodeTimePolicy {
     pub(super) fn compile(
         doc: NodeTimeDoc,
         slots: Option<u32>,
+        max_inflight: Option<u32>,
         decide_on_body: bool,
         f: &mut Fields,
     ) -> Result<Self, PolicyError> {
@@ -109,7 +116,29 @@ impl NodeTimePolicy {
         let service_time_header = service_time_header
             .map(|name| header_name("nodeTime.serviceTimeHeader", name))
             .transpose()?;
+        if let Some(node_slots) = doc.node_slots {
+            ensure(service_time_header.is_some(), "nodeTime.nodeSlots", || {
+                "needs serviceTimeHeader: only the node's word on its time tells the hop to the node from the node's work".into()
+            })?;
+            ensure(
+                node_slots >= max_inflight.unwrap_or(0) && node_slots <= 1_000_000,
+                "nodeTime.nodeSlots",
+                || {
+                    format!(
+                        "must be at least maxInflight ({}) and at most 1000000; got {node_slots}",
+                        max_inflight.unwrap_or(0)
+                    )
+                },
+            )?;
+        }
+        let node_slots = f.or_else(
+            "nodeTime.nodeSlots",
+            doc.node_slots.map(Some),
+            "maxInflight",
+            || None,
+        );
         Ok(Self {
+            node_slots,
             service_time_header,
             cheap_slots,
             cheap_below_us: (cheap_below_ms * 1000.0).round() as u64,
@@ -142,13 +171,15 @@ pub struct Meter {
 /// the node says (`serviceTimeHeader`): the hop to the node and back and
 /// Envoy's own time, which a busy gateway host makes long. The gate lets
 /// on that many times `maxInflight` (`Limits::scaled`, at most
-/// `MAX_SLOT_SCALE` times), so that about `maxInflight` requests are at
-/// work in the node whatever the host's load: were slots counted in the
-/// gateway's time, a slow Envoy would leave the node idle while admitted
-/// requests wait. The node's own queue is not in what it says, so a node
-/// that queues makes the scale grow only until `maxInflight` of its slots
-/// are busy, which is the limit's meaning. Without the header there is no
-/// scale: the gate's clock is the node's time.
+/// `MAX_SLOT_SCALE` times, and never more than `nodeSlots`, the node's read
+/// concurrency), so that about `maxInflight` requests are at work in the
+/// node whatever the host's load: were slots counted in the gateway's
+/// time, a slow Envoy would leave the node idle while admitted requests
+/// wait. The node's own queue is in the slot's time but not in what the
+/// node says, so the scale cannot tell a node that queues from a slow hop:
+/// `nodeSlots` bounds it, so the node never holds more than it can work on
+/// (without it a node with fewer slots than the gate lets on made the
+/// scale grow on its own queue). Without `nodeSlots` there is no scale.
 #[derive(Debug, Clone, Copy, Default)]
 struct Occupancy {
     slot_us: f64,
@@ -591,7 +622,7 @@ mod tests {
     fn the_block_needs_decide_on_body_and_leaves_heavy_calls_a_slot() {
         let compile = |json: &str, slots, body| {
             let doc: NodeTimeDoc = serde_json::from_str(json).unwrap();
-            NodeTimePolicy::compile(doc, slots, body, &mut Fields::default())
+            NodeTimePolicy::compile(doc, slots, Some(10), body, &mut Fields::default())
         };
         let err = compile("{}", Some(8), false).unwrap_err().to_string();
         assert!(err.starts_with("nodeTime: needs decideOnBody"), "{err}");
@@ -610,7 +641,22 @@ mod tests {
                 wait_ms: 1000,
                 max_waiting: 1024,
                 service_time_header: None,
+                node_slots: None,
             }
         );
+        let err = compile(r#"{"nodeSlots": 12}"#, Some(8), true).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("nodeTime.nodeSlots: needs serviceTimeHeader"),
+            "{err}"
+        );
+        let header = r#""serviceTimeHeader": "x-node-service-us""#;
+        let err = compile(&format!(r#"{{"nodeSlots": 9, {header}}}"#), Some(8), true);
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .starts_with("nodeTime.nodeSlots: must be at least maxInflight (10)"),);
+        let policy = compile(&format!(r#"{{"nodeSlots": 12, {header}}}"#), Some(8), true);
+        assert_eq!(policy.unwrap().node_slots, Some(12));
     }
 }

@@ -216,7 +216,10 @@ impl GatePolicy {
         let priority = f.or_else("classes.priority", doc.classes.priority, "[]", Vec::new);
         let node_time = doc
             .node_time
-            .map(|d| NodeTimePolicy::compile(d, limits.most(SlotKind::Default), decide_on_body, f))
+            .map(|d| {
+                let slots = limits.most(SlotKind::Default);
+                NodeTimePolicy::compile(d, slots, limits.max_inflight, decide_on_body, f)
+            })
             .transpose()?;
         limits.cheap = node_time.as_ref().map_or(0, |n| n.cheap_slots);
         ensure(doc.cache.is_none() || doc.dedup.is_some(), "cache", || {

@@ -120,14 +120,16 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The limits with `maxInflight` times `scale` (at least 1): slots
-    /// held longer than the node works (`node_time::Occupancy`).
-    pub fn scaled(self, scale: f64) -> Limits {
-        let max_inflight = self
-            .max_inflight
-            .map(|m| ((f64::from(m) * scale.max(1.0)) as u32).max(m));
+    /// The limits with `maxInflight` times `scale`, up to `most` (at
+    /// least `maxInflight`; `None`: no scale): slots held longer than the
+    /// node works (`node_time::Occupancy`).
+    pub fn scaled(self, scale: f64, most: Option<u32>) -> Limits {
+        let (Some(m), Some(most)) = (self.max_inflight, most) else {
+            return self;
+        };
+        let scaled = (f64::from(m) * scale.max(1.0)) as u32;
         Limits {
-            max_inflight,
+            max_inflight: Some(scaled.min(most).max(m)),
             ..self
         }
     }
@@ -479,7 +481,7 @@ mod tests {
     }
 
     #[test]
-    fn a_scaled_limit_only_grows() {
+    fn a_scaled_limit_grows_up_to_the_nodes_slots() {
         let limits = Limits {
             max_inflight: Some(6),
             reserved: 1,
@@ -487,14 +489,24 @@ mod tests {
             max_websocket: None,
             per_websocket: 1,
         };
-        assert_eq!(limits.scaled(1.7).max_inflight, Some(10));
-        assert_eq!(limits.scaled(0.5).max_inflight, Some(6));
-        assert_eq!(limits.scaled(1.7).reserved, 1);
+        assert_eq!(limits.scaled(1.7, Some(16)).max_inflight, Some(10));
+        assert_eq!(
+            limits.scaled(1.7, Some(8)).max_inflight,
+            Some(8),
+            "the node's slots"
+        );
+        assert_eq!(
+            limits.scaled(1.7, None).max_inflight,
+            Some(6),
+            "no nodeSlots"
+        );
+        assert_eq!(limits.scaled(0.5, Some(16)).max_inflight, Some(6));
+        assert_eq!(limits.scaled(1.7, Some(16)).reserved, 1);
         let open = Limits {
             max_inflight: None,
             ..limits
         };
-        assert_eq!(open.scaled(3.0).max_inflight, None);
+        assert_eq!(open.scaled(3.0, Some(16)).max_inflight, None);
     }
 
     #[test]

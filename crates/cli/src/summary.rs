@@ -104,6 +104,10 @@ pub struct NodeSummary {
     /// finality poll) count as the node's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub calls_avoided: Option<f64>,
+    /// What the run does not model of the gate's answer cache, if it is
+    /// on (the simulator).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache: Option<&'static str>,
     /// Per second of a real run, sampled from the node.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<NodeSecond>,
@@ -183,6 +187,7 @@ impl NodeSummary {
             }),
             timeline: Vec::new(),
             calls_avoided: None,
+            cache: None,
         }
     }
 }

@@ -572,3 +572,17 @@ fn a_change_of_cost_is_followed_within_two_seconds() {
         calls(12)
     );
 }
+
+/// The virtual node answers no bodies and no finality poll, so the gate's
+/// answer cache keeps nothing in the simulator: a run with the cache on
+/// says so where it gives the upstream counts (a real run of read-mix
+/// avoids most node calls; the simulator's counts are the node's without
+/// the cache).
+#[test]
+fn a_simulated_run_says_the_answer_cache_is_not_modelled() {
+    let text = sim(&scenarios().join("read-mix.toml"), false);
+    assert!(
+        text.contains("answer cache: not modelled in the simulator"),
+        "{text}"
+    );
+}

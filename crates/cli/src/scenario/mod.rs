@@ -237,6 +237,13 @@ pub struct Filter {
 }
 
 impl Filter {
+    /// Whether this is the admission gate with its answer cache on.
+    pub fn caches(&self) -> bool {
+        self.name == "admission-gate"
+            && serde_json::from_str::<serde_json::Value>(&self.policy)
+                .is_ok_and(|p| p.get("cache").is_some_and(|c| !c.is_null()))
+    }
+
     /// The shadow candidate's policy as it would enforce, if this is one.
     pub fn enforcing_policy(&self) -> anyhow::Result<String> {
         let mut value: serde_json::Value = serde_json::from_str(&self.policy)?;
@@ -319,6 +326,11 @@ pub fn resolve(arg: &str) -> PathBuf {
 }
 
 impl Scenario {
+    /// Whether the gate's answer cache is on in its chain.
+    pub fn caches(&self) -> bool {
+        self.filters.iter().any(Filter::caches)
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -701,6 +713,15 @@ mod tests {
             }
         }
         assert!(parsed > 0);
+    }
+
+    #[test]
+    fn the_shipped_scenarios_with_the_answer_cache_on_are_known() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scenarios");
+        let caches = |name: &str| Scenario::load(&dir.join(name)).unwrap().caches();
+        assert!(caches("read-mix.toml") && caches("head-reads.toml"));
+        assert!(caches("node-time-under-share.toml"));
+        assert!(!caches("stake-shares.toml") && !caches("node-time-qos.toml"));
     }
 
     #[test]

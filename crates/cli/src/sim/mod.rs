@@ -39,6 +39,11 @@ pub struct SimArgs {
     pub no_filters: bool,
 }
 
+/// What a simulated run says when the gate's answer cache is on: the
+/// virtual node answers no bodies and no finality poll, so nothing is
+/// kept, and the upstream counts are the node's without the cache.
+pub const CACHE_NOT_MODELLED: &str = "not modelled in the simulator (the virtual node answers no bodies and no finality poll, so nothing is kept: the upstream counts are the node's without the cache); `stakegate scenario run` measures it";
+
 /// Runs a scenario and returns its summary, with what each of `baselines`
 /// would have admitted from the same arrivals.
 pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<Summary> {
@@ -50,6 +55,9 @@ pub fn simulate(scenario: &Scenario, baselines: &[Mechanism]) -> anyhow::Result<
     let mut world = World::new(scenario, baselines)?;
     world.run()?;
     let mut summary = world.summary(baselines);
+    if let Some(node) = summary.node.as_mut().filter(|_| scenario.caches()) {
+        node.cache = Some(CACHE_NOT_MODELLED);
+    }
     if let Some(promoted) = scenario.promoted()? {
         let mut enforcing = World::new(&promoted, &[])?;
         enforcing.run()?;
@@ -140,6 +148,9 @@ pub fn table(scenario: &Scenario, summary: &Summary) -> String {
                 "upstream: {} requests, {} unique, amplification {:.3}\n",
                 up.requests, up.unique_requests, up.amplification
             );
+        }
+        if let Some(cache) = node.cache {
+            out += &format!("answer cache: {cache}\n");
         }
         if let Some(avoided) = node.calls_avoided {
             out += &format!(

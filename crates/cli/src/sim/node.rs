@@ -150,6 +150,7 @@ impl VirtualNode {
             upstream: Some(Upstream::new(self.requests, self.unique.len() as u64)),
             timeline: Vec::new(),
             calls_avoided: None,
+            cache: None,
         }
     }
 }

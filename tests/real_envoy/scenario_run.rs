@@ -235,52 +235,6 @@ fn shares_of_node_time_follow_stake_where_shares_of_calls_do_not() {
     assert_eq!(light["status_counts"]["503"], 0, "{light}");
 }
 
-/// scenarios/node-time-under-share.toml (the example gate policy's dedup
-/// and cache on, a staker sending a fifteenth of its share beside three
-/// floods), shortened, beside two busy-looping threads: the gateway host is
-/// busy, as it is in an overload. The gate counts its slots in the node's
-/// time (the node says it in `x-node-service-us`), so a slow Envoy does not
-/// leave the node idle while admitted requests wait: before, with the slot
-/// held for the gateway's time too, 2,710 to 8,292 of 36,000 got 503 on a
-/// quiet host and the node's own header said it was busy 0.74 to 0.84 of
-/// its capacity.
-#[test]
-fn node_time_holds_on_a_busy_host_and_a_staker_under_its_share_gets_its_calls() {
-    let out = tempfile::tempdir().unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let hogs: Vec<_> = (0..2)
-        .map(|_| {
-            let stop = stop.clone();
-            let started = std::time::Instant::now();
-            std::thread::spawn(move || {
-                // Bounded: it stops when told, or after two minutes.
-                while !stop.load(std::sync::atomic::Ordering::Relaxed)
-                    && started.elapsed() < std::time::Duration::from_secs(120)
-                {
-                    std::hint::spin_loop();
-                }
-            })
-        })
-        .collect();
-    let summary = scenario_run("node-time-under-share", "8s", out.path());
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    for hog in hogs {
-        hog.join().unwrap();
-    }
-    for c in summary["clients"].as_array().unwrap() {
-        assert_eq!(c["status_counts"]["503"], 0, "{c}");
-    }
-    let light = &client(&summary, "light")["status_counts"];
-    let ok = light["200"].as_f64().unwrap();
-    let sent: f64 = ["200", "429", "503", "other", "timeout", "transport_error"]
-        .iter()
-        .map(|k| light[k].as_f64().unwrap_or(0.0))
-        .sum();
-    assert!(ok >= 0.95 * sent, "{light}");
-    let fill = summary["node_fill"].as_f64().unwrap();
-    assert!(fill >= 0.85, "the node's own time: {fill} of its capacity");
-}
-
 /// scenarios/node-time-cost-change.toml, shortened: eth_call's cost goes
 /// from 5 ms to 50 ms at 10 s; QoS learns it from the answers, and its
 /// caller keeps its half of the node's time with a tenth of the calls.

@@ -289,31 +289,55 @@ impl Meter {
     }
 }
 
-/// The VMs with requests waiting for a slot, each with its oldest waiting
-/// request's deadline (ms): requests wait oldest first across VMs, not only
-/// within one. A VM that frees a slot serves its own oldest only if no
-/// other VM's is older; else (and when it has none waiting) it gives its
-/// spare slots back and wakes the VMs whose requests are older
-/// (`SLOT_WAKE` on their wake queues). A VM that runs all its waiting
-/// requests' slots itself would starve another VM's clients.
+/// The VMs with requests waiting for a slot, each with the turn of the
+/// request it would serve first: requests wait priority first, then oldest
+/// first, across VMs, not only within one. A VM that frees a slot serves
+/// its own first waiter only if no other VM's goes before it; else (and
+/// when it has none waiting) it gives its spare slots back and wakes the
+/// VMs whose first waiters go before (`SLOT_WAKE` on their wake queues). A
+/// VM that runs all its waiting requests' slots itself would starve
+/// another VM's clients, and one that went by age alone would give a slot
+/// to its crowd's oldest while a staked call waited on the other worker.
 ///
-/// Layout: count `u16`, then per VM its number `u32` and the deadline
-/// `u64`, little-endian. An entry past its deadline by the stale-slot TTL
-/// is a VM that went away (a live one refuses its requests at their
-/// deadline and takes its entry off).
+/// Layout: count `u16`, then per VM its number `u32`, its first waiter's
+/// class `u8` (0 priority, 1 default) and deadline `u64`, little-endian. An
+/// entry past its deadline by the stale-slot TTL is a VM that went away (a
+/// live one refuses its requests at their deadline and takes its entry
+/// off).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Waiters(pub Vec<(u32, u64)>);
+pub struct Waiters(pub Vec<(u32, Turn)>);
 
-pub const WAITERS_KEY: &str = "stakegate.admission_gate.v1.waiters";
+/// Where a waiting request stands: priority requests before default ones,
+/// each class oldest (earliest deadline) first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Turn {
+    /// 0 for the priority class, 1 for the default class.
+    pub class: u8,
+    /// When it must go (ms).
+    pub deadline: u64,
+}
+
+impl Turn {
+    pub fn new(priority: bool, deadline: u64) -> Self {
+        Self {
+            class: u8::from(!priority),
+            deadline,
+        }
+    }
+}
+
+/// v2: v1 had no class, so a new VM beside an old one during a module swap
+/// keeps to its own record.
+pub const WAITERS_KEY: &str = "stakegate.admission_gate.v2.waiters";
 /// The wake message that says a slot is free.
 pub const SLOT_WAKE: &[u8] = b"slot";
 
 impl Waiters {
-    /// Sets `vm`'s oldest deadline (`None`: nothing waits there).
-    pub fn set(&mut self, vm: u32, oldest: Option<u64>) {
+    /// Sets `vm`'s first waiter's turn (`None`: nothing waits there).
+    pub fn set(&mut self, vm: u32, first: Option<Turn>) {
         self.0.retain(|(v, _)| *v != vm);
-        if let Some(deadline) = oldest {
-            self.0.push((vm, deadline));
+        if let Some(turn) = first {
+            self.0.push((vm, turn));
         }
     }
 
@@ -322,15 +346,15 @@ impl Waiters {
         self.0.is_empty()
     }
 
-    /// The live VMs other than `me` whose oldest request is older than
-    /// `than` (any, if `than` is `None`).
-    pub fn older(&self, me: u32, than: Option<u64>, now_ms: u64, ttl_ms: u64) -> Vec<u32> {
+    /// The live VMs other than `me` whose first waiter goes before `than`
+    /// (any, if `than` is `None`).
+    pub fn ahead(&self, me: u32, than: Option<Turn>, now_ms: u64, ttl_ms: u64) -> Vec<u32> {
         self.0
             .iter()
-            .filter(|(vm, deadline)| {
+            .filter(|(vm, turn)| {
                 *vm != me
-                    && deadline.saturating_add(ttl_ms) >= now_ms
-                    && than.is_none_or(|than| *deadline < than)
+                    && turn.deadline.saturating_add(ttl_ms) >= now_ms
+                    && than.is_none_or(|than| *turn < than)
             })
             .map(|(vm, _)| *vm)
             .collect()
@@ -339,11 +363,12 @@ impl Waiters {
 
 impl Record for Waiters {
     fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(2 + 12 * self.0.len());
+        let mut out = Vec::with_capacity(2 + ENTRY_BYTES * self.0.len());
         out.extend_from_slice(&(self.0.len() as u16).to_le_bytes());
-        for (vm, at) in &self.0 {
+        for (vm, turn) in &self.0 {
             out.extend_from_slice(&vm.to_le_bytes());
-            out.extend_from_slice(&at.to_le_bytes());
+            out.push(turn.class);
+            out.extend_from_slice(&turn.deadline.to_le_bytes());
         }
         out
     }
@@ -356,16 +381,33 @@ impl Record for Waiters {
             .get(..2)
             .map(|b| usize::from(u16::from_le_bytes([b[0], b[1]])))
             .ok_or("waiters: too short")?;
-        if bytes.len() != 2 + 12 * count {
+        if bytes.len() != 2 + ENTRY_BYTES * count {
             return Err(format!(
                 "waiters: {} bytes for {count} entries",
                 bytes.len()
             ));
         }
         let mut r = Reader(&bytes[2..]);
-        Ok(Self((0..count).map(|_| (r.u32(), r.u64())).collect()))
+        Ok(Self(
+            (0..count)
+                .map(|_| {
+                    let vm = r.u32();
+                    let class = r.u8();
+                    (
+                        vm,
+                        Turn {
+                            class,
+                            deadline: r.u64(),
+                        },
+                    )
+                })
+                .collect(),
+        ))
     }
 }
+
+/// A VM's entry in `Waiters`: number, class, deadline.
+const ENTRY_BYTES: usize = 4 + 1 + 8;
 
 /// Whether the gate is busy: it prices every request while it is, and
 /// otherwise only those that take a slot from the shared pool.
@@ -599,22 +641,29 @@ mod tests {
     }
 
     #[test]
-    fn waiters_round_trip_and_say_who_waited_longer() {
+    fn waiters_round_trip_and_say_whose_turn_comes_first() {
+        let (staked, crowd) = (|at| Turn::new(true, at), |at| Turn::new(false, at));
         let mut waiters = Waiters::default();
-        waiters.set(1, Some(1000));
-        waiters.set(2, Some(5000));
-        waiters.set(3, Some(5000));
+        waiters.set(1, Some(crowd(1000)));
+        waiters.set(2, Some(crowd(5000)));
+        waiters.set(3, Some(crowd(5000)));
         waiters.set(3, None);
         let back = Waiters::decode(&waiters.encode()).unwrap();
         assert_eq!(back, waiters);
-        assert_eq!(back.older(2, None, 4000, 10_000), [1]);
+        assert_eq!(back.ahead(2, None, 4000, 10_000), [1]);
         assert_eq!(
-            back.older(1, Some(4000), 4000, 10_000),
+            back.ahead(1, Some(crowd(4000)), 4000, 10_000),
             [2; 0],
             "1 is oldest"
         );
-        assert_eq!(back.older(9, Some(6000), 4000, 10_000), [1, 2]);
-        assert_eq!(back.older(9, None, 12_000, 10_000), [2], "1 went away");
+        assert_eq!(back.ahead(9, Some(crowd(6000)), 4000, 10_000), [1, 2]);
+        assert_eq!(back.ahead(9, None, 12_000, 10_000), [2], "1 went away");
+        // A staked call, however young, goes before the crowd's oldest.
+        waiters.set(4, Some(staked(9000)));
+        let back = Waiters::decode(&waiters.encode()).unwrap();
+        assert_eq!(back.ahead(1, Some(crowd(1000)), 4000, 10_000), [4]);
+        assert_eq!(back.ahead(4, Some(staked(9000)), 4000, 10_000), [2; 0]);
+        assert_eq!(back.ahead(1, Some(staked(8000)), 4000, 10_000), [2; 0]);
         assert!(Waiters::decode(&[1, 0, 7]).is_err());
     }
 

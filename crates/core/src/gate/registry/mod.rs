@@ -28,7 +28,7 @@ use super::at_head::{Heads, Hold, HEAD_POLL};
 use super::coalesce::{Acts, Coalescer, Held, Response};
 use super::counts::{Snapshot, Ticked};
 use super::held::Checked;
-use super::node_time::{Full, Waiters, SLOT_WAKE, WAIT_TICK_MS};
+use super::node_time::{Full, Turn, Waiters, SLOT_WAKE, WAIT_TICK_MS};
 use super::policy::GatePolicy;
 use super::reply::{Act, Callout, Reply};
 use super::stream::{GateStream, Head, OnBody, OnHeaders, OnResponse, Settled};
@@ -102,9 +102,9 @@ pub struct Registry<S: SharedStore> {
     last_heartbeat_ms: u64,
     /// When dedup's engagement tick last ran.
     last_engage_ms: u64,
-    /// The oldest waiting request's deadline this VM last said in shared
+    /// The turn of this VM's first waiting request it last said in shared
     /// data (`node_time::Waiters`).
-    announced: Option<u64>,
+    announced: Option<Turn>,
     /// The waiters record as last read, and when (ms).
     waiters_seen: Option<(u64, Waiters)>,
     /// The requests held for an answer, and the subscriptions open, as
@@ -428,8 +428,8 @@ impl<S: SharedStore> Registry<S> {
         let now = &mut Now::lazy_us(self.clock);
         self.worker.give_lingering(now);
         let mut full = Full::expiring(expire);
-        if self.slots_wait() && self.defer_to_older(now, expire) {
-            // Another VM's requests waited longer: its turn for heavy slots.
+        if self.slots_wait() && self.defer_to_first(now, expire) {
+            // Another VM's first waiter goes before ours: its turn for slots.
             full.found(true);
         }
         // Priority requests (staked callers among them) first, each class

@@ -129,6 +129,54 @@ fn a_freed_slot_goes_to_the_worker_whose_request_waited_longest() {
     assert_eq!(a.take(0).0, [Do::Resume(4, None)]);
 }
 
+/// Across workers, a staked caller's waiting request goes before an
+/// unstaked crowd's however long the crowd waited: A's crowd waited
+/// first, B's staked call came later, and the slot A frees is B's. (Workers
+/// compared only ages before, and a crowd split over two workers took
+/// freed slots while a staked call waited on the other.)
+#[test]
+fn a_freed_slot_goes_to_the_worker_whose_waiting_request_is_staked() {
+    let policy = r#"{"maxInflight": 1, "decideOnBody": true,
+        "nodeTime": {"cheapSlots": 0, "waitMs": 1000},
+        "classes": {"priority": [{"staked": true}]}}"#;
+    let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
+    let store = MemoryStore::default();
+    let mut a = Registry::new(policy.clone(), 1, &store, clock_us);
+    let mut b = Registry::new(policy, 2, &store, clock_us);
+    let ask = |r: &mut Registry<&MemoryStore>, id: u32, staked: bool| {
+        let caller = &mut Caller {
+            staked,
+            ..Caller::default()
+        };
+        assert_eq!(r.headers(id, caller, post()), OnHeaders::Continue);
+        let body = call(id, "eth_getProof");
+        r.request_body(id, body.len(), true, &mut Bytes(body), caller)
+    };
+    at_ms(1000);
+    assert_eq!(ask(&mut a, 1, false), Then::Continue);
+    assert_eq!(ask(&mut a, 2, false), Then::Pause);
+    at_ms(1010);
+    assert_eq!(ask(&mut b, 3, true), Then::Pause);
+    a.take(0);
+    b.take(0);
+    // A's wait tick reads who waits, then its own request ends.
+    at_ms(1030);
+    a.retry_waiting();
+    assert_eq!(a.take(0).0, []);
+    at_ms(1040);
+    a.response_headers(1, true, ok);
+    a.done(1);
+    assert_eq!(
+        a.take(0).0,
+        [Do::Wake(
+            vec![b.worker.gate.vm().unwrap()],
+            SLOT_WAKE.to_vec()
+        )]
+    );
+    b.woken(SLOT_WAKE);
+    assert_eq!(b.take(0).0, [Do::Resume(3, None)]);
+}
+
 /// Stream `id` opens a public WebSocket.
 fn open(r: &mut Rig, id: u32) {
     let head = Head {

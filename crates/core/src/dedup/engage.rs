@@ -10,7 +10,10 @@
 //! dedup were off. It **engages** when a request has been at the node for
 //! `engageAfterMs` (100 ms), on any worker, and stands by again once none
 //! has for `standbyAfterMs` (5 s). It starts engaged, until the node has
-//! shown it is quick.
+//! shown it is quick: until `standbyAfterMs` after the gateway's first
+//! request (before, it stood by 5 s after it started, so on a gateway that
+//! waited for its first client the first identical requests were both
+//! sent).
 //!
 //! **How it is measured.** Each worker counts its requests at the node by
 //! the tick (`TICK_MS`) they were admitted in: no clock read and no shared
@@ -80,6 +83,10 @@ pub struct Engagement {
     until_ms: Option<u64>,
     /// As of the last tick (engaged before the first).
     engaged: bool,
+    /// Whether a request has gone to the node from this worker. Until one
+    /// has, it says nothing in the shared record (a quiet worker would hold
+    /// the others engaged) and follows it; engaged while no worker has.
+    seen: bool,
 }
 
 /// A request at the node, by the tick it was admitted in.
@@ -97,6 +104,7 @@ impl Engagement {
             first_tick: 0,
             until_ms: None,
             engaged: true,
+            seen: false,
         }
     }
 
@@ -107,6 +115,7 @@ impl Engagement {
 
     /// A request went to the node.
     pub fn started(&mut self) -> AtNode {
+        self.seen = true;
         if let Some(n) = self.at_node.back_mut() {
             *n += 1;
         }
@@ -150,18 +159,27 @@ impl Engagement {
             }
         }
         let (EngagedUntil(shared), cas) = read::<EngagedUntil>(store, ENGAGED_KEY)?;
-        let mine = match self.until_ms {
-            // Engaged from the start, until the node shows it is quick.
-            None => now_ms + self.standby_after_ms,
-            Some(_) if slow => now_ms + self.standby_after_ms,
-            Some(until) => until,
-        };
-        if mine > shared + TICK_MS {
-            // A lost race is fine: the other worker engaged too.
-            store.store(ENGAGED_KEY, &EngagedUntil(mine).encode(), cas)?;
+        if self.seen {
+            let mine = match self.until_ms {
+                Some(until) if !slow => until,
+                // Its first request, after another worker's: the
+                // gateway's first request started the clock.
+                None if !slow && shared > 0 => shared,
+                // Slow; or the gateway's first request: engaged from the
+                // start until `standbyAfterMs` after it.
+                _ => now_ms + self.standby_after_ms,
+            };
+            if mine > shared + TICK_MS {
+                // A lost race is fine: the other worker engaged too.
+                store.store(ENGAGED_KEY, &EngagedUntil(mine).encode(), cas)?;
+            }
+            self.until_ms = Some(mine);
         }
-        self.until_ms = Some(mine);
-        self.engaged = now_ms < mine.max(shared);
+        self.engaged = match self.until_ms {
+            // No worker has sent a request yet.
+            None if shared == 0 => true,
+            mine => now_ms < mine.unwrap_or(0).max(shared),
+        };
         Ok(self.engaged)
     }
 }
@@ -209,8 +227,11 @@ mod tests {
         let store = MemoryStore::default();
         let (mut a, mut b) = (Engagement::new(100, 1000), Engagement::new(100, 1000));
         let (mut now_a, mut now_b) = (0, 0);
-        ticks(&mut a, &store, &mut now_a, 12);
-        ticks(&mut b, &store, &mut now_b, 12);
+        for (e, now) in [(&mut a, &mut now_a), (&mut b, &mut now_b)] {
+            let quick = e.started();
+            e.ended(quick);
+            ticks(e, &store, now, 12);
+        }
         assert!(!a.engaged() && !b.engaged());
         let _stuck = a.started();
         ticks(&mut a, &store, &mut now_a, 2);
@@ -219,6 +240,32 @@ mod tests {
             ticks(&mut b, &store, &mut now_b, 1),
             "b engages from the shared record"
         );
+    }
+
+    #[test]
+    fn it_stays_engaged_until_the_gateways_first_request_shows_the_node_quick() {
+        let store = MemoryStore::default();
+        let (mut first, mut quiet) = (Engagement::new(100, 1000), Engagement::new(100, 1000));
+        let (mut now, mut now_quiet) = (0, 0);
+        assert!(ticks(&mut first, &store, &mut now, 100), "10 s, no request");
+        assert!(ticks(&mut quiet, &store, &mut now_quiet, 100));
+        assert_eq!(read::<EngagedUntil>(&store, ENGAGED_KEY).unwrap().0 .0, 0);
+        let request = first.started();
+        first.ended(request);
+        assert!(
+            ticks(&mut first, &store, &mut now, 9),
+            "engaged for 1 s more"
+        );
+        assert!(
+            !ticks(&mut first, &store, &mut now, 2),
+            "then quick: standing by"
+        );
+        // A worker that has sent none follows the shared record, and its
+        // first request, quick, does not start the clock again.
+        assert!(!ticks(&mut quiet, &store, &mut now_quiet, 11));
+        let request = quiet.started();
+        quiet.ended(request);
+        assert!(!ticks(&mut quiet, &store, &mut now_quiet, 1));
     }
 
     #[test]

@@ -70,7 +70,7 @@ async def main(http_url, ws_url):
     out["accountInfo"] = value(await client.get_account_info(ACCOUNT, encoding="base64"))
     out["multipleAccounts"] = value(await client.get_multiple_accounts([ACCOUNT, PROGRAM], encoding="base64"))
     out["programAccounts"] = value(await client.get_program_accounts(PROGRAM, encoding="base64"))
-    out["signaturesForAddress"] = value(await client.get_signatures_for_address(ACCOUNT))
+    out["signaturesForAddress"] = value(await client.get_signatures_for_address(ACCOUNT, commitment=Confirmed))
     finalized = (await client.get_slot()).value
     out["block"] = value(await client.get_block(finalized, max_supported_transaction_version=0))
 
@@ -83,6 +83,10 @@ async def main(http_url, ws_url):
     sent = (await client.send_raw_transaction(bytes(transaction))).value
     out["sentSignatureIsTheTransactions"] = sent == transaction.signatures[0]
     out["transaction"] = value(await client.get_transaction(sent, max_supported_transaction_version=0))
+    # The loop a wallet runs after sending: statuses until it is confirmed
+    # (solana-py gives up after 90 s), then the status it ended on.
+    confirmed = await client.confirm_transaction(sent, Confirmed, sleep_seconds=0.2)
+    out["confirmed"] = value(confirmed)["value"][0]["confirmationStatus"]
     out["signatureStatuses"] = value(await client.get_signature_statuses([sent]))
     await client.close()
 

@@ -62,6 +62,8 @@ pub struct Node {
     first_request: std::sync::OnceLock<Instant>,
     /// Each newly executed block's number (PubSub's notifications).
     heads: tokio::sync::broadcast::Sender<u64>,
+    /// Solana: the transactions sent, and the slot each landed in.
+    landed: Mutex<solana::Landed>,
 }
 
 /// The `GET /metrics` document.
@@ -176,6 +178,7 @@ impl Node {
             started: Instant::now(),
             first_request: std::sync::OnceLock::new(),
             heads: tokio::sync::broadcast::channel(64).0,
+            landed: Mutex::default(),
             config,
         })
     }
@@ -289,7 +292,9 @@ impl Node {
                             format!("{method} is PubSub's: subscribe over the WebSocket"),
                         )),
                     },
-                    Flavour::Solana => solana::answer(&method, &params, head),
+                    Flavour::Solana => {
+                        solana::answer_keeping(&method, &params, head, &mut lock(&self.landed))
+                    }
                 };
                 let answer = match answer {
                     Ok(result) => rpc::result(id, result),

@@ -13,11 +13,14 @@
 //! The state is a function of the slot and the call: every account holds a
 //! fixed balance derived from its address, every program owns
 //! `PROGRAM_ACCOUNTS` accounts, and every transaction sent lands in the next
-//! slot. Enough for clients to do their everyday work and compare answers;
-//! no transaction is executed.
+//! slot (`Landed`: `getSignatureStatuses` says it processed, then confirmed
+//! a slot later, then finalized `FINALIZED_DEPTH` slots later, so clients'
+//! confirmation loops end). Enough for clients to do their everyday work
+//! and compare answers; no transaction is executed.
 
 use crate::rpc::{self, fnv1a};
 use serde_json::{json, Value};
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 /// The default table: what each method holds a read slot for. In the
@@ -194,6 +197,77 @@ fn first_signature(params: &Value) -> Option<String> {
     Some(bs58::encode(&bytes[1..65]).into_string())
 }
 
+/// The transactions sent, by first signature, with the slot each landed in
+/// (the one after the head when it was sent). The oldest are forgotten past
+/// `KEPT_SIGNATURES`, as a node's status cache lets old ones go.
+#[derive(Debug, Default)]
+pub struct Landed {
+    slots: HashMap<String, u64>,
+    order: VecDeque<String>,
+}
+
+pub const KEPT_SIGNATURES: usize = 100_000;
+
+impl Landed {
+    fn record(&mut self, signature: &str, slot: u64) {
+        if self.slots.insert(signature.to_string(), slot).is_none() {
+            self.order.push_back(signature.to_string());
+        }
+        while self.order.len() > KEPT_SIGNATURES {
+            if let Some(old) = self.order.pop_front() {
+                self.slots.remove(&old);
+            }
+        }
+    }
+
+    /// A signature's status as `getSignatureStatuses` gives it: `null` if
+    /// unknown or not landed yet.
+    fn status(&self, signature: &str, head: u64) -> Value {
+        let Some(&slot) = self.slots.get(signature).filter(|s| **s <= head) else {
+            return Value::Null;
+        };
+        let depth = head - slot;
+        let (status, confirmations) = match depth {
+            d if d >= FINALIZED_DEPTH => ("finalized", Value::Null),
+            0 => ("processed", json!(0)),
+            d => ("confirmed", json!(d)),
+        };
+        json!({"slot": slot, "confirmations": confirmations, "err": null,
+               "status": {"Ok": null}, "confirmationStatus": status})
+    }
+}
+
+/// `answer`, with the transactions sent kept in `landed`:
+/// `sendTransaction` records its signature, `getSignatureStatuses` answers
+/// from them.
+pub fn answer_keeping(
+    method: &str,
+    params: &Value,
+    head: u64,
+    landed: &mut Landed,
+) -> Result<Value, (i64, String)> {
+    let result = answer(method, params, head)?;
+    match method {
+        "sendTransaction" => {
+            if let Some(signature) = result.as_str() {
+                landed.record(signature, head + 1);
+            }
+            Ok(result)
+        }
+        // Unknown to `answer` alone (`answer_keeping` knows what was sent).
+        "getSignatureStatuses" => {
+            let signatures = params.get(0).and_then(Value::as_array);
+            let statuses: Vec<Value> = signatures
+                .into_iter()
+                .flatten()
+                .map(|s| s.as_str().map_or(Value::Null, |s| landed.status(s, head)))
+                .collect();
+            Ok(with_context(head, json!(statuses)))
+        }
+        _ => Ok(result),
+    }
+}
+
 /// The answer to `method` with `params` when `head` is the newest executed
 /// slot: a result, or an error object (`Err`).
 pub fn answer(method: &str, params: &Value, head: u64) -> Result<Value, (i64, String)> {
@@ -306,6 +380,7 @@ pub fn answer(method: &str, params: &Value, head: u64) -> Result<Value, (i64, St
         // Transactions are not kept: every one is "not found", as one the
         // node has pruned.
         "getTransaction" => Value::Null,
+        // Unknown to `answer` alone (`answer_keeping` knows what was sent).
         "getSignatureStatuses" => {
             let signatures = params
                 .get(0)
@@ -426,5 +501,32 @@ mod tests {
         assert_eq!(signature, json!(bs58::encode([7u8; 64]).into_string()));
         let bad = answer("sendTransaction", &json!(["not base64!"]), 5);
         assert_eq!(bad.unwrap_err().0, INVALID_PARAMS);
+    }
+
+    #[test]
+    fn a_sent_transaction_is_processed_then_confirmed_then_finalized() {
+        use base64::Engine;
+        let mut tx = vec![1u8];
+        tx.extend([9u8; 64]);
+        tx.extend([0u8; 40]);
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&tx);
+        let mut landed = Landed::default();
+        let sent = answer_keeping("sendTransaction", &json!([encoded]), 5, &mut landed);
+        let signature = sent.unwrap();
+        let params = json!([[signature, "unknown"], {"searchTransactionHistory": true}]);
+        let mut statuses = |head| {
+            answer_keeping("getSignatureStatuses", &params, head, &mut landed).unwrap()["value"]
+                .clone()
+        };
+        assert_eq!(statuses(5), json!([null, null]), "it lands in slot 6");
+        assert_eq!(statuses(6)[0]["confirmationStatus"], "processed");
+        assert_eq!(statuses(6)[0]["slot"], 6);
+        assert_eq!(statuses(7)[0]["confirmationStatus"], "confirmed");
+        assert_eq!(statuses(7)[0]["confirmations"], 1);
+        let finalized = statuses(6 + FINALIZED_DEPTH)[0].clone();
+        assert_eq!(finalized["confirmationStatus"], "finalized");
+        assert_eq!(finalized["confirmations"], Value::Null);
+        assert_eq!(finalized["err"], Value::Null);
+        assert_eq!(statuses(7)[1], Value::Null, "never sent");
     }
 }

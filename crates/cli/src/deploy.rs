@@ -60,15 +60,33 @@ pub struct Target {
     /// The ECDS directory Envoy watches (`watched_directory`).
     #[arg(long, default_value = "envoy-config/live")]
     pub dir: PathBuf,
-    /// Envoy's admin address.
-    #[arg(long, default_value = "http://127.0.0.1:9901")]
-    pub admin: String,
+    /// Envoy's admin address [default: the one `stakegate init` wrote into
+    /// --dir, else http://127.0.0.1:9901].
+    #[arg(long)]
+    pub admin: Option<String>,
     /// How long to wait for Envoy to apply or reject the change.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
     /// Envoy's log file (`--log-path`), read for the reason of a rejection.
     #[arg(long)]
     pub envoy_log: Option<PathBuf>,
+}
+
+/// Where `stakegate init` says, in the gateway's directory, its Envoy's
+/// admin listens.
+pub const ADMIN_FILE: &str = ".stakegate/admin";
+const DEFAULT_ADMIN: &str = "http://127.0.0.1:9901";
+
+impl Target {
+    /// Envoy's admin: `--admin`, else the one `init` wrote into the
+    /// directory, else the default.
+    pub fn admin_url(&self) -> String {
+        self.admin.clone().unwrap_or_else(|| {
+            std::fs::read_to_string(self.dir.join(ADMIN_FILE))
+                .map(|url| url.trim().to_string())
+                .unwrap_or_else(|_| DEFAULT_ADMIN.to_string())
+        })
+    }
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -324,7 +342,7 @@ fn apply(
     let warm_up = config.warm_up();
     let current = std::fs::read_to_string(live.dir.join(&config.file)).ok();
     let version = next_version(history, current.as_deref());
-    let admin = Admin::new(&target.admin);
+    let admin = Admin::new(&target.admin_url());
     let version_text = |name: &str| {
         let stat = format!("extension_config_discovery.http_filter.{name}.version_text");
         admin.text(&stat).with_context(|| {

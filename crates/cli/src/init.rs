@@ -159,6 +159,21 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&history)
             .with_context(|| format!("removing {}", history.display()))?;
     }
+    // Where deploy, rollback and shadow find Envoy's admin without --admin
+    // (not known before Envoy starts if it picks the port).
+    let admin_file = dir.join(crate::deploy::ADMIN_FILE);
+    std::fs::create_dir_all(dir.join(".stakegate"))?;
+    let admin_said = if args.admin.port() == 0 {
+        let _ = std::fs::remove_file(&admin_file);
+        "port 0: pass --admin to deploy".to_string()
+    } else {
+        std::fs::write(&admin_file, format!("http://{}\n", args.admin))
+            .with_context(|| format!("writing {}", admin_file.display()))?;
+        format!(
+            "deploy, rollback and shadow read it from {}",
+            admin_file.display()
+        )
+    };
     crate::deploy::first_config(&dir, "stake-qos", &qos_module, &qos_policy)?;
     crate::deploy::first_config(&dir, "admission-gate", &gate_module, &gate_policy)?;
     let vars: BTreeMap<String, String> = [
@@ -182,16 +197,21 @@ pub fn run(args: &InitArgs) -> anyhow::Result<()> {
     // The binary itself, with hot restart off: as the project's tests run
     // it, and what a service manager should run (hot restart needs a
     // `--base-id` of its own for each Envoy on one machine).
-    let envoy = stakegate_stack::paths::envoy_binary()
+    let envoy = stakegate_stack::paths::envoy_command()
         .map_or_else(|_| "envoy".into(), |bin| bin.display().to_string());
+    // This binary, by the path it was run as: `stakegate` is seldom on PATH.
+    let stakegate = std::env::args()
+        .next()
+        .unwrap_or_else(|| "stakegate".into());
     let node_note = node_note.map_or(String::new(), |note| format!("{note}\n"));
     println!(
         "{node_note}wrote {config}: stake QoS ({qos}) and the admission gate ({gate}) in front of {node}\n\
          public   http://{listen}:{public}\n\
          internal http://{listen}:{internal} (never rejected)\n\
          start:   {envoy} -c {config} --disable-hot-restart\n\
-         edit:    {qos} (stakes: `stakegate key-hash KEY` gives an API key's apiKeySha256) and {gate}\n\
-         change:  stakegate deploy --dir {dir} --admin http://{admin} --filter stake-qos --policy {qos}{fleet}",
+         edit:    {qos} (stakes: `{stakegate} key-hash KEY` gives an API key's apiKeySha256) and {gate}\n\
+         change:  {stakegate} deploy --dir {dir} --filter stake-qos --policy {qos}{fleet}\n\
+         admin:   http://{admin} ({admin_said})",
         config = config.display(),
         qos = qos_path.display(),
         gate = gate_path.display(),

@@ -228,12 +228,12 @@ pub fn deploy(
         save(&live, Some(&candidate))?;
         println!(
             "shadow {} version {version}: module sha256 {}, deciding every request beside the live one, refusing none (stakegate shadow --admin {} compares them)",
-            target.filter, candidate.module_sha256, target.admin
+            target.filter, candidate.module_sha256, target.admin_url()
         );
         candidate
     };
     let Some(auto) = auto else { return Ok(()) };
-    let admin = Admin::new(&target.admin);
+    let admin = Admin::new(&target.admin_url());
     let before = read(&admin)?;
     println!(
         "watching it for {} ...",
@@ -281,7 +281,7 @@ fn empty_slot(live: &Live) -> FilterConfig {
 fn fill(live: &Live, target: &Target, config: &FilterConfig) -> anyhow::Result<(u64, bool)> {
     let current = std::fs::read_to_string(live.dir.join(&config.file)).ok();
     let version = deploy::next_version(&Default::default(), current.as_deref());
-    let admin = Admin::new(&target.admin);
+    let admin = Admin::new(&target.admin_url());
     let verdict = ecds::apply(
         &admin,
         &live.dir,

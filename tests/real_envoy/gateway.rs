@@ -281,7 +281,7 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
     let top = String::from_utf8(top.stdout).unwrap();
     eprintln!("{top}");
     assert!(
-        top.starts_with("qos   load ") && top.contains("\ngate  in flight "),
+        top.starts_with("qos   requests ") && top.contains("\ngate  in flight "),
         "{top}"
     );
     // Each flood by its identity, with its rate over those seconds and the

@@ -63,13 +63,19 @@ fn view(before: &Reading, after: &Reading, seconds: f64, rows: usize) -> Vec<Str
     let per_s = |prefix: &str| rate(sum(after, prefix), sum(before, prefix));
     let mut out = Vec::new();
     let capacity = stat(after, "qos.capacity_rps");
+    // The load estimate is what QoS decides by, in its unit: while it only
+    // counts, each request at the most calls its body could hold (an upper
+    // bound, several times the request rate), so the rate is shown too.
+    let requests = per_s("qos.admitted.") + per_s("qos.throttled.") + per_s("qos.counted");
+    let counting = stat(after, "qos.counting") > 0;
     out.push(format!(
-        "qos   load {} of {} /s ({:.0} %)   throttling {}   counting {}   identities {}",
+        "qos   requests {requests:.0}/s   load {} of {} /s ({:.0} %{})   throttling {}   counting {}   identities {}",
         stat(after, "qos.load_rps"),
         capacity,
         100.0 * stat(after, "qos.load_rps") as f64 / capacity.max(1) as f64,
+        if counting { ", an upper bound while counting" } else { "" },
         yes(stat(after, "qos.throttling")),
-        yes(stat(after, "qos.counting")),
+        yes(counting as i64),
         stat(after, "qos.identities"),
     ));
     out.push(format!(
@@ -94,10 +100,12 @@ fn view(before: &Reading, after: &Reading, seconds: f64, rows: usize) -> Vec<Str
             stat(after, "gate.cache.bytes") as f64 / (1024.0 * 1024.0),
         ));
     }
-    if after
-        .stats
-        .contains_key("wasmcustom.stakegate.qos.fleet.replicas")
-    {
+    // A fleet's line only where one is at work (its gauges exist on every
+    // gateway).
+    let fleet_seen = stat(after, "qos.fleet.replicas") > 0
+        || stat(after, "qos.fleet.fallback") > 0
+        || sum(after, "qos.fleet.exchange") > 0;
+    if fleet_seen {
         out.push(format!(
             "fleet replicas {}   fallback {}   exchange failures {:.1}/s",
             stat(after, "qos.fleet.replicas"),
@@ -279,5 +287,31 @@ mod tests {
         let fields: Vec<&str> = line.split_whitespace().collect();
         assert_eq!(&fields[1..4], ["100.0", "75.0", "40.0"], "{line}");
         assert!(line.ends_with("stake-share 25/s"), "{line}");
+    }
+
+    /// A quiet gateway: QoS only counts, its load is a bound of the calls
+    /// the bodies could hold, and no fleet is at work (its gauges are 0).
+    #[test]
+    fn a_quiet_gateway_shows_its_request_rate_beside_the_bound_and_no_fleet() {
+        let before = reading(&[("qos.counted", 1000)], vec![]);
+        let after = reading(
+            &[
+                ("qos.counted", 1140),
+                ("qos.load_rps", 325),
+                ("qos.capacity_rps", 1600),
+                ("qos.counting", 1),
+                ("qos.fleet.replicas", 0),
+                ("qos.fleet.fallback", 0),
+            ],
+            vec![],
+        );
+        let view = view(&before, &after, 2.0, 10).join("\n");
+        assert!(
+            view.contains(
+                "qos   requests 70/s   load 325 of 1600 /s (20 %, an upper bound while counting)"
+            ),
+            "{view}"
+        );
+        assert!(!view.contains("fleet"), "{view}");
     }
 }

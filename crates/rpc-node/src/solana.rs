@@ -485,13 +485,18 @@ mod tests {
         assert_eq!(block["signatures"], json!([]));
     }
 
-    #[test]
-    fn a_sent_transaction_answers_its_first_signature() {
+    /// A transaction with one signature, all `byte`, in base64.
+    fn signed(byte: u8) -> String {
         use base64::Engine;
         let mut tx = vec![1u8];
-        tx.extend([7u8; 64]);
+        tx.extend([byte; 64]);
         tx.extend([0u8; 40]);
-        let encoded = base64::engine::general_purpose::STANDARD.encode(&tx);
+        base64::engine::general_purpose::STANDARD.encode(&tx)
+    }
+
+    #[test]
+    fn a_sent_transaction_answers_its_first_signature() {
+        let encoded = signed(7);
         let signature = answer(
             "sendTransaction",
             &json!([encoded, {"encoding": "base64"}]),
@@ -505,11 +510,7 @@ mod tests {
 
     #[test]
     fn a_sent_transaction_is_processed_then_confirmed_then_finalized() {
-        use base64::Engine;
-        let mut tx = vec![1u8];
-        tx.extend([9u8; 64]);
-        tx.extend([0u8; 40]);
-        let encoded = base64::engine::general_purpose::STANDARD.encode(&tx);
+        let encoded = signed(9);
         let mut landed = Landed::default();
         let sent = answer_keeping("sendTransaction", &json!([encoded]), 5, &mut landed);
         let signature = sent.unwrap();

@@ -30,6 +30,17 @@ fn send(r: &mut Rig, id: u32, body: &[u8]) -> Then {
     r.request_body(id, body.len(), true, &mut Bytes(body.to_vec()), &mut Public)
 }
 
+/// An `eth_getProof` from a caller stake QoS found `staked` (or not).
+fn ask<S: SharedStore>(r: &mut Registry<S>, id: u32, staked: bool) -> Then {
+    let caller = &mut Caller {
+        staked,
+        ..Caller::default()
+    };
+    assert_eq!(r.headers(id, caller, post()), OnHeaders::Continue);
+    let body = call(id, "eth_getProof");
+    r.request_body(id, body.len(), true, &mut Bytes(body), caller)
+}
+
 fn answered(body: &[u8]) -> Response {
     Response {
         status: 200,
@@ -623,15 +634,6 @@ fn a_staked_callers_waiting_request_goes_before_an_unstaked_crowd() {
     let policy = GatePolicy::parse(policy.as_bytes()).unwrap();
     let mut r = Registry::new(policy, 7, MemoryStore::default(), clock_us);
     at_ms(1000);
-    let ask = |r: &mut Rig, id: u32, staked: bool| {
-        let caller = &mut Caller {
-            staked,
-            ..Caller::default()
-        };
-        assert_eq!(r.headers(id, caller, post()), OnHeaders::Continue);
-        let body = call(id, "eth_getProof");
-        r.request_body(id, body.len(), true, &mut Bytes(body), caller)
-    };
     assert_eq!(ask(&mut r, 1, false), Then::Continue);
     for id in 2..=4 {
         assert_eq!(ask(&mut r, id, false), Then::Pause);

@@ -143,15 +143,6 @@ fn a_freed_slot_goes_to_the_worker_whose_waiting_request_is_staked() {
     let store = MemoryStore::default();
     let mut a = Registry::new(policy.clone(), 1, &store, clock_us);
     let mut b = Registry::new(policy, 2, &store, clock_us);
-    let ask = |r: &mut Registry<&MemoryStore>, id: u32, staked: bool| {
-        let caller = &mut Caller {
-            staked,
-            ..Caller::default()
-        };
-        assert_eq!(r.headers(id, caller, post()), OnHeaders::Continue);
-        let body = call(id, "eth_getProof");
-        r.request_body(id, body.len(), true, &mut Bytes(body), caller)
-    };
     at_ms(1000);
     assert_eq!(ask(&mut a, 1, false), Then::Continue);
     assert_eq!(ask(&mut a, 2, false), Then::Pause);

@@ -9,7 +9,7 @@ WASM_TARGET := wasm32-wasip1
 FILTERS := admission-gate stake-qos
 # Test-only modules, built with the filters.
 FIXTURES := ghost-worker noop-filter host-call-probe
-TOOLS := rpc-node stakegate-loadgen stakegate-cli
+TOOLS := rpc-node stakegate-loadgen stakegate-cli stakegate-probe
 # cargo fuzz (libFuzzer) targets under fuzz/, run on the nightly toolchain.
 FUZZ_TARGETS := gate_policy qos_policy dedup_key error_body websocket_frames
 CARGO_FUZZ_VERSION := 0.13.2

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Builds our images, stakegate/rpc-node and stakegate/loadgen: static (musl)
-# binaries FROM scratch, so nothing is pulled. `make images` runs this.
+# Builds our images, stakegate/rpc-node and stakegate/loadgen, FROM scratch
+# so nothing is pulled: the host tools `make build` makes (target/tools/)
+# with the glibc libraries they link, at their paths (as
+# scripts/engine-images.sh does for Debian's binaries), and the
+# healthchecks' probe as a static (musl) binary, since the stack runs it
+# inside images that are not ours. `make images` runs this. (The tools were
+# static musl builds: a second build of them with wasmtime, about eight
+# minutes of a 2-core machine.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,18 +17,22 @@ FONT=${STAKEGATE_FONT:-/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf}
 command -v docker >/dev/null || { echo "docker not found: apt-get install docker.io docker-compose" >&2; exit 1; }
 [ -f "$FONT" ] || { echo "no font at $FONT for the plots: apt-get install fonts-dejavu-core, or set STAKEGATE_FONT" >&2; exit 1; }
 rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
-# wasmtime compiles a little C: musl's gcc wrapper (Debian's musl-tools).
-if ! command -v musl-gcc >/dev/null; then
-  command -v apt-get >/dev/null || { echo "musl-gcc not found: install musl-tools" >&2; exit 1; }
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq musl-tools >/dev/null
-fi
-export CC_x86_64_unknown_linux_musl=${CC_x86_64_unknown_linux_musl:-musl-gcc}
-cargo build --profile tools --target "$TARGET" -p rpc-node -p stakegate-loadgen -p stakegate-cli
+# Up to date with the sources (nothing to do after `make build`).
+cargo build --quiet --profile tools -p rpc-node -p stakegate-loadgen -p stakegate-cli
+cargo build --quiet --profile tools --target "$TARGET" -p stakegate-probe
 
 ctx=target/docker/tools
 rm -rf "$ctx"
-mkdir -p "$ctx/bin" "$ctx/stakegate" "$ctx/fonts" "$ctx/tmp"
-cp "target/$TARGET/tools/rpc-node" "target/$TARGET/tools/loadgen" "target/$TARGET/tools/stakegate" "$ctx/bin/"
+mkdir -p "$ctx/bin" "$ctx/libs" "$ctx/stakegate" "$ctx/fonts" "$ctx/tmp"
+for tool in rpc-node loadgen stakegate; do
+  cp "target/tools/$tool" "$ctx/bin/"
+  # Every library ldd resolves, and the dynamic loader, at the same paths.
+  ldd "target/tools/$tool" | grep -o '/[^ ]*' | sort -u | while read -r lib; do
+    mkdir -p "$ctx/libs$(dirname "$lib")"
+    cp -L "$lib" "$ctx/libs$lib"
+  done
+done
+cp "target/$TARGET/tools/stakegate-probe" "$ctx/bin/"
 cp -r envoy-config scenarios policies "$ctx/stakegate/"
 cp "$FONT" "$ctx/fonts/DejaVuSans.ttf"
 touch "$ctx/tmp/.keep"

@@ -363,9 +363,11 @@ pub fn write(args: &StackArgs) -> anyhow::Result<()> {
     node.push(NODE_PORT.to_string());
     node.extend(node_args(&scenario));
     std::fs::write(staging.join("rpc-node.args"), node.join("\n") + "\n")?;
-    let me = std::env::current_exe()?;
-    std::fs::copy(&me, staging.join("bin/stakegate"))
-        .with_context(|| format!("copying {} for the healthchecks", me.display()))?;
+    // The healthchecks run in images that are not ours: the static probe
+    // (the loadgen image's), not this binary.
+    let probe = stakegate_stack::paths::tool("stakegate-probe")?;
+    std::fs::copy(&probe, staging.join("bin/stakegate-probe"))
+        .with_context(|| format!("copying {} for the healthchecks", probe.display()))?;
     let file = StackFile {
         scenario: scenario.name.clone(),
         node_args: node_args(&scenario),

@@ -16,12 +16,12 @@
 #    three), the 40-staker pinned to one replica gets more than that
 #    replica's third (only fleet mode gives it that), admissions follow
 #    stake, and nothing fails but QoS's 429 and at most 0.5 % 503 (the gate
-#    shed 5 of 6,300 in one CI run). The tight figures (3 %, 2 pp) are asserted natively
-#    (tests/real_envoy/scenario_run.rs); here they are printed: on this
-#    2-core host's compose network the answers' latency spreads (p50 17 ms,
-#    p99 220 ms), QoS's concurrency rule holds the pinned staker below its
-#    share, and 5 s gave 0.935-0.983 of capacity and 1.9-8.7 pp, with this
-#    session's modules and with older ones alike.
+#    shed 5 of 6,300 in one CI run). The tight figures (3 %, 2 pp) are
+#    asserted natively (tests/real_envoy/scenario_run.rs); here they are
+#    printed: on a 2-core host's compose network the answers' latency
+#    spreads (p50 17 ms, p99 220 ms), QoS's concurrency rule holds the
+#    pinned staker below its share, and 5 s gave 0.935-0.998 of capacity
+#    and 0.5-8.7 pp, with older modules as with these.
 #
 # Each stack is torn down after its check, and on exit, printing the
 # services' logs on a failure. `make compose-test` runs this (part of

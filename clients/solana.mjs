@@ -30,6 +30,20 @@ function within(promise, what) {
   return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
 }
 
+// The loop a wallet runs after sending: the signature's status, every
+// 100 ms, until it is confirmed (a transaction lands in the slot after the
+// one it was sent in, so the first asks may answer null). Bounded by
+// TIMEOUT_MS; gives the status it ended on.
+async function untilConfirmed(statuses) {
+  const deadline = Date.now() + TIMEOUT_MS;
+  for (;;) {
+    const answer = await statuses();
+    if (answer.value[0]?.confirmationStatus === "confirmed") return answer;
+    if (Date.now() > deadline) throw new Error(`not confirmed in ${TIMEOUT_MS} ms: ${JSON.stringify(plain(answer))}`);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+}
+
 // BigInts (kit's numbers) as strings, Buffers as base64.
 function plain(value) {
   return JSON.parse(
@@ -92,7 +106,7 @@ async function withKit() {
   const sent = await rpc.sendTransaction(wire, { encoding: "base64", preflightCommitment: "confirmed" }).send();
   out.sentSignatureIsTheTransactions = sent === kit.getSignatureFromTransaction(transaction);
   out.transaction = await rpc.getTransaction(sent, { maxSupportedTransactionVersion: 0 }).send();
-  out.signatureStatuses = await rpc.getSignatureStatuses([sent]).send();
+  out.signatureStatuses = await untilConfirmed(() => rpc.getSignatureStatuses([sent]).send());
 
   // PubSub: the first notification of each kind.
   const abort = new AbortController();
@@ -147,7 +161,7 @@ async function withWeb3js() {
   const sent = await connection.sendRawTransaction(transaction.serialize(), { preflightCommitment: "confirmed" });
   out.sentSignatureIsTheTransactions = sent === kit.getBase58Decoder().decode(transaction.signature);
   out.transaction = await connection.getTransaction(sent, { maxSupportedTransactionVersion: 0 });
-  out.signatureStatuses = await connection.getSignatureStatuses([sent]);
+  out.signatureStatuses = await untilConfirmed(() => connection.getSignatureStatuses([sent]));
 
   const once = (subscribe) =>
     new Promise((resolve) => {

@@ -145,11 +145,14 @@ fn solana_libraries_get_through_the_gateway_what_they_get_from_the_node() {
         ] {
             assert!(!compared[call].is_null(), "{library}: {call} in {compared}");
         }
-        // solana-py's confirmation loop ends: the node says a transaction
-        // sent is confirmed a slot after it lands (it said `null` forever,
-        // and `confirm_transaction` timed out even straight at the node).
-        if library == "solana-py" {
-            for run in [&direct, &through] {
+        // Each library's confirmation loop ends: the node says a
+        // transaction sent is confirmed a slot after it lands (it said
+        // `null` forever, and solana-py's `confirm_transaction` timed out
+        // even straight at the node).
+        for run in [&direct, &through] {
+            let status = &run["signatureStatuses"]["value"][0]["confirmationStatus"];
+            assert_eq!(status, "confirmed", "{library}: {run}");
+            if library == "solana-py" {
                 assert_eq!(run["confirmed"], "confirmed", "{run}");
             }
         }

@@ -69,15 +69,19 @@ pub fn identify(policy: &QosPolicy, facts: &mut impl RequestFacts) -> Option<Ide
     None
 }
 
-/// Whether the request's API key is in the stake table: what QoS reads of
-/// a request it only counts (`light`), so that the gate after it can give
-/// a staked caller priority (`request::STAKED_PROPERTY`). One header read,
-/// and a hash if the header is there; no read with no key in the table.
-pub fn staked_by_key(policy: &QosPolicy, facts: &mut impl RequestFacts) -> bool {
-    !policy.by_api_key.is_empty()
-        && facts
-            .header(&policy.api_key_header)
-            .is_some_and(|key| policy.by_api_key.contains_key(&sha256_hex(key.as_bytes())))
+/// The staked identity the request's API key names, if the stake table
+/// has it: what QoS reads of a request it only counts (`light`), so that
+/// the gate after it can give a staked caller priority
+/// (`request::STAKED_PROPERTY`) and the usage ledger can name its calls.
+/// One header read, and a hash if the header is there; no read with no key
+/// in the table.
+pub fn staked_by_key(policy: &QosPolicy, facts: &mut impl RequestFacts) -> Option<Identity> {
+    if policy.by_api_key.is_empty() {
+        return None;
+    }
+    let hash = sha256_hex(facts.header(&policy.api_key_header)?.as_bytes());
+    let entry = policy.by_api_key.get(&hash)?;
+    Some(staked(policy, &format!("key:{hash}"), entry))
 }
 
 /// A request with no usable source at all: one shared unstaked identity.

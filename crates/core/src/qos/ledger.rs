@@ -17,14 +17,17 @@
 //!   the bound is reached, `other`.
 //!
 //! Far below the threshold QoS counts requests without identifying them
-//! (`identifyAbove`): those are the `unidentified` label's requests (their
-//! calls are not read). `identifyAbove: 0` puts every request on its
+//! (`identifyAbove`). It still reads their API key (to tell the gate who is
+//! staked), so a request with a staked key counts under that identity's
+//! name, its calls too; the rest are the `unidentified` label's requests
+//! (their calls are not read). `identifyAbove: 0` puts every request on its
 //! identity, at the cost of identifying each.
 
 use crate::rejection::Rule;
 use crate::shared::{read, update, Change, Record, SharedStore, StoreError};
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// The labels that have series, every worker's.
 pub const LABELS_KEY: &str = "stakegate.stake_qos.v3.usage_labels";
@@ -112,7 +115,7 @@ impl Usage {
 /// Who an identity is for the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Who {
-    Named(std::sync::Arc<str>),
+    Named(Arc<str>),
     /// An unstaked address group: its network and prefix.
     Address(IpAddr, u8),
     Unknown,
@@ -160,9 +163,25 @@ pub struct Ledger {
     pub last_ms: u64,
     /// Requests counted without an identity since the last hand-over.
     pub unidentified: u64,
+    /// Requests counted with a staked API key since the last hand-over, by
+    /// identity key: its name and usage (no more entries than the stake
+    /// table has keys).
+    pub counted: std::collections::HashMap<u64, (Arc<str>, Usage)>,
 }
 
+/// A staked identity a counted request's API key names: its key and name.
+pub type Named = (u64, Arc<str>);
+
 impl Ledger {
+    /// The row of requests counted under `named` since the last hand-over.
+    pub fn counted_row(&mut self, (key, name): &Named) -> &mut Usage {
+        &mut self
+            .counted
+            .entry(*key)
+            .or_insert_with(|| (name.clone(), Usage::default()))
+            .1
+    }
+
     /// Sums `rows` (who, whether QoS refused it, its usage) by label,
     /// giving new labels within `series` names and `address_series`
     /// address groups (one shared write for all of them).

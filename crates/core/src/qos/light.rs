@@ -6,7 +6,10 @@
 //! nobody's share matters, so QoS only counts there: while an **upper
 //! bound** of the load stays below `identifyAbove` (0.5) of capacity, a
 //! request is counted in its worker's report as `calls_bound` of its body's
-//! size, with no identity, no body read and no clock read.
+//! size, with no identity to decide by, no address and no clock read. Its
+//! API key is read (one header; the gate needs to know who is staked), so
+//! the usage ledger counts a staked key's requests, and their calls (its
+//! body read for a batch), under its name.
 //!
 //! **The bound.** A JSON-RPC call in a batch takes at least
 //! `MIN_CALL_BYTES` (`{"jsonrpc":"2.0","method":""}` and a comma), so a

@@ -119,7 +119,7 @@ use crate::rejection::{Jitter, Rejection};
 use crate::shared::{read, SharedStore, StoreError, Write};
 use fleet::{FleetShare, FleetView, FLEET_KEY};
 use identity::Identity;
-use ledger::{Ledger, Usage, Who};
+use ledger::{Ledger, Named, Usage, Who};
 use light::{LightState, LIGHT_KEY};
 use page::{ENTRIES_PER_PAGE, MILLI, STAKED};
 use policy::QosPolicy;
@@ -354,12 +354,30 @@ impl StakeQos {
     }
 
     /// A request counted without an identity: its first call, or more of
-    /// its calls' bound as its body arrives, each at `call_bound`.
-    pub fn count(&mut self, calls: u32, new_request: bool) {
+    /// its calls' bound as its body arrives, each at `call_bound`. `named`:
+    /// the staked identity its API key names (key and name), whose usage
+    /// ledger row it counts in (else `unidentified`'s).
+    pub fn count(&mut self, calls: u32, new_request: bool, named: Option<&Named>) {
         let units = calls.saturating_mul(self.call_bound);
         self.counted = self.counted.saturating_add(units);
         self.counted_requests += u64::from(new_request);
-        self.ledger.unidentified += u64::from(new_request);
+        if !new_request {
+            return;
+        }
+        match named {
+            Some(named) => {
+                let usage = self.ledger.counted_row(named);
+                usage.requests += 1;
+                usage.calls += 1;
+            }
+            None => self.ledger.unidentified += 1,
+        }
+    }
+
+    /// A request counted under its staked key's name held `calls` calls (a
+    /// batch): its row has the others.
+    pub fn count_calls_of(&mut self, named: &Named, calls: u32) {
+        self.ledger.counted_row(named).calls += u64::from(calls.saturating_sub(1));
     }
 
     /// More of an identified request's calls' bound, each at `call_bound`.

@@ -14,6 +14,7 @@
 //! bound.
 
 use super::identity::{anonymous, identify, staked_by_key, Identity};
+use super::ledger::Named;
 use super::light::BodyBound;
 use super::page::MILLI;
 use super::policy::Mode;
@@ -82,6 +83,9 @@ pub struct QosStream {
     upgraded: Option<Upgraded>,
     /// Counted without an identity (`light`).
     counted: bool,
+    /// Counted, with the staked identity its API key names: the usage
+    /// ledger counts its calls and refusals under that name.
+    counted_as: Option<Named>,
     /// The rule that refused it further on, as its answer said.
     refused_by: Option<Rule>,
     /// The bound of its calls counted so far.
@@ -106,8 +110,10 @@ impl QosStream {
         let upgrade = (!end_of_stream).then(|| facts.header("upgrade")).flatten();
         if upgrade.is_none() && qos.counting() {
             self.counted = true;
-            self.staked = staked_by_key(qos.policy(), facts);
-            qos.count(self.bound.at_least_one(), true);
+            let by_key = staked_by_key(qos.policy(), facts);
+            self.staked = by_key.is_some();
+            self.counted_as = by_key.and_then(|i| Some((i.key, i.name?)));
+            qos.count(self.bound.at_least_one(), true, self.counted_as.as_ref());
             return None;
         }
         qos.bound(self.bound.at_least_one());
@@ -167,7 +173,14 @@ impl QosStream {
         }
         let more = self.bound.grow(size);
         if self.counted {
-            qos.count(more, false);
+            qos.count(more, false, None);
+            // A staked key's calls, for its ledger row: a batch's are read
+            // once (behind the shipped configs' buffer the body is whole).
+            if let Some(named) = &self.counted_as {
+                if !std::mem::replace(&mut self.charged, true) && size > 0 {
+                    qos.count_calls_of(named, batch_calls(body, size));
+                }
+            }
             return OnBody::default();
         }
         qos.bound(more);
@@ -226,7 +239,8 @@ impl QosStream {
     /// time the request took until them (`told_us`: as the admission gate
     /// told it, `cost::NODE_US_PROPERTY`). The status is read only then. In
     /// node time a request counted without an identity reads nothing. With
-    /// the usage ledger on, an identified request's answer is asked which
+    /// the usage ledger on, an identified request's answer (or a counted
+    /// one's its staked key named) is asked which
     /// rule refused it further on (`rule`, the gate's `x-stakegate-rule`):
     /// if the status was read, only for a 429 or a 503. A shadow does not
     /// ask: its ledger is what it would refuse itself.
@@ -239,7 +253,7 @@ impl QosStream {
         rule: impl FnOnce() -> Option<String>,
     ) {
         let unit = qos.policy().costs.unit;
-        if self.counted && unit == Unit::NodeTime {
+        if self.counted && unit == Unit::NodeTime && self.counted_as.is_none() {
             return;
         }
         let node_time = unit == Unit::NodeTime && self.ticket.is_some();
@@ -247,7 +261,7 @@ impl QosStream {
         if status_read {
             self.upstream_status = status();
         }
-        if self.ticket.is_some()
+        if (self.ticket.is_some() || self.counted_as.is_some())
             && qos.policy().usage_on()
             && !qos.policy().shadow
             && (!status_read || matches!(self.upstream_status, Some(429 | 503)))
@@ -265,6 +279,9 @@ impl QosStream {
     /// an upgraded connection gives back its WebSocket place. Safe to call
     /// more than once.
     pub fn done(&mut self, qos: &mut StakeQos, now: &mut Now) {
+        if let (Some(named), Some(rule)) = (self.counted_as.take(), self.refused_by) {
+            qos.counted_refused_further(&named, rule);
+        }
         if let Some(ticket) = self.ticket.take() {
             if let Some(rule) = self.refused_by.take() {
                 qos.refused_further(ticket.key, rule);
@@ -335,9 +352,9 @@ impl QosStream {
 /// other calls; in another unit, its calls' costs.
 fn charge(qos: &mut StakeQos, ticket: &mut Ticket, size: usize, body: &mut impl Body) {
     if qos.policy().costs.unit == Unit::Calls {
-        let head = body.read(0, size.min(64));
-        if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
-            qos.charge(ticket, jsonrpc::calls(&body.read(0, size)));
+        let calls = batch_calls(body, size);
+        if calls > 1 {
+            qos.charge(ticket, calls);
         }
         return;
     }
@@ -351,6 +368,16 @@ fn charge(qos: &mut StakeQos, ticket: &mut Ticket, size: usize, body: &mut impl 
         cost.calls,
         cost.method,
     );
+}
+
+/// The calls a body of `size` bytes holds: a batch's (read whole only if
+/// its first bytes open an array), else 1.
+fn batch_calls(body: &mut impl Body, size: usize) -> u32 {
+    let head = body.read(0, size.min(64));
+    match head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+        true => jsonrpc::calls(&body.read(0, size)),
+        false => 1,
+    }
 }
 
 /// Admits `identity`'s request: what was decided, and the ticket if it
@@ -581,6 +608,54 @@ mod tests {
                 assert_eq!(stream.staked(), staked, "{headers:?}, counting {counting}");
             }
         }
+    }
+
+    /// While QoS only counts, a request whose API key is in the stake table
+    /// is counted in the usage ledger under that identity's name: its
+    /// batch's calls (its body is read for them, a key's requests only),
+    /// and the gate's refusal further on. No address or clock is read, and
+    /// no identity is made for decisions.
+    #[test]
+    fn while_qos_counts_a_staked_keys_requests_are_in_the_ledger_by_its_name() {
+        let policy = format!(
+            r#"{{"capacityRps": 1000, "stakes": [{{"apiKeySha256": "{}", "name": "desk", "stake": 100}}]}}"#,
+            crate::request::sha256_hex(b"k")
+        );
+        let store = MemoryStore::default();
+        let mut qos = StakeQos::new(QosPolicy::parse(policy.as_bytes()).unwrap(), 1);
+        qos.counting = true;
+        let mut now = Now::lazy_us(|| panic!("no clock read"));
+        let batch = br#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},{"jsonrpc":"2.0","id":2,"method":"eth_chainId"},{"jsonrpc":"2.0","id":3,"method":"eth_chainId"}]"#;
+        for (headers, refused) in [
+            (&[("x-api-key", "k")][..], Some("gate-inflight")),
+            (&[("x-api-key", "k")][..], None),
+            (&[("x-api-key", "other")][..], None),
+        ] {
+            let mut stream = QosStream::default();
+            let mut client = Client(headers);
+            assert!(stream
+                .headers(&mut qos, &store, &mut now, &mut client, false)
+                .is_none());
+            let mut body = Bytes(batch.to_vec());
+            stream.body(&mut qos, &store, &mut now, batch.len(), true, &mut body);
+            stream.response_headers(
+                &qos,
+                &mut now,
+                || panic!("no status read"),
+                || panic!("the gate's node time is not read"),
+                || refused.map(str::to_string),
+            );
+            stream.done(&mut qos, &mut now);
+        }
+        assert!(!now.was_read());
+        assert_eq!(qos.local_identities(), 0, "nothing to decide by");
+        let by_label = qos.usage(&store, 1000).unwrap().unwrap();
+        let desk = &by_label["desk"];
+        assert_eq!((desk.requests, desk.calls), (2, 6), "{by_label:?}");
+        assert_eq!(desk.share_rps, f64::INFINITY, "not limited");
+        let gate = Rule::ALL.iter().position(|r| *r == Rule::GateInflight);
+        assert_eq!(desk.refused[gate.unwrap()], 1);
+        assert_eq!(by_label["unidentified"].requests, 1);
     }
 
     /// Facts that count what is asked of them.

@@ -2,7 +2,7 @@
 //! used since the last hand-over, labelled, for Envoy's counters; and the
 //! refusals further on that a request's answer names.
 
-use super::ledger::{Usage, Who, LEDGER_EVERY_MS};
+use super::ledger::{Named, Usage, Who, LEDGER_EVERY_MS};
 use super::{Local, StakeQos};
 use crate::rejection::Rule;
 use crate::shared::{SharedStore, StoreError};
@@ -42,6 +42,14 @@ impl StakeQos {
             };
             rows.push((Who::Unidentified, false, usage));
         }
+        // Counted: nobody is throttled while QoS only counts.
+        for (_, (name, usage)) in self.ledger.counted.drain() {
+            let usage = Usage {
+                share_rps: f64::INFINITY,
+                ..usage
+            };
+            rows.push((Who::Named(name), false, usage));
+        }
         let throttling = self.state.throttling;
         let interval_s = self.interval_s();
         for local in self.locals.values_mut() {
@@ -68,6 +76,12 @@ impl StakeQos {
         if let Some(local) = self.locals.get_mut(&key) {
             local.usage.refused_by(rule);
         }
+    }
+
+    /// A request counted under its staked key's name (`count`) was refused
+    /// further on.
+    pub fn counted_refused_further(&mut self, named: &Named, rule: Rule) {
+        self.ledger.counted_row(named).refused_by(rule);
     }
 }
 

@@ -644,7 +644,7 @@ fn light_rounds(
             if identified {
                 qos.bound(bound);
             } else {
-                qos.count(bound, true);
+                qos.count(bound, true, None);
             }
             *now += 20;
             qos.tick(store, queue, *now).unwrap();

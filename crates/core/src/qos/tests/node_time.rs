@@ -259,7 +259,7 @@ fn in_node_time_qos_counts_below_identify_above_by_calls_at_the_dearest_cost() {
         (0..n)
             .map(|_| {
                 match counted {
-                    true => qos.count(calls, true),
+                    true => qos.count(calls, true, None),
                     false => qos.bound(calls),
                 }
                 now += 20;

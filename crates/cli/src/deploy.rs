@@ -57,13 +57,8 @@ pub struct Target {
     /// The filter: admission-gate or stake-qos.
     #[arg(long, value_parser = FILTERS)]
     pub filter: String,
-    /// The ECDS directory Envoy watches (`watched_directory`).
-    #[arg(long, default_value = "envoy-config/live")]
-    pub dir: PathBuf,
-    /// Envoy's admin address [default: the one `stakegate init` wrote into
-    /// --dir, else http://127.0.0.1:9901].
-    #[arg(long)]
-    pub admin: Option<String>,
+    #[command(flatten)]
+    pub gateway: Gateway,
     /// How long to wait for Envoy to apply or reject the change.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
@@ -72,12 +67,27 @@ pub struct Target {
     pub envoy_log: Option<PathBuf>,
 }
 
+/// Where a gateway is, for every command that reads or changes one: its
+/// ECDS directory, and its Envoy's admin, which `stakegate init` wrote into
+/// the directory (so `--dir` alone finds both).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Gateway {
+    /// The ECDS directory Envoy watches (`watched_directory`), as
+    /// `stakegate init --dir` made it.
+    #[arg(long, default_value = "envoy-config/live")]
+    pub dir: PathBuf,
+    /// Envoy's admin address [default: the one `stakegate init` wrote into
+    /// --dir, else http://127.0.0.1:9901].
+    #[arg(long)]
+    pub admin: Option<String>,
+}
+
 /// Where `stakegate init` says, in the gateway's directory, its Envoy's
 /// admin listens.
 pub const ADMIN_FILE: &str = ".stakegate/admin";
 const DEFAULT_ADMIN: &str = "http://127.0.0.1:9901";
 
-impl Target {
+impl Gateway {
     /// Envoy's admin: `--admin`, else the one `init` wrote into the
     /// directory, else the default.
     pub fn admin_url(&self) -> String {
@@ -86,6 +96,16 @@ impl Target {
                 .map(|url| url.trim().to_string())
                 .unwrap_or_else(|_| DEFAULT_ADMIN.to_string())
         })
+    }
+
+    pub fn admin(&self) -> Admin {
+        Admin::new(&self.admin_url())
+    }
+}
+
+impl Target {
+    pub fn admin_url(&self) -> String {
+        self.gateway.admin_url()
     }
 }
 
@@ -162,14 +182,15 @@ pub(crate) struct Live {
 
 impl Live {
     pub fn new(target: &Target) -> anyhow::Result<Self> {
-        if !target.dir.is_dir() {
+        let dir = &target.gateway.dir;
+        if !dir.is_dir() {
             bail!(
                 "{} is not a directory: --dir must be the ECDS directory Envoy watches",
-                target.dir.display()
+                dir.display()
             );
         }
         Ok(Self {
-            dir: target.dir.clone(),
+            dir: dir.clone(),
             filter: target.filter.clone(),
         })
     }
@@ -234,6 +255,14 @@ impl Live {
         let file = self.config(PathBuf::new(), "").file;
         let text = std::fs::read_to_string(self.dir.join(file)).ok()?;
         serde_json::from_str(&text).ok()
+    }
+
+    /// The version the filter runs now, as its ECDS document says.
+    pub fn current_version(&self) -> Option<u64> {
+        self.current_config()?["version_info"]
+            .as_str()?
+            .parse()
+            .ok()
     }
 
     /// The module the filter runs now, as its ECDS document names it.

@@ -6,6 +6,7 @@
 //! cache, the fleet.
 //! Live in the terminal (q or Esc quits), or once on stdout (`--once`).
 
+use crate::deploy::Gateway;
 use crate::usage::{self, Row};
 use clap::Args;
 use ratatui::crossterm::event::{self, Event, KeyCode, KeyModifiers};
@@ -17,9 +18,8 @@ use std::time::Duration;
 
 #[derive(Debug, Args)]
 pub struct TopArgs {
-    /// Envoy's admin address.
-    #[arg(long, default_value = "http://127.0.0.1:9901")]
-    pub admin: String,
+    #[command(flatten)]
+    pub gateway: Gateway,
     /// Print one view, an interval's rates, and exit.
     #[arg(long)]
     pub once: bool,
@@ -182,7 +182,7 @@ fn identities(before: &Reading, after: &Reading, seconds: f64, rows: usize) -> V
 }
 
 pub fn run(args: &TopArgs) -> anyhow::Result<()> {
-    let admin = Admin::new(&args.admin);
+    let admin = args.gateway.admin();
     let seconds = args.interval.as_secs_f64().max(0.001);
     let mut before = read(&admin)?;
     if args.once {
@@ -207,7 +207,7 @@ pub fn run(args: &TopArgs) -> anyhow::Result<()> {
             let after = read(&admin)?;
             let mut lines = vec![format!(
                 "stakegate top — {}   every {}   q quits",
-                args.admin,
+                admin.url,
                 humantime::format_duration(args.interval)
             )];
             lines.extend(view(&before, &after, seconds, args.rows));

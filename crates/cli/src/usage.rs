@@ -2,6 +2,7 @@
 //! Envoy's admin (`stakegate.qos.usage.<label>.<counter>`, see
 //! `stakegate_core::qos::ledger`), as a table or JSON.
 
+use crate::deploy::Gateway;
 use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
@@ -18,9 +19,8 @@ pub const QOS_RULES: [&str; 3] = ["stake-share", "concurrency", "websockets"];
 
 #[derive(Debug, Args)]
 pub struct UsageArgs {
-    /// Envoy's admin address.
-    #[arg(long, default_value = "http://127.0.0.1:9901")]
-    pub admin: String,
+    #[command(flatten)]
+    pub gateway: Gateway,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -195,7 +195,7 @@ pub fn table(rows: &[Row]) -> String {
 }
 
 pub fn run(args: &UsageArgs) -> anyhow::Result<()> {
-    let rows = read(&Admin::new(&args.admin))?;
+    let rows = read(&args.gateway.admin())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {

@@ -10,7 +10,7 @@
 //! node and policies.
 
 use super::{Filter, Scenario};
-use crate::deploy::Target;
+use crate::deploy::{self, Target};
 use ::rpc_node::costs::Flavour;
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
@@ -228,8 +228,10 @@ impl Stack {
             .iter()
             .map(|g| Target {
                 filter: filter.to_string(),
-                dir: g.ecds_dir.clone(),
-                admin: Some(g.admin_url.clone()),
+                gateway: deploy::Gateway {
+                    dir: g.ecds_dir.clone(),
+                    admin: Some(g.admin_url.clone()),
+                },
                 timeout: Duration::from_secs(10),
                 envoy_log: g.envoy_log.clone(),
             })

@@ -17,7 +17,7 @@
 //! - `stakegate shadow`: live against candidate per identity, over an
 //!   interval.
 
-use crate::deploy::{self, DeployLock, Live, Target};
+use crate::deploy::{self, DeployLock, Gateway, Live, Target};
 use crate::usage::{self, Row, LIVE, SHADOW};
 use anyhow::{bail, Context};
 use clap::Args;
@@ -42,9 +42,8 @@ pub struct Candidate {
 
 #[derive(Debug, Args)]
 pub struct ShadowArgs {
-    /// Envoy's admin address.
-    #[arg(long, default_value = "http://127.0.0.1:9901")]
-    pub admin: String,
+    #[command(flatten)]
+    pub gateway: Gateway,
     /// The interval compared.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub interval: Duration,
@@ -59,10 +58,12 @@ pub struct ShadowArgs {
 pub struct Compared {
     pub identity: String,
     pub requests: u64,
-    /// Not refused by anything, live.
-    pub admitted: u64,
-    /// Refused by the live stake QoS.
-    pub refused: u64,
+    /// Not refused by anything, live; `None` where the live ledger has no
+    /// row of this identity (it counted it under a shared label, such as
+    /// `unstaked` or `unidentified`, and the candidate named it).
+    pub admitted: Option<u64>,
+    /// Refused by the live stake QoS (`None` as for `admitted`).
+    pub refused: Option<u64>,
     /// Would be refused by the candidate.
     pub would_refuse: u64,
     pub share_rps: Option<f64>,
@@ -87,30 +88,54 @@ fn by_identity(rows: &[Row]) -> BTreeMap<&str, &Row> {
     rows.iter().map(|r| (r.identity.as_str(), r)).collect()
 }
 
-/// Live against candidate, per identity, between two reads.
+/// An identity's row now and then (`empty` if it had none), if it has one
+/// now.
+fn since<'a>(
+    id: &str,
+    now: &BTreeMap<&str, &'a Row>,
+    then: &BTreeMap<&str, &'a Row>,
+    empty: &'a Row,
+) -> Option<(&'a Row, &'a Row)> {
+    Some((
+        now.get(id).copied()?,
+        then.get(id).copied().unwrap_or(empty),
+    ))
+}
+
+/// Live against candidate, per identity, between two reads: every
+/// identity either ledger names, with the requests the one that counted
+/// more of them by this identity saw. One the live ledger counted under a
+/// shared label over the interval and the candidate names (an unstaked
+/// address it would refuse, or any identity while the live policy only
+/// counts) has no live admissions or refusals (`None`).
 fn compare(before: &Ledgers, after: &Ledgers) -> Vec<Compared> {
     let (live_then, shadow_then) = (by_identity(&before.live), by_identity(&before.shadow));
-    let shadow_now = by_identity(&after.shadow);
+    let (live_now, shadow_now) = (by_identity(&after.live), by_identity(&after.shadow));
     let empty = Row::default();
-    let mut out: Vec<Compared> = after
-        .live
-        .iter()
-        .map(|now| {
-            let id = now.identity.as_str();
-            let then = live_then.get(id).copied().unwrap_or(&empty);
-            let shadow = shadow_now.get(id).copied().unwrap_or(&empty);
-            let shadow_then = shadow_then.get(id).copied().unwrap_or(&empty);
+    let identities: std::collections::BTreeSet<&str> =
+        live_now.keys().chain(shadow_now.keys()).copied().collect();
+    let mut out: Vec<Compared> = identities
+        .into_iter()
+        .map(|id| {
+            let requests = |(now, then): (&Row, &Row)| now.requests.saturating_sub(then.requests);
+            // Live, only where it counted this identity's requests by it.
+            let live = since(id, &live_now, &live_then, &empty).filter(|&r| requests(r) > 0);
+            let shadow = since(id, &shadow_now, &shadow_then, &empty);
+            let (shadow_now, shadow_then) = shadow.unwrap_or((&empty, &empty));
             let share = |r: &Row| r.limited.then_some(r.share_rps).flatten();
             Compared {
                 identity: id.to_string(),
-                requests: now.requests.saturating_sub(then.requests),
-                admitted: now.admitted.saturating_sub(then.admitted),
-                refused: now.refused_by_qos().saturating_sub(then.refused_by_qos()),
-                would_refuse: shadow
+                requests: live
+                    .map_or(0, requests)
+                    .max(requests((shadow_now, shadow_then))),
+                admitted: live.map(|(now, then)| now.admitted.saturating_sub(then.admitted)),
+                refused: live
+                    .map(|(now, then)| now.refused_by_qos().saturating_sub(then.refused_by_qos())),
+                would_refuse: shadow_now
                     .refused_total()
                     .saturating_sub(shadow_then.refused_total()),
-                share_rps: share(now),
-                would_be_share_rps: share(shadow),
+                share_rps: live.and_then(|(now, _)| share(now)),
+                would_be_share_rps: share(shadow_now),
                 staked: !ledger::is_shared(id) && !id.starts_with(ledger::UNSTAKED),
             }
         })
@@ -127,6 +152,7 @@ fn compare(before: &Ledgers, after: &Ledgers) -> Vec<Compared> {
 fn table(rows: &[Compared]) -> String {
     let width = usage::identity_width(rows.iter().map(|r| r.identity.as_str()));
     let rps = |x: Option<f64>| x.map_or("-".into(), |x| format!("{x:.1}"));
+    let count = |x: Option<u64>| x.map_or("-".into(), |x| x.to_string());
     let mut out = format!(
         "{:<width$} {:>9} {:>9} {:>9} {:>13} {:>9} {:>15}\n",
         "identity", "requests", "admitted", "refused", "would refuse", "share/s", "would-be share"
@@ -136,8 +162,8 @@ fn table(rows: &[Compared]) -> String {
             "{:<width$} {:>9} {:>9} {:>9} {:>13} {:>9} {:>15}\n",
             r.identity,
             r.requests,
-            r.admitted,
-            r.refused,
+            count(r.admitted),
+            count(r.refused),
             r.would_refuse,
             rps(r.share_rps),
             rps(r.would_be_share_rps)
@@ -151,14 +177,39 @@ fn table(rows: &[Compared]) -> String {
 fn extra_refusals(rows: &[Compared]) -> (f64, u64) {
     let staked = rows.iter().filter(|r| r.staked);
     let (requests, live, would) = staked.fold((0, 0, 0), |(q, l, w), r| {
-        (q + r.requests, l + r.refused, w + r.would_refuse)
+        (
+            q + r.requests,
+            l + r.refused.unwrap_or(0),
+            w + r.would_refuse,
+        )
     });
     let extra = would as f64 - live as f64;
     (100.0 * extra / requests.max(1) as f64, requests)
 }
 
+/// The staked identities the candidate would refuse more than live QoS
+/// does, most first: "acme 60 of 200, …" (at most three named).
+fn refused_by_name(rows: &[Compared]) -> String {
+    let mut extra: Vec<(&Compared, u64)> = rows
+        .iter()
+        .filter(|r| r.staked)
+        .map(|r| (r, r.would_refuse.saturating_sub(r.refused.unwrap_or(0))))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    extra.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.identity.cmp(&b.0.identity)));
+    let mut named: Vec<String> = extra
+        .iter()
+        .take(3)
+        .map(|(r, n)| format!("{} {n} more of {}", r.identity, r.requests))
+        .collect();
+    if extra.len() > 3 {
+        named.push(format!("{} more identities", extra.len() - 3));
+    }
+    named.join(", ")
+}
+
 pub fn run(args: &ShadowArgs) -> anyhow::Result<()> {
-    let admin = Admin::new(&args.admin);
+    let admin = args.gateway.admin();
     let before = read(&admin)?;
     if before.shadow.is_empty() {
         eprintln!("note: no shadow candidate has counted anything yet (stakegate deploy --shadow)");
@@ -226,9 +277,12 @@ pub fn deploy(
             started_at_ms: deploy::now_ms(),
         };
         save(&live, Some(&candidate))?;
+        let beside = live
+            .current_version()
+            .map_or(String::new(), |v| format!(" version {v}"));
         println!(
-            "shadow {} version {version}: module sha256 {}, deciding every request beside the live one, refusing none (stakegate shadow --admin {} compares them)",
-            target.filter, candidate.module_sha256, target.admin_url()
+            "shadow {} candidate: module sha256 {}, deciding every request beside live{beside}, refusing none (stakegate shadow --dir {} compares them; deploy --promote makes it the next version)",
+            target.filter, candidate.module_sha256, target.gateway.dir.display()
         );
         candidate
     };
@@ -250,7 +304,8 @@ pub fn deploy(
         )
     } else if extra > auto.max_extra {
         Err(format!(
-            "staked identities would be refused {extra:.2} % of their {requests} requests more than now, over the budget of {} %",
+            "staked identities would be refused {extra:.2} % of their {requests} requests more than now ({}), over the budget of {} %",
+            refused_by_name(&rows),
             auto.max_extra
         ))
     } else {
@@ -387,7 +442,10 @@ mod tests {
     #[test]
     fn live_against_candidate_over_the_interval() {
         let before = Ledgers {
-            live: vec![row("acme", 100, &[("stake-share", 10)], Some(50.0))],
+            live: vec![
+                row("acme", 100, &[("stake-share", 10)], Some(50.0)),
+                row("wallet", 9, &[], None),
+            ],
             shadow: vec![row("acme", 40, &[("stake-share", 30)], Some(20.0))],
         };
         let after = Ledgers {
@@ -405,6 +463,7 @@ mod tests {
                     Some(1.0),
                 ),
                 row("unidentified", 7, &[], None),
+                row("wallet", 9, &[], None),
             ],
             shadow: vec![
                 row("acme", 240, &[("stake-share", 90)], Some(20.0)),
@@ -414,6 +473,9 @@ mod tests {
                     &[("stake-share", 45)],
                     Some(1.0),
                 ),
+                // The live policy counted these under `unidentified` (it
+                // had named the wallet before).
+                row("wallet", 5, &[("stake-share", 2)], Some(3.0)),
             ],
         };
         let rows = compare(&before, &after);
@@ -427,7 +489,7 @@ mod tests {
                 acme.refused,
                 acme.would_refuse
             ),
-            (200, 185, 10, 60)
+            (200, Some(185), Some(10), 60)
         );
         assert_eq!(
             (acme.share_rps, acme.would_be_share_rps),
@@ -441,8 +503,28 @@ mod tests {
                 .unwrap()
                 .staked
         );
-        // Only staked identities count: 50 more refusals of 200 requests.
-        assert_eq!(extra_refusals(&rows), (25.0, 200));
+        // An identity only the candidate named: its requests and refusals
+        // as the candidate counted them, nothing claimed of the live ones.
+        let wallet = rows.iter().find(|r| r.identity == "wallet").unwrap();
+        assert_eq!(
+            (
+                wallet.requests,
+                wallet.admitted,
+                wallet.refused,
+                wallet.would_refuse
+            ),
+            (5, None, None, 2)
+        );
+        assert!(wallet.staked);
+        // Only staked identities count: 52 more refusals of 205 requests,
+        // and the verdict names them.
+        let (extra, requests) = extra_refusals(&rows);
+        assert_eq!(requests, 205);
+        assert!((extra - 100.0 * 52.0 / 205.0).abs() < 1e-9, "{extra}");
+        assert_eq!(
+            refused_by_name(&rows),
+            "acme 50 more of 200, wallet 2 more of 5"
+        );
         let table = table(&rows);
         assert!(table.lines().nth(1).unwrap().starts_with("acme"), "{table}");
     }

@@ -8,7 +8,7 @@ use serde_json::json;
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{loadgen, paths, Envoy};
 use stakegate_tests::{
-    client, example_policy, gate_filter, load_h2, node_behind_filters, qos_filter,
+    client, eventually, example_policy, gate_filter, load_h2, node_behind_filters, qos_filter,
 };
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -188,4 +188,142 @@ fn a_shadow_candidate_refuses_nothing_is_compared_and_promoted_or_dropped_by_its
     let out = stakegate(&envoy, &["deploy", "--promote"]);
     assert!(!out.status.success());
     assert!(text(&out).contains("no shadow candidate"), "{}", text(&out));
+}
+
+/// A quiet day: a staked key at 50 requests a second and an anonymous
+/// client at 30, 80 of the live policy's 1,600 (5 %).
+fn quiet_day(envoy: &Envoy, seconds: u64) -> std::thread::JoinHandle<stakegate_loadgen::Report> {
+    let url = envoy.url("public").unwrap();
+    std::thread::spawn(move || {
+        let clients = vec![
+            ClientSpec {
+                api_key: Some("key-stake-40".into()),
+                ..client("staked", 50.0, "eth_call", 8)
+            },
+            client("anonymous", 30.0, "eth_call", 8),
+        ];
+        loadgen::run(&load_h2(&url, clients, Duration::from_secs(seconds), 2)).unwrap()
+    })
+}
+
+/// `stakegate ARGS --admin` (the commands that read a gateway, not write it).
+fn reading(envoy: &Envoy, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(paths::tool("stakegate").unwrap());
+    command.args(args).args(["--admin", envoy.admin_url()]);
+    command
+}
+
+#[test]
+fn on_a_quiet_gateway_usage_top_and_a_shadow_name_who_sends_what() {
+    let (_node, envoy) = node_behind_filters(
+        "gateway.yaml",
+        vec![
+            qos_filter(&example_policy("stake-qos", json!({}))),
+            gate_filter(&example_policy(
+                "admission-gate",
+                json!({ "maxInflight": 64 }),
+            )),
+        ],
+        &["--read-slots", "64", "--cost", "eth_call=1ms"],
+    );
+    // usage and top, at the example policy's defaults (far below capacity,
+    // QoS only counts): the staked key by its name, with its calls, the
+    // anonymous client as unidentified, and the request rate as sent.
+    let top = reading(&envoy, &["top", "--once", "--interval", "3s"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let report = quiet_day(&envoy, 5).join().unwrap();
+    let top = String::from_utf8(top.wait_with_output().unwrap().stdout).unwrap();
+    eprintln!("{top}");
+    let rate: f64 = top
+        .strip_prefix("qos   requests ")
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("{top}"))
+        .parse()
+        .unwrap();
+    assert!((rate - 80.0).abs() <= 8.0, "{rate}/s for 80/s sent: {top}");
+    assert!(top.lines().any(|l| l.starts_with("stake-40 ")), "{top}");
+    assert!(top.lines().any(|l| l.starts_with("unidentified ")), "{top}");
+    let sent = report.client("staked").unwrap().header.sent;
+    let staked_row = || -> serde_json::Value {
+        let out = reading(&envoy, &["usage", "--json"]).output().unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let row = rows.iter().find(|r| r["identity"] == "stake-40");
+        row.cloned().unwrap_or_default()
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || staked_row()["calls"] == sent),
+        "stake-40 sent {sent}: {}",
+        staked_row()
+    );
+
+    // A candidate 40 times stricter: the report names whom it would refuse,
+    // as many as its own counters say, the anonymous client too (the live
+    // policy counts it as unidentified).
+    let dir = tempfile::tempdir().unwrap();
+    let strict = policy_file(dir.path(), "strict.json", 40);
+    let module = paths::wasm_module("stake_qos").unwrap();
+    let (module, strict) = (module.to_str().unwrap(), strict.to_str().unwrap());
+    let args = ["deploy", "--shadow", "--module", module, "--policy", strict];
+    let out = stakegate(&envoy, &args);
+    assert!(out.status.success(), "{}", text(&out));
+    let refused_by_shadow = |tier: &str| shadow_stat(&envoy, &format!("throttled.{tier}"));
+    let before = [refused_by_shadow("gold"), refused_by_shadow("unstaked")];
+    // The comparison's interval holds the whole load: it starts once the
+    // command has read the ledgers (it says no candidate has counted
+    // anything yet), and ends seconds after the load.
+    let mut compare = reading(&envoy, &["shadow", "--json", "--interval", "9s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(compare.stderr.take().unwrap()),
+        &mut said,
+    )
+    .unwrap();
+    assert!(said.contains("has counted anything yet"), "{said}");
+    quiet_day(&envoy, 4).join().unwrap();
+    let out = compare.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    eprintln!("{}", serde_json::to_string(&rows).unwrap());
+    let row = |id: &str| rows.iter().find(|r| r["identity"] == id).cloned();
+    assert!(
+        row("unidentified").is_some(),
+        "the live policy only counted: {rows:?}"
+    );
+    let staked = row("stake-40").expect("the staked key by its name");
+    assert_eq!(staked["staked"], true);
+    let anonymous = row("unstaked:127.0.0.1/32").expect("the anonymous client by its address");
+    let after = [refused_by_shadow("gold"), refused_by_shadow("unstaked")];
+    for (row, (before, after)) in [staked, anonymous].iter().zip(before.iter().zip(after)) {
+        let counted = (after - before) as f64;
+        let reported = row["wouldRefuse"].as_f64().unwrap();
+        assert!(counted > 0.0, "{row}");
+        assert!(
+            (reported - counted).abs() <= 0.01 * counted,
+            "{row}: the shadow counted {counted}"
+        );
+    }
+
+    // Promoted automatically? It would refuse the staked key: dropped, and
+    // the reason names it.
+    let running = quiet_day(&envoy, 5);
+    let auto = [
+        &args[..],
+        &["--promote-after", "3s", "--max-extra-refusals", "1"],
+    ]
+    .concat();
+    let out = stakegate(&envoy, &auto);
+    running.join().unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("was dropped: staked identities would be refused")
+            && text(&out).contains("stake-40 "),
+        "{}",
+        text(&out)
+    );
 }

@@ -579,19 +579,25 @@ mod tests {
         );
     }
 
+    /// QoS with one staked API key, `k`, named `name`, counting or not.
+    fn keyed_qos(name: &str, counting: bool) -> StakeQos {
+        let policy = format!(
+            r#"{{"capacityRps": 1000, "stakes": [{{"apiKeySha256": "{}", "name": "{name}", "stake": 100}}]}}"#,
+            crate::request::sha256_hex(b"k")
+        );
+        let mut qos = StakeQos::new(QosPolicy::parse(policy.as_bytes()).unwrap(), 1);
+        qos.counting = counting;
+        qos
+    }
+
     /// Whether a request with `key` (an `x-api-key`) is staked as QoS
     /// tells the gate, while it identifies requests and while it only
     /// counts them; and the headers it read.
     #[test]
     fn a_staked_caller_is_told_to_the_gate_even_while_requests_are_only_counted() {
-        let policy = format!(
-            r#"{{"capacityRps": 100, "stakes": [{{"apiKeySha256": "{}", "name": "s", "stake": 100}}]}}"#,
-            crate::request::sha256_hex(b"k")
-        );
         let store = MemoryStore::default();
         for counting in [false, true] {
-            let mut qos = StakeQos::new(QosPolicy::parse(policy.as_bytes()).unwrap(), 1);
-            qos.counting = counting;
+            let mut qos = keyed_qos("s", counting);
             for (headers, staked) in [
                 (&[("x-api-key", "k")][..], true),
                 (&[("x-api-key", "other")][..], false),
@@ -617,13 +623,8 @@ mod tests {
     /// no identity is made for decisions.
     #[test]
     fn while_qos_counts_a_staked_keys_requests_are_in_the_ledger_by_its_name() {
-        let policy = format!(
-            r#"{{"capacityRps": 1000, "stakes": [{{"apiKeySha256": "{}", "name": "desk", "stake": 100}}]}}"#,
-            crate::request::sha256_hex(b"k")
-        );
         let store = MemoryStore::default();
-        let mut qos = StakeQos::new(QosPolicy::parse(policy.as_bytes()).unwrap(), 1);
-        qos.counting = true;
+        let mut qos = keyed_qos("desk", true);
         let mut now = Now::lazy_us(|| panic!("no clock read"));
         let batch = br#"[{"jsonrpc":"2.0","id":1,"method":"eth_chainId"},{"jsonrpc":"2.0","id":2,"method":"eth_chainId"},{"jsonrpc":"2.0","id":3,"method":"eth_chainId"}]"#;
         for (headers, refused) in [

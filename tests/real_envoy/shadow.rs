@@ -229,12 +229,23 @@ fn on_a_quiet_gateway_usage_top_and_a_shadow_name_who_sends_what() {
     // usage and top, at the example policy's defaults (far below capacity,
     // QoS only counts): the staked key by its name, with its calls, the
     // anonymous client as unidentified, and the request rate as sent.
+    // `top` watches 3 s from when the ledger shows the load running (its
+    // window inside the load's 10 s however slowly the load starts).
+    let running = quiet_day(&envoy, 10);
+    let staked_row = || -> serde_json::Value {
+        let out = reading(&envoy, &["usage", "--json"]).output().unwrap();
+        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let row = rows.iter().find(|r| r["identity"] == "stake-40");
+        row.cloned().unwrap_or_default()
+    };
+    assert!(eventually(Duration::from_secs(5), || staked_row()["calls"]
+        .as_u64()
+        .is_some_and(|calls| calls > 0)));
     let top = reading(&envoy, &["top", "--once", "--interval", "3s"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    let report = quiet_day(&envoy, 5).join().unwrap();
-    let top = String::from_utf8(top.wait_with_output().unwrap().stdout).unwrap();
+    let report = running.join().unwrap();
+    let top = String::from_utf8(top.stdout).unwrap();
     eprintln!("{top}");
     let rate: f64 = top
         .strip_prefix("qos   requests ")
@@ -246,12 +257,6 @@ fn on_a_quiet_gateway_usage_top_and_a_shadow_name_who_sends_what() {
     assert!(top.lines().any(|l| l.starts_with("stake-40 ")), "{top}");
     assert!(top.lines().any(|l| l.starts_with("unidentified ")), "{top}");
     let sent = report.client("staked").unwrap().header.sent;
-    let staked_row = || -> serde_json::Value {
-        let out = reading(&envoy, &["usage", "--json"]).output().unwrap();
-        let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
-        let row = rows.iter().find(|r| r["identity"] == "stake-40");
-        row.cloned().unwrap_or_default()
-    };
     assert!(
         eventually(Duration::from_secs(5), || staked_row()["calls"] == sent),
         "stake-40 sent {sent}: {}",
@@ -311,7 +316,9 @@ fn on_a_quiet_gateway_usage_top_and_a_shadow_name_who_sends_what() {
 
     // Promoted automatically? It would refuse the staked key: dropped, and
     // the reason names it.
-    let running = quiet_day(&envoy, 5);
+    // The load outlasts the deploy and its 3 s watch, however slow the
+    // deploy's validation is.
+    let running = quiet_day(&envoy, 10);
     let auto = [
         &args[..],
         &["--promote-after", "3s", "--max-extra-refusals", "1"],

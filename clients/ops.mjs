@@ -8,6 +8,7 @@
 //   node ops.mjs viem|ethers burst WS_URL N   (see `burst`)
 //   node ops.mjs viem|ethers final HTTP_URL   (see `finalReads`)
 //   node ops.mjs viem|ethers head HTTP_URL    (see `headReads`)
+//   node ops.mjs ethers limited HTTP_URL N   (see `limited`)
 //
 // The chain must be anvil's dev chain (its unlocked accounts send the
 // transaction). Exits non-zero, with the library's own error, if any
@@ -175,6 +176,46 @@ async function overload(url, what) {
   }
 }
 
+// Over its share (`node ops.mjs ethers limited HTTP_URL N`): N balance reads
+// at once (`Promise.all`), one request each, from a client the gateway's QoS
+// refuses some of with a 429, with ethers' default retries (it reads
+// `retry-after` as milliseconds). For each call: the requests ethers sent,
+// the refusals it was given (when, status, retry-after, rule), and when its
+// caller got the answer or the error. Times are ms from the start.
+async function limited(url, n) {
+  const started = Date.now();
+  const addresses = Array.from({ length: n }, (_, i) => `0x${(0xa11ce0000 + i).toString(16).padStart(40, "0")}`);
+  const calls = new Map(addresses.map((a) => [a, { sent: 0, refused: [] }]));
+  // ethers' hooks see each request it sends and each 429: the call is the
+  // address read (ethers sends it checksummed).
+  const of = (body) => calls.get(JSON.parse(new TextDecoder().decode(body)).params[0].toLowerCase());
+  const request = new FetchRequest(url);
+  request.preflightFunc = async (req) => {
+    of(req.body).sent += 1;
+    return req;
+  };
+  request.retryFunc = async (req, response) => {
+    const headers = response.headers;
+    const refusal = { ms: Date.now() - started, status: response.statusCode, retryAfter: Number(headers["retry-after"]) };
+    of(req.body).refused.push({ ...refusal, rule: headers["x-stakegate-rule"] });
+    return true;
+  };
+  const provider = new JsonRpcProvider(request, anvil.id, { staticNetwork: true, batchMaxCount: 1 });
+  await Promise.all(
+    addresses.map(async (address) => {
+      const call = calls.get(address);
+      try {
+        await provider.getBalance(address);
+      } catch (e) {
+        call.error = `${e?.name ?? "Error"}: ${e?.shortMessage ?? e?.message ?? e}`.split("\n")[0].slice(0, 200);
+      }
+      call.answeredMs = Date.now() - started;
+    }),
+  );
+  provider.destroy();
+  return addresses.map((a) => calls.get(a));
+}
+
 // Burst (`node ops.mjs viem|ethers burst WS_URL N`): N balance reads at
 // once on one WebSocket (`Promise.all`), as a dapp's page load makes them:
 // how many were answered, the first error, and the balances, in order.
@@ -310,13 +351,15 @@ const run =
     ? () => headReads(wsUrl)
     : httpUrl === "overload"
     ? () => overload(wsUrl, process.argv[5])
+    : httpUrl === "limited" && library === "ethers"
+    ? () => limited(wsUrl, Number(process.argv[5]))
     : httpUrl === "burst"
       ? () => burst(wsUrl, Number(process.argv[5]))
       : httpUrl === "subscribe" && library === "viem"
         ? () => subscribeMany(wsUrl, Number(process.argv[5]))
         : { viem: withViem, ethers: withEthers }[library];
 if (!["viem", "ethers"].includes(library) || !run) {
-  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow, or node ops.mjs viem|ethers burst WS_URL N, or node ops.mjs viem|ethers final|head HTTP_URL, or node ops.mjs viem subscribe WS_URL N (not ${library})`);
+  console.error(`usage: node ops.mjs viem|ethers HTTP_URL WS_URL, or node ops.mjs viem|ethers overload HTTP_URL single|batch|duplicate|slow, or node ops.mjs viem|ethers burst WS_URL N, or node ops.mjs viem|ethers final|head HTTP_URL, or node ops.mjs ethers limited HTTP_URL N, or node ops.mjs viem subscribe WS_URL N (not ${library})`);
   process.exit(2);
 }
 try {

@@ -104,6 +104,97 @@ fn web3py_viem_and_ethers_get_through_the_gateway_what_they_get_from_the_node() 
     }
 }
 
+/// ethers over its share at QoS: `CALLS` balance reads at once through the
+/// gateway `stakegate init` writes (the example policies, dedup and cache
+/// on; QoS at `CAPACITY` rps and identifying every request, so that one
+/// client is over its share). ethers reads `retry-after` as milliseconds
+/// and retries a 429 twelve times within milliseconds; the gateway holds a
+/// request sent again before its time until then (`qos::early`), so every
+/// call is answered, in at most four attempts, and each answer after a 429
+/// comes no sooner than the `retry-after` it gave.
+#[test]
+fn ethers_over_its_share_is_answered_no_sooner_than_retry_after_meant() {
+    const CALLS: usize = 40;
+    const CAPACITY: u32 = 40;
+    let anvil = Anvil::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let gate_policy = dir.path().join("gate.json");
+    let qos_policy = dir.path().join("qos.json");
+    // The gate's slots are not what is tried here: the reads at once would
+    // take its six public ones (anvil answers each in about a millisecond).
+    std::fs::write(
+        &gate_policy,
+        example_policy("admission-gate", json!({ "maxInflight": 64 })),
+    )
+    .unwrap();
+    let small = json!({ "capacityRps": CAPACITY, "identifyAbove": 0, "throttleThreshold": 0.01 });
+    std::fs::write(&qos_policy, example_policy("stake-qos", small)).unwrap();
+    let envoy = start_initialised(dir.path(), anvil.addr(), &gate_policy, &qos_policy);
+    let url = envoy.url("public").unwrap();
+    let stat = |name: &str| {
+        envoy
+            .stat(&format!("wasmcustom.stakegate.qos.{name}"))
+            .unwrap()
+    };
+    // This client (its address) is over its share: new requests until QoS
+    // throttles and refuses one.
+    let refused = (0..2000).any(|i| {
+        let body = format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"eth_chainId"}}"#);
+        http::post(&url, &[], &body).unwrap().status == 429
+    });
+    assert!(refused && stat("throttling") == 1, "QoS throttles");
+    let calls = json_output(&mut library(
+        "ethers",
+        &["limited", &url, &CALLS.to_string()],
+    ));
+    let calls = calls.as_array().unwrap();
+    assert_eq!(calls.len(), CALLS);
+    let mut least_wait = i64::MAX;
+    for call in calls {
+        assert_eq!(call["error"], Value::Null, "{call}");
+        let refusals = call["refused"].as_array().unwrap();
+        let sent = call["sent"].as_u64().unwrap();
+        assert_eq!(sent, refusals.len() as u64 + 1, "{call}");
+        assert!(sent <= 4, "{sent} attempts: {call}");
+        // Each 429 is followed, no sooner than its retry-after, by the next
+        // answer: another 429 or the balance. (250 ms allow for the two
+        // answers' ways to the client.)
+        let next = refusals
+            .iter()
+            .skip(1)
+            .map(|r| &r["ms"])
+            .chain([&call["answeredMs"]]);
+        for (refusal, next) in refusals.iter().zip(next) {
+            assert_eq!(refusal["status"], 429, "{call}");
+            let retry_after_ms = 1000 * refusal["retryAfter"].as_i64().unwrap();
+            let waited = next.as_i64().unwrap() - refusal["ms"].as_i64().unwrap();
+            least_wait = least_wait.min(waited - retry_after_ms);
+            assert!(waited >= retry_after_ms - 250, "{call}");
+        }
+    }
+    let refusals: usize = calls
+        .iter()
+        .map(|c| c["refused"].as_array().unwrap().len())
+        .sum();
+    let most = calls.iter().map(|c| c["sent"].as_u64().unwrap()).max();
+    let most = most.unwrap_or(0);
+    let last = calls
+        .iter()
+        .map(|c| c["answeredMs"].as_u64().unwrap())
+        .max()
+        .unwrap_or(0);
+    let held = stat("retries_held");
+    eprintln!(
+        "ethers: {CALLS} of {CALLS} answered; {refusals} × 429, each retry held ({held}); \
+         at most {most} attempts; least wait after a 429 beyond its retry-after {least_wait} ms; \
+         last answer at {last} ms"
+    );
+    // Without the hold, ethers sent a refused call again within
+    // milliseconds, up to twelve times, and its caller got an error.
+    assert!(refusals > 0, "some calls were refused");
+    assert_eq!(held, refusals as i64, "every retry of a 429 was held");
+}
+
 /// Sends `body` to `addr` (named in its host, as the libraries do: the host is
 /// part of what makes two calls the same) and never reads the answer: the
 /// request stays in flight until the socket is dropped.

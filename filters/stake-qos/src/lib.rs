@@ -17,6 +17,9 @@
 //! - response headers (reactive mode): the upstream status, 503 and 429
 //!   being back-pressure; `on_done` (or dropping the stream context) ends
 //!   the request locally: its place in flight and its latency.
+//! - a refused request sent again before its `retry-after` (`qos::early`)
+//!   is paused, and decided at the first tick after that time: resumed or
+//!   answered 429 from the root context.
 //! - `on_tick`, every refill interval on every worker: this worker's counts
 //!   go on the report queue, the shared state is read, and the refill round
 //!   runs if this VM wins it. In fleet mode that VM sends the exchange with
@@ -69,6 +72,9 @@ struct Worker {
     /// WebSockets whose data the gate holds for their identity's share, by
     /// context: their calls try again at the ticks.
     held: HashMap<u32, Rc<RefCell<QosStream>>>,
+    /// Requests sent again before their `retry-after`, by context: decided
+    /// at the tick after it.
+    early: HashMap<u32, Rc<RefCell<QosStream>>>,
 }
 
 impl Worker {
@@ -106,6 +112,7 @@ impl QosRoot {
             queue,
             usage: UsageStats::new(policy_prefix),
             held: HashMap::new(),
+            early: HashMap::new(),
         })));
         self.fleet = fleet;
         Ok(())
@@ -183,7 +190,11 @@ impl RootContext for QosRoot {
         }
         // Held sockets' calls try again with this tick's state.
         let Worker {
-            qos, counts, held, ..
+            qos,
+            counts,
+            held,
+            early,
+            ..
         } = &mut *worker;
         held.retain(|id, stream| {
             let Ok(mut stream) = stream.try_borrow_mut() else {
@@ -200,6 +211,20 @@ impl RootContext for QosRoot {
                 host::set_property(SOCKET_HOLD_PROPERTY, b"0");
             }
             !go
+        });
+        // Early retries whose time has come: let on, or answered.
+        early.retain(|id, stream| {
+            let Ok(mut stream) = stream.try_borrow_mut() else {
+                return true;
+            };
+            let now = &mut Now::lazy_us(now_us);
+            let Some(decided) = stream.retry_tick(qos, &EnvoyStore, now) else {
+                return true;
+            };
+            if host::act_on(*id) && decided_action(counts, decided, false) == Action::Continue {
+                host::resume_request();
+            }
+            false
         });
         host::act_on(self.context_id);
         match qos.usage(&EnvoyStore, now_us() / 1000) {
@@ -236,6 +261,7 @@ impl QosHttp {
     fn done(&mut self) {
         if let Ok(mut worker) = self.worker.try_borrow_mut() {
             worker.held.remove(&self.id);
+            worker.early.remove(&self.id);
             if let Ok(mut stream) = self.stream.try_borrow_mut() {
                 stream.done(&mut worker.qos, &mut Now::lazy_us(now_us));
             }
@@ -276,6 +302,10 @@ fn decided_action(counts: &mut Counts, decided: Decided, shadow: bool) -> Action
     counts.evicted += u64::from(decided.evicted);
     if let Some(e) = &decided.store_error {
         let line = counts.store.failed("admitted without a token", e);
+        log(LogLevel::Warn, &line);
+    }
+    if let Some(e) = &decided.early_error {
+        let line = counts.store.failed("early retries (decided at once)", e);
         log(LogLevel::Warn, &line);
     }
     match decided.throttled {
@@ -332,7 +362,11 @@ impl HttpContext for QosHttp {
             return Action::Continue;
         };
         let Worker {
-            qos, counts, held, ..
+            qos,
+            counts,
+            held,
+            early,
+            ..
         } = &mut *worker;
         let Ok(mut stream) = self.stream.try_borrow_mut() else {
             return Action::Continue;
@@ -368,6 +402,11 @@ impl HttpContext for QosHttp {
         }
         match step.decided {
             Some(admission) => decided_action(counts, admission, qos.policy().shadow),
+            None if step.early => {
+                counts.retries_held += 1;
+                early.insert(self.id, self.stream.clone());
+                Action::Pause
+            }
             None if step.hold => Action::Pause,
             None => Action::Continue,
         }

@@ -22,6 +22,9 @@ pub struct Counts {
     /// Times a WebSocket's calls were held for its identity's share (the
     /// concurrency allowance among them).
     pub websocket_held: u64,
+    /// Requests sent again before their `retry-after`, held until then
+    /// (`early`).
+    pub retries_held: u64,
     pub fleet_exchanges: u64,
     pub fleet_failures: u64,
     /// The refill rounds this VM ran, in microseconds.
@@ -136,6 +139,7 @@ pub const METRICS: &[Metric<Snapshot>] = &[
     Metric { name: "leases", kind: Kind::Counter, read: |s, _| add(s.counts.leases) },
     Metric { name: "websocket.calls", kind: Kind::Counter, read: |s, _| add(s.counts.websocket_calls) },
     Metric { name: "websocket.held", kind: Kind::Counter, read: |s, _| add(s.counts.websocket_held) },
+    Metric { name: "retries_held", kind: Kind::Counter, read: |s, _| add(s.counts.retries_held) },
     Metric { name: "fleet.exchanges", kind: Kind::Counter, read: |s, _| add(s.counts.fleet_exchanges) },
     Metric { name: "fleet.exchange_failures", kind: Kind::Counter, read: |s, _| add(s.counts.fleet_failures) },
     Metric { name: "counted", kind: Kind::Counter, read: |s, _| add(s.counted) },

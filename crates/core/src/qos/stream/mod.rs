@@ -211,17 +211,21 @@ impl QosStream {
             };
         }
         if let Some(identity) = self.waiting.take() {
-            let bytes = body.read(0, size);
+            // Read whole only while QoS throttles (nothing is refused
+            // otherwise): to find an early retry, or to answer a 429.
+            let bytes = match qos.state().throttling {
+                true => body.read(0, size),
+                false => Vec::new(),
+            };
             let (until_ms, early_error) = match early_until(qos, store, now, &identity, &bytes) {
                 Ok(until_ms) => (until_ms, None),
                 Err(e) => (None, Some(e)),
             };
             if let Some(until_ms) = until_ms {
                 qos.early_held += 1;
-                let body = bytes;
                 self.held = Some(Box::new(Held {
                     identity,
-                    body,
+                    body: bytes,
                     until_ms,
                 }));
                 return OnBody {
@@ -485,7 +489,11 @@ fn early_until(
     identity: &Identity,
     body: &[u8],
 ) -> Result<Option<u64>, StoreError> {
-    if qos.policy().shadow || !qos.state().throttling || qos.early_held >= early::HELD_PER_WORKER {
+    if qos.policy().shadow
+        || !qos.state().throttling
+        || body.is_empty()
+        || qos.early_held >= early::HELD_PER_WORKER
+    {
         return Ok(None);
     }
     early::early(store, early::sent(identity.key, body), now.ms())

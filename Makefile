@@ -58,8 +58,13 @@ build:
 	cargo build --profile tools $(addprefix -p ,$(TOOLS))
 	@ls -l target/$(WASM_TARGET)/release/*.wasm
 
-## test: everything CI runs.
-test: setup build lint unit-test monitoring-test fuzz-ci integration-test envoy-versions compose-test
+## test: everything CI runs, each stage's time printed after it.
+TEST_STAGES := setup build lint unit-test monitoring-test fuzz-ci integration-test envoy-versions compose-test
+test:
+	@for stage in $(TEST_STAGES); do \
+	  start=$$(date +%s); $(MAKE) --no-print-directory $$stage || exit 1; \
+	  echo "== make $$stage: $$(( $$(date +%s) - start )) s"; \
+	done
 
 # Tests build in the tools profile, on the dependencies `make build` compiled
 # (Cargo.toml says why).

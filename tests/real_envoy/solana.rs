@@ -267,8 +267,7 @@ fn each_solana_library_when_refused_is_given_our_error_and_retries_as_measured()
                     break;
                 }
                 let body = format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"getSlot"}}"#);
-                let body = body.as_str();
-                if stakegate_stack::http::post(&url, &[], body).is_ok_and(|a| a.status == 429) {
+                if stakegate_stack::http::post(&url, &[], &body).is_ok_and(|a| a.status == 429) {
                     others.fetch_add(1, Ordering::SeqCst);
                 }
                 std::thread::sleep(Duration::from_millis(20));

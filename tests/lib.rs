@@ -125,6 +125,13 @@ pub fn qos_filter(policy: &str) -> FilterConfig {
     FilterConfig::stake_qos(module, policy)
 }
 
+/// How long state that settles asynchronously (a count published at the
+/// workers' next heartbeat, a gauge back to 0, a stat of a new config) is
+/// waited for: a limit no slowdown reaches, as `eventually` returns as soon
+/// as the state holds. Beside two busy-looping processes a 1 s heartbeat's
+/// counts took more than 5 s to arrive.
+pub const SETTLE: Duration = Duration::from_secs(30);
+
 /// Polls `condition` every 10 ms until it holds or `within` passes; returns
 /// whether it held. For waiting on state that settles asynchronously
 /// (gauges, heartbeats), never for hiding a race.

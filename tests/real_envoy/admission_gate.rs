@@ -6,7 +6,7 @@ use stakegate_loadgen::{ClientSpec, Report};
 use stakegate_stack::ecds::EcdsUpdate;
 use stakegate_stack::envoy;
 use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder, FilterConfig};
-use stakegate_tests::{client, eventually, gate_filter, load, node_behind_gate};
+use stakegate_tests::{client, eventually, gate_filter, load, node_behind_gate, SETTLE};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -23,7 +23,7 @@ fn stat(envoy: &Envoy, name: &str) -> i64 {
 /// The gate flushes its stats once per heartbeat (1 s by default), so a
 /// count is checked by waiting for it to arrive.
 fn stat_reaches(envoy: &Envoy, name: &str, expected: i64) -> bool {
-    let reached = eventually(Duration::from_secs(5), || stat(envoy, name) == expected);
+    let reached = eventually(SETTLE, || stat(envoy, name) == expected);
     if !reached {
         eprintln!("{STAT}{name} is {}, expected {expected}", stat(envoy, name));
     }
@@ -31,7 +31,7 @@ fn stat_reaches(envoy: &Envoy, name: &str, expected: i64) -> bool {
 }
 
 pub(crate) fn settles_to_zero(envoy: &Envoy) -> bool {
-    eventually(Duration::from_secs(5), || {
+    eventually(SETTLE, || {
         [
             "inflight.default",
             "inflight.priority",
@@ -101,10 +101,7 @@ fn a_rejection_is_a_fast_503_with_retry_after_and_a_json_rpc_error() {
     let (_node, envoy) = node_behind_gate(r#"{"maxInflight": 1}"#, &["--cost", "slow_call=2s"]);
     let url = envoy.url("public").unwrap();
     let held = hold_a_slot(url.clone());
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "inflight.default"
-    ) == 1));
+    assert!(eventually(SETTLE, || stat(&envoy, "inflight.default") == 1));
 
     let rejected = http::post(&url, &[], CHAIN_ID).unwrap();
     assert_eq!(rejected.status, 503);
@@ -243,10 +240,7 @@ fn no_slot_leaks_after_client_aborts_upstream_resets_and_local_replies() {
         false,
     );
     let run = std::thread::spawn(move || loadgen::run(&dying).unwrap());
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "inflight.default"
-    ) > 0));
+    assert!(eventually(SETTLE, || stat(&envoy, "inflight.default") > 0));
     drop(node);
     let report = run.join().unwrap();
     eprintln!("node killed: {:?}", report.status);
@@ -305,10 +299,7 @@ fn the_websocket_limit_holds_for_the_life_of_each_connection() {
     );
 
     drop(first);
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "websocket.active"
-    ) == 1));
+    assert!(eventually(SETTLE, || stat(&envoy, "websocket.active") == 1));
     let (_third, c) = websocket(addr);
     assert_eq!(c, 101, "a closed connection frees its place");
 }
@@ -339,10 +330,7 @@ fn a_bad_policy_is_rejected_with_its_reason_and_the_previous_one_keeps_serving()
     }
 
     let held = hold_a_slot(url.clone());
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "inflight.default"
-    ) == 1));
+    assert!(eventually(SETTLE, || stat(&envoy, "inflight.default") == 1));
     assert_eq!(
         http::post(&url, &[], CHAIN_ID).unwrap().status,
         503,
@@ -402,10 +390,7 @@ fn slots_of_a_vanished_worker_expire_after_the_stale_slot_ttl() {
         vanished.elapsed()
     );
     // Stats are published once per heartbeat.
-    assert!(eventually(Duration::from_secs(2), || stat(
-        &envoy,
-        "inflight.default"
-    ) >= 4));
+    assert!(eventually(SETTLE, || stat(&envoy, "inflight.default") >= 4));
     assert!(
         eventually(TTL * 6, || http::post(&url, &[], CHAIN_ID).unwrap().status
             == 200),
@@ -416,9 +401,6 @@ fn slots_of_a_vanished_worker_expire_after_the_stale_slot_ttl() {
         "slots recovered {recovered:?} after the worker vanished (TTL {TTL:?}, heartbeat 0.2 s)"
     );
     assert!(recovered >= TTL, "not before the TTL: {recovered:?}");
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "expired_slots"
-    ) >= 4));
+    assert!(eventually(SETTLE, || stat(&envoy, "expired_slots") >= 4));
     assert!(envoy.log().contains("reclaimed"), "the reclaim is logged");
 }

@@ -12,8 +12,7 @@
 use serde_json::json;
 use stakegate_core::jsonrpc::{same_id, Name, Summary};
 use stakegate_stack::{http, Envoy, RpcNode};
-use stakegate_tests::{eventually, websocket};
-use std::time::Duration;
+use stakegate_tests::{eventually, websocket, SETTLE};
 
 const STAT: &str = "wasmcustom.stakegate.gate.";
 const TX: &str = "0x02f8b20181948449bdee618501dcd6500083016b93942dabcea55a12d73191aece59f508b191fb68adac80b844095ea7b3";
@@ -124,9 +123,7 @@ fn every_client_gets_its_own_id_back_byte_for_byte() {
     // Coalescing: dedup engages once a request has stayed at the node.
     let slow = call("1", "eth_getLogs", r#"[{"fromBlock":"0x0"}]"#);
     assert_eq!(http::post(&url, &[], &slow).unwrap().status, 200);
-    assert!(eventually(Duration::from_secs(10), || stat(
-        "dedup.engaged"
-    ) == 1));
+    assert!(eventually(SETTLE, || stat("dedup.engaged") == 1));
     for round in 0..3 {
         // Anyone's same transaction (global scope), a `null` among them.
         at_once(&url, &ids[..12], |id| {
@@ -146,7 +143,7 @@ fn every_client_gets_its_own_id_back_byte_for_byte() {
         });
     }
     assert!(
-        eventually(Duration::from_secs(5), || stat("dedup.shared") >= 30),
+        eventually(SETTLE, || stat("dedup.shared") >= 30),
         "coalesced answers: {}",
         stat("dedup.shared")
     );
@@ -248,15 +245,13 @@ fn a_second_route_on_the_listener_gets_only_its_own_chains_answers() {
             );
         }
     }
-    assert!(eventually(Duration::from_secs(5), || stat("cache.hits") >= 20));
+    assert!(eventually(SETTLE, || stat("cache.hits") >= 20));
 
     // Coalescing engaged by a slow call on the first chain; the second
     // chain's identical reads at once still reach the second node only.
     let proof = call("1", "eth_getProof", r#"["0x01",[],"latest"]"#);
     assert_eq!(http::post(&url, &[], &proof).unwrap().status, 200);
-    assert!(eventually(Duration::from_secs(10), || stat(
-        "dedup.engaged"
-    ) == 1));
+    assert!(eventually(SETTLE, || stat("dedup.engaged") == 1));
     // Before, each of these led its key by a callout to the first
     // chain's node (the one `dedup.upstream` names).
     for i in 0..6 {
@@ -276,7 +271,5 @@ fn a_second_route_on_the_listener_gets_only_its_own_chains_answers() {
         "the first chain's node ran the second's reads"
     );
     assert_eq!(served(&base), 6);
-    assert!(eventually(Duration::from_secs(5), || stat(
-        "dedup.other_cluster"
-    ) >= 12));
+    assert!(eventually(SETTLE, || stat("dedup.other_cluster") >= 12));
 }

@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 use stakegate_stack::{http, Anvil, Envoy, RpcNode};
-use stakegate_tests::{eventually, json_output};
+use stakegate_tests::{eventually, json_output, SETTLE};
 use std::time::Duration;
 
 const STAT: &str = "wasmcustom.stakegate.gate.cache.";
@@ -40,7 +40,7 @@ fn send_tx(anvil: &Anvil, to: u64) -> Value {
             .unwrap()
             .is_null()
     };
-    assert!(eventually(Duration::from_secs(10), mined));
+    assert!(eventually(SETTLE, mined));
     hash
 }
 
@@ -143,7 +143,7 @@ fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_re
     // worker keeps its own cache).
     let until_hit = |check: &mut dyn FnMut(&str, Value) -> bool| {
         for (method, params) in &cacheable {
-            let hit = eventually(Duration::from_secs(10), || check(method, params.clone()));
+            let hit = eventually(SETTLE, || check(method, params.clone()));
             assert!(hit, "{method} never came from the cache: {}", stats(&envoy));
         }
     };
@@ -189,7 +189,7 @@ fn final_answers_come_from_the_cache_and_what_can_change_never_does_through_a_re
     assert!(stale.is_empty(), "{stale:#?}");
     // The counts reach Envoy at the gate's heartbeat.
     let stat = |name: &str| envoy.stat(&format!("{STAT}{name}")).unwrap();
-    assert!(eventually(Duration::from_secs(5), || stat("hits") >= 24));
+    assert!(eventually(SETTLE, || stat("hits") >= 24));
     assert!(stat("kept") >= 6, "kept {}", stat("kept"));
     assert!(stat("entries") >= 6 && stat("bytes") > 0);
     // `latest`, `pending` (uncacheable), and blocks not final (not kept).
@@ -252,7 +252,7 @@ fn web3py_viem_and_ethers_reading_a_final_block_or_the_head_get_the_node_s_answe
         );
         // The counts reach Envoy at the gate's heartbeat.
         assert!(
-            eventually(Duration::from_secs(5), || hits() > before),
+            eventually(SETTLE, || hits() > before),
             "{name} {reads}: no answer came from the cache: {}",
             stats(&envoy)
         );
@@ -373,7 +373,7 @@ fn readers_through_reorgs_are_never_given_a_stale_answer() {
         reorgs >= 3 && checked > 100,
         "{reorgs} reorgs, {checked} checked"
     );
-    assert!(eventually(Duration::from_secs(5), || stat("hits") > 0));
+    assert!(eventually(SETTLE, || stat("hits") > 0));
     assert!(stat("at_head") > 0 && stat("head_polls") > 0);
     assert_eq!(stat("head_failed"), 0);
 }
@@ -445,7 +445,7 @@ fn reads_at_latest_are_answered_at_a_head_seen_after_they_came_through_blocks_an
     // Reads that come together: each poll covers at least one of them.
     let stat = |name: &str| envoy.stat(&format!("{STAT}{name}")).unwrap() as u64;
     let counted = 6 * asks * reads.len() as u64;
-    assert!(eventually(Duration::from_secs(5), || stat("at_head") >= counted));
+    assert!(eventually(SETTLE, || stat("at_head") >= counted));
     let polls = stat("head_polls");
     let together = 32;
     std::thread::scope(|scope| {
@@ -453,7 +453,7 @@ fn reads_at_latest_are_answered_at_a_head_seen_after_they_came_through_blocks_an
             scope.spawn(|| read(&url, "eth_getBalance", &json!([SENDER, "latest"])));
         }
     });
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         stat("at_head") >= counted + together
     }));
     let shared = stat("head_polls") - polls;
@@ -474,7 +474,7 @@ fn reads_at_latest_are_answered_at_a_head_seen_after_they_came_through_blocks_an
     let (got, truth) = (ask(&url), ask(&format!("http://{}", anvil.addr())));
     assert!(truth["error"].is_object(), "{truth}");
     assert_eq!((&got["id"], &got["error"]), (&"c".into(), &truth["error"]));
-    assert!(eventually(Duration::from_secs(5), || stat("head_unpinned") >= 1));
+    assert!(eventually(SETTLE, || stat("head_unpinned") >= 1));
 }
 
 /// Solana through `stakegate init`'s gateway (two workers) in front of
@@ -527,7 +527,7 @@ fn a_finalized_solana_block_is_kept_and_a_confirmed_one_is_not() {
             assert_eq!(reached, 8, "{method}{params} is never kept");
         }
     }
-    assert!(eventually(Duration::from_secs(5), || envoy
+    assert!(eventually(SETTLE, || envoy
         .stat(&format!("{STAT}hits"))
         .unwrap()
         >= 8));

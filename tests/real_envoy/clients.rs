@@ -7,11 +7,10 @@ use serde_json::{json, Value};
 use stakegate_stack::{http, Anvil, Envoy};
 use stakegate_tests::{
     assert_refused_call_by_call, client_script, eventually, example_policy, gateway_on_one_worker,
-    json_output, start_initialised,
+    json_output, start_initialised, SETTLE,
 };
 use std::io::Write;
 use std::process::Command;
-use std::time::Duration;
 
 /// The gateway as an operator makes it: `stakegate init` in front of
 /// `anvil` (both example policies, dedup on), then Envoy from what it
@@ -115,7 +114,9 @@ fn web3py_viem_and_ethers_get_through_the_gateway_what_they_get_from_the_node() 
 #[test]
 fn ethers_over_its_share_is_answered_no_sooner_than_retry_after_meant() {
     const CALLS: usize = 40;
-    const CAPACITY: u32 = 40;
+    // Half the calls sent at once: over its share however slowly the
+    // machine sends them (at 40, a busy machine's 40 stayed under it).
+    const CAPACITY: u32 = 20;
     let anvil = Anvil::start().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let gate_policy = dir.path().join("gate.json");
@@ -227,11 +228,7 @@ fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
     );
     let public = envoy.listener("public").unwrap();
     let url = format!("http://{public}");
-    let at_node = |n: u64| {
-        eventually(Duration::from_secs(10), || {
-            node.metrics().is_ok_and(|m| m["inflight"] == n)
-        })
-    };
+    let at_node = |n: u64| eventually(SETTLE, || node.metrics().is_ok_and(|m| m["inflight"] == n));
     let answered = |class: &str| {
         envoy
             .stat(&format!("http.public.downstream_rq_{class}"))
@@ -308,7 +305,7 @@ fn under_overload_each_library_is_given_our_error_and_retries_as_measured() {
             outcome["result"], outcome["ms"]
         );
     }
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         envoy
             .stat("wasmcustom.stakegate.gate.dedup.shared")
             .unwrap()
@@ -363,7 +360,7 @@ fn libraries_retrying_into_a_slow_node_get_their_answer_from_one_call() {
         public,
         r#"{"jsonrpc":"2.0","id":1,"method":"test_hold","params":[]}"#,
     );
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         envoy
             .stat("wasmcustom.stakegate.gate.dedup.engaged")
             .unwrap()
@@ -399,7 +396,7 @@ fn libraries_retrying_into_a_slow_node_get_their_answer_from_one_call() {
         (0, 0),
         "no 429, no 503, nor any other refusal"
     );
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         node.metrics().unwrap()["served"]["eth_call"] == 3
     }));
     assert_eq!(
@@ -443,7 +440,7 @@ fn a_hundred_calls_at_once_on_one_websocket_are_all_answered_for_every_library()
             .stat(&format!("wasmcustom.stakegate.gate.websocket.{name}"))
             .unwrap()
     };
-    assert!(eventually(Duration::from_secs(5), || stat("merged") > 0));
+    assert!(eventually(SETTLE, || stat("merged") > 0));
     eprintln!(
         "gate: {} batches packed, {} waits, {} sockets closed",
         stat("merged"),

@@ -9,7 +9,9 @@ use stakegate_loadgen::ClientSpec;
 use stakegate_stack::admin::Admin;
 use stakegate_stack::redis::ADMIN_USER;
 use stakegate_stack::{http, loadgen, Envoy, EnvoyBuilder, FleetEngine, RpcNode};
-use stakegate_tests::{client, eventually, example_policy, gate_filter, load_h2, qos_filter};
+use stakegate_tests::{
+    client, eventually, example_policy, gate_filter, load_h2, qos_filter, SETTLE,
+};
 use std::time::Duration;
 
 /// One replica: gateway.yaml with both filters, QoS in fleet mode.
@@ -53,7 +55,7 @@ fn replicas_that_join_and_leave_change_the_fleet_size() {
     let admins: Vec<Admin> = first.iter().map(Envoy::admin).collect();
     let all_see = |admins: &[Admin], n: i64| admins.iter().all(|a| fleet_size(a) == n);
     assert!(
-        eventually(Duration::from_secs(10), || all_see(&admins, 2)),
+        eventually(SETTLE, || all_see(&admins, 2)),
         "two replicas count each other"
     );
 
@@ -62,7 +64,7 @@ fn replicas_that_join_and_leave_change_the_fleet_size() {
     let mut with_third = admins.clone();
     with_third.push(third.admin());
     assert!(
-        eventually(Duration::from_secs(5), || all_see(&with_third, 3)),
+        eventually(SETTLE, || all_see(&with_third, 3)),
         "every replica counts the one that joined"
     );
     assert_eq!(
@@ -77,7 +79,7 @@ fn replicas_that_join_and_leave_change_the_fleet_size() {
     // memberTtlMs (1 s), and the others' parts cover the whole again.
     drop(third);
     assert!(
-        eventually(Duration::from_secs(5), || all_see(&admins, 2)),
+        eventually(SETTLE, || all_see(&admins, 2)),
         "the replicas left count two again"
     );
 }
@@ -155,7 +157,7 @@ fn check_within_capacity(case: &str, admitted: &[(String, f64)]) {
 fn two_replicas_with_one_name_count_as_two_and_say_so() {
     let (_node, _engine, replicas) = staked_fleet(["gw-1", "gw-1"]);
     let admins: Vec<Admin> = replicas.iter().map(Envoy::admin).collect();
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         admins.iter().all(|a| fleet_size(a) == 2)
     }));
     check_within_capacity("one name, two replicas", &flood(&replicas));
@@ -287,7 +289,7 @@ fn webdis_runs_the_exchange_only_for_the_gateways() {
 fn fifty_phantom_reports_cannot_make_the_fleet_admit_more_nor_starve_a_client() {
     let (_node, engine, replicas) = staked_fleet(["gw-1", "gw-2"]);
     let admins: Vec<Admin> = replicas.iter().map(Envoy::admin).collect();
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         admins.iter().all(|a| fleet_size(a) == 2)
     }));
     // What a real replica reports, read in Redis: its identities' keys
@@ -354,7 +356,7 @@ fn fifty_phantom_reports_cannot_make_the_fleet_admit_more_nor_starve_a_client() 
 fn a_key_of_the_wrong_type_makes_every_replica_fall_back_within_capacity() {
     let (_node, engine, replicas) = staked_fleet(["gw-1", "gw-2"]);
     let admins: Vec<Admin> = replicas.iter().map(Envoy::admin).collect();
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         admins.iter().all(|a| fleet_size(a) == 2)
     }));
     redis(

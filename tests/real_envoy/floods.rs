@@ -8,7 +8,7 @@
 use serde_json::json;
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{loadgen, Envoy, RpcNode};
-use stakegate_tests::{client, eventually, load_h2, websocket};
+use stakegate_tests::{client, eventually, load_h2, websocket, SETTLE};
 use std::time::Duration;
 
 const STAT: &str = "wasmcustom.stakegate.gate.";
@@ -96,7 +96,7 @@ fn two_thousand_reads_held_for_a_head_poll_stop_no_vm_and_leave_nothing_held() {
     );
     assert!(staker.count("200") > 0);
     assert!(
-        eventually(Duration::from_secs(5), || {
+        eventually(SETTLE, || {
             envoy.stat(&format!("{STAT}dedup.waiting")).unwrap() == 0
                 && envoy.stat(&format!("{STAT}held")).unwrap() == 0
                 && envoy.stat(&format!("{STAT}inflight.default")).unwrap() == 0
@@ -175,7 +175,7 @@ fn one_address_holding_reads_is_refused_past_its_bound_and_a_staker_never_is() {
     );
     assert!(staker.count("200") >= 25, "{:?}", staker.status);
     assert!(
-        eventually(Duration::from_secs(5), || {
+        eventually(SETTLE, || {
             envoy.stat(&format!("{STAT}held")).unwrap() == 0
                 && envoy.stat(&format!("{STAT}dedup.waiting")).unwrap() == 0
         }),
@@ -357,7 +357,7 @@ fn a_websocket_flood_of_heavy_calls_gets_its_node_time_share_and_is_charged_what
     let charged = || ledger_us("attacker") as f64 / ran_us;
     // Charged within 10 % (the gate times a unit from sending to its
     // answer, the node only its own work).
-    let settled = eventually(Duration::from_secs(5), || charged() >= 0.9);
+    let settled = eventually(SETTLE, || charged() >= 0.9);
     let charged = charged();
     eprintln!(
         "node ms/s: sockets {attacker_ms:.0}, HTTP {victim_ms:.0} ({share:.3} to the sockets); \
@@ -488,9 +488,7 @@ fn a_burst_with_coalescing_on_waits_for_slots_and_every_answer_says_the_nodes_ti
         .count();
     let stat = |name: &str| envoy.stat(&format!("{STAT}{name}")).unwrap();
     // The counters reach Envoy at the workers' heartbeats.
-    let counted = eventually(Duration::from_secs(5), || {
-        stat("dedup.led") + stat("dedup.skipped") >= 50
-    });
+    let counted = eventually(SETTLE, || stat("dedup.led") + stat("dedup.skipped") >= 50);
     let (led, waited) = (stat("dedup.led"), stat("node_time.waited"));
     eprintln!("50 at once: {said} said the node's time; led {led}, waited for a slot {waited}");
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
@@ -608,7 +606,7 @@ fn an_address_subscribing_past_its_bounds_is_refused_and_a_staker_beside_it_is_n
             .map(|(_, n)| *n)
             .sum::<i64>()
     };
-    assert!(eventually(Duration::from_secs(5), || notified() > 0));
+    assert!(eventually(SETTLE, || notified() > 0));
     eprintln!(
         "notifications in the ledger: {}; subscriptions open, as the gate counts them: {seen}",
         notified()
@@ -619,11 +617,7 @@ fn an_address_subscribing_past_its_bounds_is_refused_and_a_staker_beside_it_is_n
     );
     assert_eq!(got + refused, 32_000);
     assert_eq!(seen, i64::from(got), "the gauge, all sockets open");
-    assert!(
-        eventually(Duration::from_secs(5), || open() == 0),
-        "{}",
-        open()
-    );
+    assert!(eventually(SETTLE, || open() == 0), "{}", open());
     // The staker: never refused for its share, and its calls found a slot
     // (in calls, with no waiting, a socket's units can hold every public
     // slot for a moment: on a busy machine 1 call in 400 found none).

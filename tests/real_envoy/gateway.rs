@@ -7,7 +7,7 @@ use stakegate_stack::{http, loadgen, paths, Envoy, EnvoyBuilder, RpcNode};
 use stakegate_tests::{
     assert_refused_call_by_call, client, eventually, example_policy, gate_filter,
     gateway_on_one_worker, load_h2, node_behind_filters, qos_filter, stakegate_init,
-    start_initialised, websocket,
+    start_initialised, websocket, SETTLE,
 };
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -104,7 +104,7 @@ fn the_gateway_reaches_an_http_1_1_node_without_the_clients_key_or_a_claimed_cla
     );
     // QoS knew the client by its key, and a staker is in the shipped policy's priority
     // class by QoS's word.
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         stat(&envoy, "qos.admitted.bronze") == 1 && stat(&envoy, "gate.admitted.priority") == 1
     }));
     // A public caller claiming the class by header is a default request.
@@ -115,7 +115,7 @@ fn the_gateway_reaches_an_http_1_1_node_without_the_clients_key_or_a_claimed_cla
     )
     .unwrap();
     assert_eq!(claimed.status, 200, "{}", claimed.body);
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         stat(&envoy, "gate.admitted.default") == 1
     }));
     assert_eq!(stat(&envoy, "gate.admitted.priority"), 1);
@@ -204,16 +204,13 @@ fn an_identity_gets_its_websocket_allowance_and_a_429_beyond_it() {
     drop(first);
     // Once Envoy has seen the first one close, its place is free again.
     let mut refused = 0;
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         let again = try_websocket(public);
         refused += u64::from(again.is_err());
         again.is_ok()
     }));
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "qos.websocket.refused"
-    ) == 1 + refused
-        as i64));
+    assert!(eventually(SETTLE, || stat(&envoy, "qos.websocket.refused")
+        == 1 + refused as i64));
 }
 
 #[test]
@@ -309,7 +306,7 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
             c.status
         );
     }
-    assert!(eventually(Duration::from_secs(5), || stat(
+    assert!(eventually(SETTLE, || stat(
         &envoy,
         "qos.throttled.unstaked"
     ) > 0));
@@ -335,10 +332,7 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
         "the WebSocket outlived the flood"
     );
     // QoS read both calls on the socket and charged them to its sender.
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "qos.websocket.calls"
-    ) == 2));
+    assert!(eventually(SETTLE, || stat(&envoy, "qos.websocket.calls") == 2));
 
     // The usage ledger, as an operator reads it: the staked client by its
     // name, the unstaked flood by its address (QoS refused it), each with
@@ -369,7 +363,7 @@ fn under_a_flood_the_gateway_sheds_with_429_and_503_serves_internal_calls_and_ke
     };
     // The two floods, the WebSocket's upgrade; internal calls skip QoS.
     let expected = sent("staked") + sent("unstaked") + 1;
-    assert!(eventually(Duration::from_secs(5), || total(&usage()) == expected));
+    assert!(eventually(SETTLE, || total(&usage()) == expected));
     let rows = usage();
     let table = String::from_utf8(stakegate_usage(false)).unwrap();
     eprintln!("{table}");
@@ -453,7 +447,7 @@ fn init_writes_a_gateway_that_envoy_starts_and_deploy_then_changes() {
     assert_eq!(answer.status, 200, "{}", answer.body);
     // QoS knew the client by its key, and the shipped gate policy puts stakers in its
     // priority class.
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         stat(&envoy, "qos.admitted.bronze") == 1 && stat(&envoy, "gate.admitted.priority") == 1
     }));
 

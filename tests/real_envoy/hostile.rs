@@ -11,7 +11,7 @@ use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{http, loadgen, Envoy, RpcNode};
 use stakegate_tests::{
     client, eventually, example_policy, load, node_behind_filter, node_behind_filters,
-    node_behind_gate, websocket,
+    node_behind_gate, websocket, SETTLE,
 };
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -26,7 +26,7 @@ fn stat(envoy: &Envoy, name: &str) -> i64 {
 
 /// The gate holds nothing and the node has nothing in flight.
 fn nothing_held(envoy: &Envoy, node: &RpcNode) -> bool {
-    eventually(Duration::from_secs(10), || {
+    eventually(SETTLE, || {
         let metrics = node.metrics().unwrap();
         ["inflight.default", "inflight.priority", "websocket.active"]
             .iter()
@@ -65,7 +65,7 @@ fn a_hundred_slow_uploads_hold_no_slot() {
     let uploads: Vec<_> = (0..100)
         .map(|_| slow_upload(public, 6, Duration::from_secs(1)))
         .collect();
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         envoy.stat("http.public.downstream_rq_active").unwrap() >= 100
     }));
     assert_eq!(stat(&envoy, "inflight.default"), 0, "no slot is held");
@@ -158,17 +158,12 @@ fn a_websocket_flood_never_puts_more_than_the_gate_limit_at_the_node() {
         (1..=16).contains(&at_node),
         "at most maxInflight at the node: {at_node}"
     );
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "websocket.waits"
-    ) > 0));
+    assert!(eventually(SETTLE, || stat(&envoy, "websocket.waits") > 0));
     // Every call read, and every message the node answered (calls the
     // sockets could not all send alone went packed, a batch an answer).
     let answers = metrics["requests"].as_i64().unwrap();
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "websocket.messages"
-    ) == 240 + answers));
+    assert!(eventually(SETTLE, || stat(&envoy, "websocket.messages")
+        == 240 + answers));
     assert!(nothing_held(&envoy, &node));
 }
 
@@ -300,7 +295,7 @@ fn every_websocket_message_the_node_runs_takes_a_slot_and_every_call_gets_its_ow
         "the node had {at_node} at once; the gate admits 6"
     );
     // QoS charged every call, each of a batch's three included.
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         envoy
             .stat("wasmcustom.stakegate.qos.websocket.calls")
             .unwrap()
@@ -341,10 +336,7 @@ fn a_websocket_message_past_the_limit_closes_the_socket_with_its_reason() {
         frame.reason.contains("maxWebsocketMessageBytes"),
         "{frame:?}"
     );
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "websocket.closed"
-    ) == 1));
+    assert!(eventually(SETTLE, || stat(&envoy, "websocket.closed") == 1));
     let mut next = websocket(addr);
     next.send(tungstenite::Message::text(
         r#"{"jsonrpc":"2.0","id":2,"method":"eth_chainId"}"#,
@@ -434,10 +426,7 @@ fn a_body_just_over_a_mebibyte_passes_with_dedup_at_its_largest() {
     );
     let answer = http::post(&envoy.url("public").unwrap(), &[], &body).unwrap();
     assert_eq!(answer.status, 200, "{}", answer.body);
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "dedup.too_large"
-    ) == 1));
+    assert!(eventually(SETTLE, || stat(&envoy, "dedup.too_large") == 1));
 }
 
 #[test]
@@ -455,10 +444,7 @@ fn a_node_killed_under_load_and_restarted_serves_again_with_nothing_leaked() {
         false,
     );
     let run = std::thread::spawn(move || loadgen::run(&spec).unwrap());
-    assert!(eventually(Duration::from_secs(5), || stat(
-        &envoy,
-        "admitted.default"
-    ) > 0));
+    assert!(eventually(SETTLE, || stat(&envoy, "admitted.default") > 0));
     drop(node);
     let node = RpcNode::start_on(port, &["--read-slots", "32", "--cost", "eth_call=20ms"])
         .expect("the node restarts on its port");
@@ -544,7 +530,7 @@ fn slow_uploads_do_not_reach_the_stake_qos_filter() {
     let uploads: Vec<_> = (0..20)
         .map(|_| slow_upload(envoy.listener("public").unwrap(), 2, Duration::from_secs(1)))
         .collect();
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         envoy.stat("http.public.downstream_rq_active").unwrap() >= 20
     }));
     assert_eq!(
@@ -617,7 +603,7 @@ fn a_503_never_tells_a_client_to_wait_longer_than_the_libraries_handle() {
     // Quick calls first (two workers pass one slot between them at their
     // heartbeats, so some are refused on the way).
     let mut served = 0;
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         served += u32::from(http::post(&url, &[], quick).unwrap().status == 200);
         served >= 20
     }));

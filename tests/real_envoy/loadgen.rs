@@ -14,7 +14,9 @@ fn offered_rate_is_within_two_percent_at_2000_rps() {
         .unwrap();
     let spec = load(
         &envoy.url("public").unwrap(),
-        client("steady", 2000.0, "eth_blockNumber", 256),
+        // A cap a stalled Envoy does not reach in a second: on a busy
+        // machine, 256 in flight skipped 115 of 10,000.
+        client("steady", 2000.0, "eth_blockNumber", 2000),
         Duration::from_secs(5),
         false,
     );

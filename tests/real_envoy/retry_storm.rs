@@ -9,7 +9,7 @@
 use serde_json::{json, Value};
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{http, loadgen, Envoy, RpcNode};
-use stakegate_tests::{client, eventually, load_h2, node_behind_gate};
+use stakegate_tests::{client, eventually, load_h2, node_behind_gate, SETTLE};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -43,9 +43,7 @@ fn post(envoy: &Envoy, body: String) -> JoinHandle<http::Answer> {
 
 /// Waits until the node has received `n` requests.
 fn node_received(node: &RpcNode, n: u64) -> bool {
-    eventually(Duration::from_secs(10), || {
-        node.metrics().unwrap()["requests"] == n
-    })
+    eventually(SETTLE, || node.metrics().unwrap()["requests"] == n)
 }
 
 fn requests(node: &RpcNode) -> u64 {
@@ -79,7 +77,7 @@ fn identical_requests_wait_for_one_answer_and_each_gets_its_own_id() {
     }
     assert_eq!(serde_json::Value::from(ids), json!([2, 3, 4, 5, "six"]));
     assert_eq!(requests(&node), 1, "one call reached the node");
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         dedup_stat(&envoy, "led") == 1
             && dedup_stat(&envoy, "coalesced") == 5
             && dedup_stat(&envoy, "shared") == 5
@@ -134,16 +132,14 @@ fn a_client_that_gives_up_leaves_the_nodes_answer_to_its_retry() {
     // node. (`windowMs` keeps it long enough for this test to see it.)
     let gave_up = http::post_within(&url, &call(4, "0x08"), Duration::from_millis(500));
     assert!(gave_up.is_err());
-    assert!(eventually(Duration::from_secs(10), || dedup_stat(
-        &envoy, "kept"
-    ) == 2));
+    assert!(eventually(SETTLE, || dedup_stat(&envoy, "kept") == 2));
     let retry = http::post(&url, &[], &call(5, "0x08")).unwrap();
     assert_eq!(
         (retry.status, retry.json().unwrap()["id"].clone()),
         (200, json!(5))
     );
     assert_eq!(requests(&node), 2);
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         dedup_stat(&envoy, "taken") == 1 && dedup_stat(&envoy, "left") == 3
     }));
 }
@@ -172,7 +168,7 @@ fn a_leader_without_an_answer_hands_over_to_a_waiter() {
         (json!(2), json!(-32603))
     );
     assert_eq!(requests(&node), 2);
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         dedup_stat(&envoy, "handed_over") == 1
             && dedup_stat(&envoy, "callouts_failed") == 2
             && dedup_stat(&envoy, "waiting") == 0
@@ -197,9 +193,7 @@ fn a_wait_ends_at_its_deadline_with_504_and_the_answer_is_kept() {
         (led.status, led.json().unwrap()["id"].clone()),
         (504, json!(1))
     );
-    assert!(eventually(Duration::from_secs(10), || dedup_stat(
-        &envoy, "kept"
-    ) == 1));
+    assert!(eventually(SETTLE, || dedup_stat(&envoy, "kept") == 1));
     let url = envoy.url("public").unwrap();
     let retry = http::post(&url, &[], &call(3, "0x01")).unwrap();
     assert_eq!(
@@ -207,7 +201,7 @@ fn a_wait_ends_at_its_deadline_with_504_and_the_answer_is_kept() {
         (200, json!(3))
     );
     assert_eq!(requests(&node), 1);
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         dedup_stat(&envoy, "wait_timeouts") == 2 && dedup_stat(&envoy, "waiting") == 0
     }));
 }
@@ -221,9 +215,7 @@ fn past_max_waiters_the_next_identical_request_gets_429() {
     let leader = post(&envoy, call(1, "0x01"));
     assert!(node_received(&node, 1));
     let waiter = post(&envoy, call(2, "0x01"));
-    assert!(eventually(Duration::from_secs(5), || dedup_stat(
-        &envoy, "waiting"
-    ) == 2));
+    assert!(eventually(SETTLE, || dedup_stat(&envoy, "waiting") == 2));
     let url = envoy.url("public").unwrap();
     let refused = http::post(&url, &[], &call(3, "0x01")).unwrap();
     assert_eq!(refused.status, 429, "{}", refused.body);
@@ -240,7 +232,7 @@ fn past_max_waiters_the_next_identical_request_gets_429() {
     }
     assert_eq!(leader.join().unwrap().status, 200);
     assert_eq!(waiter.join().unwrap().status, 200);
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         dedup_stat(&envoy, "refused") == 1 && dedup_stat(&envoy, "too_large") == 2
     }));
 }
@@ -259,7 +251,7 @@ fn a_poll_answered_by_the_node_is_sent_again_at_once() {
         assert_eq!(answer.json().unwrap()["id"], id);
     }
     assert_eq!(requests(&node), 5);
-    assert!(eventually(Duration::from_secs(5), || {
+    assert!(eventually(SETTLE, || {
         dedup_stat(&envoy, "led") == 5 && dedup_stat(&envoy, "taken") == 0
     }));
 }
@@ -290,17 +282,14 @@ fn answers_that_cannot_change_are_reused_and_a_receipt_not_found_is_not() {
     // for three reads.
     let genesis = format!("0x{:064x}", 0);
     send(3, "eth_getBlockByHash", &genesis);
-    assert!(eventually(Duration::from_secs(5), || dedup_stat(
-        &envoy,
-        "finality_known"
-    ) == 1));
+    assert!(eventually(SETTLE, || dedup_stat(&envoy, "finality_known") == 1));
     for id in 4..=6 {
         send(id, "eth_getBlockByHash", &genesis);
     }
     // A block not final (the head, with 64 to go): every read reaches the
     // node.
     let head = || node.metrics().unwrap()["head"].as_u64().unwrap();
-    assert!(eventually(Duration::from_secs(5), || head() >= 1));
+    assert!(eventually(SETTLE, || head() >= 1));
     let head = format!("0x{:064x}", head());
     for id in 7..=8 {
         send(id, "eth_getBlockByHash", &head);
@@ -313,9 +302,7 @@ fn answers_that_cannot_change_are_reused_and_a_receipt_not_found_is_not() {
     assert_eq!(served["eth_sendRawTransaction"], 1, "{served}");
     assert_eq!(served["eth_getBlockByHash"], 2 + 2, "{served}");
     assert_eq!(served["eth_getTransactionReceipt"], 3, "{served}");
-    assert!(eventually(Duration::from_secs(5), || dedup_stat(
-        &envoy, "taken"
-    ) == 3));
+    assert!(eventually(SETTLE, || dedup_stat(&envoy, "taken") == 3));
 }
 
 /// Four wallets at 5 rps with a 1 s timeout, each request retried at once up
@@ -532,9 +519,7 @@ fn an_answer_the_node_gzips_reaches_every_client_readable() {
         assert_eq!(answer["id"], id, "{text}");
         assert!(answer["result"].is_string(), "{text}");
     }
-    assert!(eventually(Duration::from_secs(5), || dedup_stat(
-        &envoy, "unshared"
-    ) >= 1));
+    assert!(eventually(SETTLE, || dedup_stat(&envoy, "unshared") >= 1));
 }
 
 /// anvil's dev account 0, unlocked: it sends the transactions.
@@ -585,7 +570,7 @@ fn a_reorg_never_makes_the_gateway_serve_a_stale_answer() {
                 .call("eth_getTransactionReceipt", &format!("[{hash}]"))
                 .unwrap()
         };
-        assert!(eventually(Duration::from_secs(10), || !receipt().is_null()));
+        assert!(eventually(SETTLE, || !receipt().is_null()));
         hash
     };
     let body = |method: &str, params: &Value| {
@@ -645,14 +630,12 @@ fn a_reorg_never_makes_the_gateway_serve_a_stale_answer() {
         read("eth_getTransactionReceipt", json!([settled]));
     }
     // The counts reach Envoy at the gate's heartbeat.
-    assert!(eventually(Duration::from_secs(5), || dedup_stat(
-        &envoy, "led"
-    ) > 0));
+    assert!(eventually(SETTLE, || dedup_stat(&envoy, "led") > 0));
     let served_again = || {
         let hits = envoy.stat("wasmcustom.stakegate.gate.cache.hits").unwrap();
         (dedup_stat(&envoy, "taken"), hits)
     };
-    eventually(Duration::from_secs(5), || {
+    eventually(SETTLE, || {
         let (taken, hits) = served_again();
         taken + hits > 0
     });

@@ -9,9 +9,11 @@ use stakegate_loadgen::ClientSpec;
 use stakegate_stack::{loadgen, paths, Envoy};
 use stakegate_tests::{
     client, eventually, example_policy, gate_filter, load_h2, node_behind_filters, qos_filter,
+    SETTLE,
 };
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// `stakegate ARGS` against `envoy`'s ECDS directory and admin.
@@ -40,28 +42,55 @@ fn policy_file(dir: &Path, name: &str, capacity: u32) -> PathBuf {
     path
 }
 
-/// Two staked clients at 150 requests a second each, for `seconds`.
-fn load(envoy: &Envoy, seconds: u64) -> std::thread::JoinHandle<stakegate_loadgen::Report> {
+/// Two staked clients at 150 requests a second each.
+fn staked_pair() -> Vec<ClientSpec> {
+    let staked = |id: &str, key: &str| ClientSpec {
+        api_key: Some(key.into()),
+        ..client(id, 150.0, "eth_call", 64)
+    };
+    vec![staked("a", "key-stake-10"), staked("b", "key-stake-40")]
+}
+
+/// What `during` returns, run while `clients` send to `envoy` (one-second
+/// runs, until it returns, at most two minutes), and the runs' reports: a
+/// load that outlasts a command however slowly the machine runs it.
+fn loaded<T>(
+    envoy: &Envoy,
+    clients: Vec<ClientSpec>,
+    during: impl FnOnce() -> T,
+) -> (T, Vec<stakegate_loadgen::Report>) {
+    struct Stop<'a>(&'a AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let url = envoy.url("public").unwrap();
-    std::thread::spawn(move || {
-        let staked = |id: &str, key: &str| ClientSpec {
-            api_key: Some(key.into()),
-            ..client(id, 150.0, "eth_call", 64)
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let load = scope.spawn(|| {
+            let second = Duration::from_secs(1);
+            (0..120)
+                .take_while(|_| !stop.load(Ordering::Relaxed))
+                .map(|_| loadgen::run(&load_h2(&url, clients.clone(), second, 2)).unwrap())
+                .collect()
+        });
+        let out = {
+            let _stop = Stop(&stop);
+            during()
         };
-        let clients = vec![staked("a", "key-stake-10"), staked("b", "key-stake-40")];
-        loadgen::run(&load_h2(&url, clients, Duration::from_secs(seconds), 2)).unwrap()
+        (out, load.join().unwrap())
     })
 }
 
-/// `deploy --shadow` of `policy`, promoted or dropped after 3 s of load.
+/// `deploy --shadow` of `policy`, promoted or dropped after a 3 s watch
+/// under load.
 fn watched(envoy: &Envoy, policy: &Path) -> Output {
     let module = paths::wasm_module("stake_qos").unwrap();
-    let running = load(envoy, 5);
     let (module, policy) = (module.to_str().unwrap(), policy.to_str().unwrap());
     let args = ["deploy", "--shadow", "--module", module, "--policy", policy];
-    let out = stakegate(envoy, &[&args[..], &["--promote-after", "3s"]].concat());
-    running.join().unwrap();
-    out
+    let args = [&args[..], &["--promote-after", "3s"]].concat();
+    loaded(envoy, staked_pair(), || stakegate(envoy, &args)).0
 }
 
 fn shadow_stat(envoy: &Envoy, name: &str) -> i64 {
@@ -102,24 +131,18 @@ fn a_shadow_candidate_refuses_nothing_is_compared_and_promoted_or_dropped_by_its
         ],
     );
     assert!(out.status.success(), "{}", text(&out));
-    let running = load(&envoy, 4);
-    let compared = std::process::Command::new(paths::tool("stakegate").unwrap())
-        .args([
-            "shadow",
-            "--json",
-            "--interval",
-            "3s",
-            "--admin",
-            envoy.admin_url(),
-        ])
-        .output()
-        .unwrap();
-    let report = running.join().unwrap();
+    let (compared, reports) = loaded(&envoy, staked_pair(), || {
+        reading(&envoy, &["shadow", "--json", "--interval", "3s"])
+            .output()
+            .unwrap()
+    });
     // It refused nothing: every request was answered by the node.
-    assert_eq!(
-        report.count("200"),
-        report.clients.iter().map(|c| c.header.sent).sum::<u64>()
-    );
+    for report in reports {
+        assert_eq!(
+            report.count("200"),
+            report.clients.iter().map(|c| c.header.sent).sum::<u64>()
+        );
+    }
     assert!(compared.status.success(), "{}", text(&compared));
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&compared.stdout).unwrap();
     eprintln!("{}", serde_json::to_string(&rows).unwrap());
@@ -192,18 +215,21 @@ fn a_shadow_candidate_refuses_nothing_is_compared_and_promoted_or_dropped_by_its
 
 /// A quiet day: a staked key at 50 requests a second and an anonymous
 /// client at 30, 80 of the live policy's 1,600 (5 %).
+fn quiet_clients() -> Vec<ClientSpec> {
+    vec![
+        ClientSpec {
+            api_key: Some("key-stake-40".into()),
+            ..client("staked", 50.0, "eth_call", 8)
+        },
+        client("anonymous", 30.0, "eth_call", 8),
+    ]
+}
+
+/// `quiet_clients` for `seconds`.
 fn quiet_day(envoy: &Envoy, seconds: u64) -> std::thread::JoinHandle<stakegate_loadgen::Report> {
     let url = envoy.url("public").unwrap();
-    std::thread::spawn(move || {
-        let clients = vec![
-            ClientSpec {
-                api_key: Some("key-stake-40".into()),
-                ..client("staked", 50.0, "eth_call", 8)
-            },
-            client("anonymous", 30.0, "eth_call", 8),
-        ];
-        loadgen::run(&load_h2(&url, clients, Duration::from_secs(seconds), 2)).unwrap()
-    })
+    let duration = Duration::from_secs(seconds);
+    std::thread::spawn(move || loadgen::run(&load_h2(&url, quiet_clients(), duration, 2)).unwrap())
 }
 
 /// `stakegate ARGS --admin` (the commands that read a gateway, not write it).
@@ -238,7 +264,7 @@ fn on_a_quiet_gateway_usage_top_and_a_shadow_name_who_sends_what() {
         let row = rows.iter().find(|r| r["identity"] == "stake-40");
         row.cloned().unwrap_or_default()
     };
-    assert!(eventually(Duration::from_secs(5), || staked_row()["calls"]
+    assert!(eventually(SETTLE, || staked_row()["calls"]
         .as_u64()
         .is_some_and(|calls| calls > 0)));
     let top = reading(&envoy, &["top", "--once", "--interval", "3s"])
@@ -258,7 +284,7 @@ fn on_a_quiet_gateway_usage_top_and_a_shadow_name_who_sends_what() {
     assert!(top.lines().any(|l| l.starts_with("unidentified ")), "{top}");
     let sent = report.client("staked").unwrap().header.sent;
     assert!(
-        eventually(Duration::from_secs(5), || staked_row()["calls"] == sent),
+        eventually(SETTLE, || staked_row()["calls"] == sent),
         "stake-40 sent {sent}: {}",
         staked_row()
     );
@@ -315,17 +341,13 @@ fn on_a_quiet_gateway_usage_top_and_a_shadow_name_who_sends_what() {
     }
 
     // Promoted automatically? It would refuse the staked key: dropped, and
-    // the reason names it.
-    // The load outlasts the deploy and its 3 s watch, however slow the
-    // deploy's validation is.
-    let running = quiet_day(&envoy, 10);
+    // the reason names it. The load outlasts the deploy and its 3 s watch.
     let auto = [
         &args[..],
         &["--promote-after", "3s", "--max-extra-refusals", "1"],
     ]
     .concat();
-    let out = stakegate(&envoy, &auto);
-    running.join().unwrap();
+    let (out, _) = loaded(&envoy, quiet_clients(), || stakegate(&envoy, &auto));
     assert!(!out.status.success(), "{}", text(&out));
     assert!(
         text(&out).contains("was dropped: staked identities would be refused")

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use stakegate_stack::{Envoy, RpcNode};
 use stakegate_tests::{
     client_script, eventually, example_policy, gateway_on_one_worker, json_output,
-    start_initialised,
+    start_initialised, SETTLE,
 };
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -232,7 +232,7 @@ fn each_solana_library_when_refused_is_given_our_error_and_retries_as_measured()
         hold.len()
     )
     .unwrap();
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         node.metrics().is_ok_and(|m| m["inflight"] == 1)
     }));
     run(&envoy, "5xx", "503");
@@ -274,7 +274,7 @@ fn each_solana_library_when_refused_is_given_our_error_and_retries_as_measured()
             }
         });
         // Throttled before the libraries start.
-        assert!(eventually(Duration::from_secs(10), || {
+        assert!(eventually(SETTLE, || {
             envoy
                 .stat("wasmcustom.stakegate.qos.throttled.unstaked")
                 .unwrap_or(0)

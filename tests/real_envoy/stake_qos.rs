@@ -4,7 +4,7 @@
 use stakegate_loadgen::ClientSpec;
 use stakegate_stack::ecds::EcdsUpdate;
 use stakegate_stack::{http, loadgen, Envoy, RpcNode};
-use stakegate_tests::{client, eventually, load_h2, node_behind_filter, qos_filter};
+use stakegate_tests::{client, eventually, load_h2, node_behind_filter, qos_filter, SETTLE};
 use std::time::Duration;
 
 const CALL: &str = r#"{"jsonrpc":"2.0","id":1,"method":"eth_call"}"#;
@@ -127,7 +127,7 @@ fn a_throttled_request_gets_429_with_retry_after_and_ratelimit_headers() {
     assert_eq!(throttled.header("x-stakegate-rule"), Some("stake-share"));
     assert_eq!(throttled.header("x-stakegate-identity"), Some("desk-7"));
     assert!(throttled.header("x-stakegate-share").is_some());
-    assert!(eventually(Duration::from_secs(2), || {
+    assert!(eventually(SETTLE, || {
         envoy
             .stat("wasmcustom.stakegate.qos.throttled.staked")
             .unwrap()
@@ -210,7 +210,7 @@ fn a_thousand_idle_identities_take_nothing_from_an_active_client() {
     let once = loadgen::run(&spec).unwrap();
     assert_eq!(once.count("200"), 1000, "{:?}", once.status);
     // They are in the table, and idle once their demand has decayed.
-    assert!(eventually(Duration::from_secs(10), || {
+    assert!(eventually(SETTLE, || {
         envoy.stat("wasmcustom.stakegate.qos.identities").unwrap() == 0
     }));
     let beside = flood_alone(&envoy, duration);
@@ -343,7 +343,7 @@ fn in_node_time_qos_charges_what_the_node_said_and_nothing_for_a_hit() {
     let said = || node.metrics().unwrap()["service_us_said"].as_i64().unwrap();
     let settled = |what: &str| {
         assert!(
-            eventually(Duration::from_secs(10), || charged() == said()),
+            eventually(SETTLE, || charged() == said()),
             "{what}: charged {} µs, the node said {} µs: {}",
             charged(),
             said(),

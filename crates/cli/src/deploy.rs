@@ -124,8 +124,8 @@ pub struct DeployArgs {
     #[arg(long, conflicts_with_all = ["promote", "drop"])]
     pub shadow: bool,
     /// With --shadow: after this long, promote the candidate if staked
-    /// identities would be refused at most --max-extra-refusals per cent of
-    /// their requests more than now, else drop it.
+    /// identities sent at least 100 requests and would be refused at most
+    /// --max-extra-refusals per cent of them more than now, else drop it.
     #[arg(long, requires = "shadow", value_parser = humantime::parse_duration)]
     pub promote_after: Option<Duration>,
     /// With --promote-after: the budget, in per cent of staked requests.

@@ -9,8 +9,9 @@
 //!   waits for Envoy, and records the candidate beside the history
 //!   (`.stakegate/shadow/<filter>.json`). With `--promote-after`, it
 //!   watches the candidate that long and promotes it if staked identities
-//!   would be refused at most `--max-extra-refusals` per cent of their
-//!   requests more than now, else drops it and says why.
+//!   sent at least `JUDGED` requests and would be refused at most
+//!   `--max-extra-refusals` per cent of them more than now, else drops it
+//!   and says why.
 //! - `stakegate deploy --promote`: the candidate becomes live, a normal,
 //!   recorded deployment (`rollback` undoes it); the slot is emptied.
 //! - `stakegate deploy --drop`: the slot is emptied.
@@ -187,6 +188,29 @@ fn extra_refusals(rows: &[Compared]) -> (f64, u64) {
     (100.0 * extra / requests.max(1) as f64, requests)
 }
 
+/// Staked requests a verdict needs: on a handful, a candidate that would
+/// refuse a tenth of them can show none refused.
+const JUDGED: u64 = 100;
+
+/// Whether a watched candidate is within `max_extra` per cent of extra
+/// refusals of staked requests (and then that figure and the requests), or
+/// why not.
+fn verdict(rows: &[Compared], max_extra: f64) -> Result<(f64, u64), String> {
+    let (extra, requests) = extra_refusals(rows);
+    if requests < JUDGED {
+        Err(format!(
+            "staked identities sent {requests} requests while it was watched, fewer than the {JUDGED} a verdict needs: watch it longer (--promote-after)"
+        ))
+    } else if extra > max_extra {
+        Err(format!(
+            "staked identities would be refused {extra:.2} % of their {requests} requests more than now ({}), over the budget of {max_extra} %",
+            refused_by_name(rows),
+        ))
+    } else {
+        Ok((extra, requests))
+    }
+}
+
 /// The staked identities the candidate would refuse more than live QoS
 /// does, most first: "acme 60 of 200, …" (at most three named).
 fn refused_by_name(rows: &[Compared]) -> String {
@@ -296,23 +320,9 @@ pub fn deploy(
     std::thread::sleep(auto.after);
     let rows = compare(&before, &read(&admin)?);
     print!("{}", table(&rows));
-    let (extra, requests) = extra_refusals(&rows);
-    let verdict = if requests == 0 {
-        Err(
-            "no staked identity sent a request while it was watched: nothing to judge it by"
-                .to_string(),
-        )
-    } else if extra > auto.max_extra {
-        Err(format!(
-            "staked identities would be refused {extra:.2} % of their {requests} requests more than now ({}), over the budget of {} %",
-            refused_by_name(&rows),
-            auto.max_extra
-        ))
-    } else {
-        Ok(())
-    };
+    let verdict = verdict(&rows, auto.max_extra);
     match verdict {
-        Ok(()) => {
+        Ok((extra, requests)) => {
             println!("staked identities: {extra:+.2} % refusals of {requests} requests, within {} %: promoting", auto.max_extra);
             promote(target)
         }
@@ -527,5 +537,20 @@ mod tests {
         );
         let table = table(&rows);
         assert!(table.lines().nth(1).unwrap().starts_with("acme"), "{table}");
+        // Over a budget of 25 %: dropped, the identities named; within 30 %:
+        // promoted, with the figure.
+        let over = verdict(&rows, 25.0).unwrap_err();
+        assert!(
+            over.contains("25.37 % of their 205") && over.contains("acme 50 more"),
+            "{over}"
+        );
+        assert_eq!(verdict(&rows, 30.0), Ok((extra, 205)));
+        // Too few staked requests to judge by, whatever they show.
+        let few: Vec<Compared> = rows.into_iter().filter(|r| r.identity != "acme").collect();
+        let why = verdict(&few, 100.0).unwrap_err();
+        assert!(
+            why.contains("sent 5 requests") && why.contains("the 100 a verdict needs"),
+            "{why}"
+        );
     }
 }

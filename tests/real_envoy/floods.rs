@@ -502,13 +502,14 @@ fn a_burst_with_coalescing_on_waits_for_slots_and_every_answer_says_the_nodes_ti
 /// One socket subscribing to `n` accounts, 100 at a time, kept open until
 /// everyone at `all` has passed it twice (once all have subscribed, and
 /// once they are seen): the subscriptions it got, and those the gate
-/// refused.
+/// refused, said on `counts` once it has subscribed.
 fn subscriber(
     addr: std::net::SocketAddr,
     n: u32,
     seed: u32,
     all: &std::sync::Barrier,
-) -> (u32, u32) {
+    counts: &std::sync::mpsc::Sender<(u32, u32)>,
+) {
     let mut socket = stakegate_tests::websocket(addr);
     let (mut got, mut refused) = (0, 0);
     for wave in 0..n / 100 {
@@ -534,9 +535,9 @@ fn subscriber(
             }
         }
     }
+    counts.send((got, refused)).unwrap();
     all.wait();
     all.wait();
-    (got, refused)
 }
 
 /// One unstaked address opens 16 sockets and asks 2,000 subscriptions on
@@ -554,10 +555,11 @@ fn an_address_subscribing_past_its_bounds_is_refused_and_a_staker_beside_it_is_n
     let envoy = gateway(&node, dir.path(), json!({}), example_qos());
     let public = envoy.listener("public").unwrap();
     let all = std::sync::Arc::new(std::sync::Barrier::new(17));
+    let (counts, counted) = std::sync::mpsc::channel();
     let sockets: Vec<_> = (0..16)
         .map(|seed| {
-            let all = all.clone();
-            std::thread::spawn(move || subscriber(public, 2000, seed, &all))
+            let (all, counts) = (all.clone(), counts.clone());
+            std::thread::spawn(move || subscriber(public, 2000, seed, &all, &counts))
         })
         .collect();
     let staker = ClientSpec {
@@ -579,16 +581,19 @@ fn an_address_subscribing_past_its_bounds_is_refused_and_a_staker_beside_it_is_n
             .stat("wasmcustom.stakegate.gate.websocket.subscriptions")
             .unwrap_or(-1)
     };
+    let (got, refused) = (0..16)
+        .map(|_| counted.recv().unwrap())
+        .fold((0, 0), |(g, r), (a, b)| (g + a, r + b));
+    // The gauge reaches Envoy at the workers' heartbeats.
     let mut seen = 0;
-    eventually(Duration::from_secs(3), || {
+    eventually(SETTLE, || {
         seen = open();
-        false
+        seen == i64::from(got)
     });
     all.wait();
-    let (got, refused): (u32, u32) = sockets
-        .into_iter()
-        .map(|s| s.join().unwrap())
-        .fold((0, 0), |(g, r), (a, b)| (g + a, r + b));
+    for socket in sockets {
+        socket.join().unwrap();
+    }
     eprintln!(
         "subscribed {got}, refused {refused} of 32,000; the staker {:?}; QoS held sockets {} times",
         report.status,

@@ -341,10 +341,11 @@ fn on_a_quiet_gateway_usage_top_and_a_shadow_name_who_sends_what() {
     }
 
     // Promoted automatically? It would refuse the staked key: dropped, and
-    // the reason names it. The load outlasts the deploy and its 3 s watch.
+    // the reason names it. The load outlasts the deploy and its 5 s watch
+    // (the staked key's 250 requests, well over the 100 a verdict needs).
     let auto = [
         &args[..],
-        &["--promote-after", "3s", "--max-extra-refusals", "1"],
+        &["--promote-after", "5s", "--max-extra-refusals", "1"],
     ]
     .concat();
     let (out, _) = loaded(&envoy, quiet_clients(), || stakegate(&envoy, &auto));
